@@ -1,0 +1,169 @@
+"""``PgQueueBackend``: django-pgqueue as a backend for Django's Tasks framework.
+
+This is the only module that speaks Django's ``TaskResultStatus``; the rest of the app
+uses the seed's words for job states.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.db import connections
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.module_loading import import_string
+
+from .conf import settings
+
+STATUS_MAP = {
+    "pending": TaskResultStatus.READY,
+    "scheduled": TaskResultStatus.READY,  # delayed, or waiting to retry
+    "running": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "dead": TaskResultStatus.FAILED,
+}
+
+
+class PgQueueBackend(BaseTaskBackend):
+    """Stores tasks as rows of ``pgqueue_job``; ``manage.py pgqueue_worker`` runs them.
+
+    ``OPTIONS`` may hold ``DATABASE`` (alias of the jobs database) and ``MAX_ATTEMPTS``.
+    ``QUEUES``, when given, restricts the queue names tasks may use.
+    """
+
+    supports_defer = True
+    """``Task.using(run_after=...)`` is stored as the job's ``run_at``."""
+
+    supports_async_task = True
+    """Coroutine tasks are run by the worker through ``Task.call`` (async_to_sync)."""
+
+    supports_get_result = True
+    """Results, errors and attempts are read back from the jobs table by id."""
+
+    supports_priority = True
+    """Higher priority (-100..100) is claimed first."""
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        # Django defaults QUEUES to {"default"}; we accept any valid name unless told.
+        self.queues = set(params["QUEUES"]) if "QUEUES" in params else set()
+
+    @property
+    def database(self) -> str:
+        return self.options.get("DATABASE", settings.DATABASE)
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        from .models import Job
+
+        self.validate_task(task)
+        job = Job.objects.db_manager(self.database).enqueue(
+            task,
+            args,
+            kwargs,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_at=task.run_after,
+            max_attempts=self.options.get("MAX_ATTEMPTS"),
+            backend=self.alias,
+        )
+        result = to_task_result(job, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: Any) -> TaskResult:
+        from .models import Job
+
+        try:
+            job = Job.objects.db_manager(self.database).get(pk=int(result_id))
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(result_id) from exc
+        try:
+            task = load_task(job.task)
+        except ValueError as exc:
+            raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
+        return to_task_result(job, task)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        from django.apps import apps
+
+        messages: list[checks.CheckMessage] = []
+        if not apps.is_installed("django_pgqueue"):
+            messages.append(
+                checks.Error(
+                    "django_pgqueue is not in INSTALLED_APPS.",
+                    hint="Add 'django_pgqueue' to INSTALLED_APPS and run migrate.",
+                    obj=f"TASKS[{self.alias!r}]",
+                    id="pgqueue.E001",
+                )
+            )
+        if self.database not in connections.settings:
+            messages.append(
+                checks.Error(
+                    f"Database alias {self.database!r} is not in DATABASES.",
+                    hint="Set PGQUEUE_DATABASE or OPTIONS['DATABASE'] to a configured alias.",
+                    obj=f"TASKS[{self.alias!r}]",
+                    id="pgqueue.E002",
+                )
+            )
+        elif connections[self.database].vendor != "postgresql":
+            messages.append(
+                checks.Error(
+                    f"Database {self.database!r} is {connections[self.database].vendor}, "
+                    "not PostgreSQL.",
+                    hint="django-pgqueue needs PostgreSQL (SKIP LOCKED, jsonb, NOTIFY).",
+                    obj=f"TASKS[{self.alias!r}]",
+                    id="pgqueue.E003",
+                )
+            )
+        return messages
+
+
+def load_task(path: str) -> Task:
+    """Import a stored task path; raise ValueError unless it names a ``Task``.
+
+    Only ``Task`` objects run: a path to any other callable is refused, so a row in
+    the table can never make a worker call arbitrary code."""
+    try:
+        obj = import_string(path)
+    except ImportError as exc:
+        raise ValueError(f"task {path!r} does not import: {exc}") from exc
+    if not isinstance(obj, Task):
+        raise ValueError(f"{path!r} is a {type(obj).__name__}, not a django.tasks.Task")
+    return obj
+
+
+def to_task_result(job: Any, task: Task) -> TaskResult:
+    """Map a job row to Django's ``TaskResult``.
+
+    Django derives ``attempts`` from ``len(worker_ids)``, so ``worker_ids`` has one
+    entry per attempt: the worker recorded in each failed attempt's error, then the
+    current (or last) lease owner.
+    """
+    worker_ids = [e.get("worker_id") or "" for e in job.errors][-job.attempts :]
+    while len(worker_ids) < job.attempts:
+        worker_ids.append(job.lease_owner or "")
+    if not job.attempts:
+        worker_ids = []
+    result = TaskResult(
+        task=task,
+        id=str(job.id),
+        status=STATUS_MAP[job.status],
+        enqueued_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        last_attempted_at=job.last_attempted_at,
+        args=job.args,
+        kwargs=job.kwargs,
+        backend=job.backend,
+        errors=[
+            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+            for e in job.errors
+        ],
+        worker_ids=worker_ids,
+    )
+    object.__setattr__(result, "_return_value", job.result)
+    return result

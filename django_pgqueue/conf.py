@@ -1,0 +1,67 @@
+"""One typed settings object for django-pgqueue.
+
+Every attribute of :class:`Settings` is a default. Reading ``settings.NAME`` looks up
+``django.conf.settings.PGQUEUE_NAME`` on each access, so ``override_settings`` works in
+tests and nothing is cached at import time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+
+class Settings:
+    """Defaults for every ``PGQUEUE_*`` setting (the docs' reference table is built from
+    these attributes and their docstrings)."""
+
+    DATABASE: str = "default"
+    """Database alias that holds the jobs table."""
+
+    LEASE_SECONDS: float = 300.0
+    """How long a claimed job stays leased before the sweeper may take it back.
+    A worker's heartbeat extends it while the task runs."""
+
+    MAX_ATTEMPTS: int = 5
+    """Default attempt limit; attempts are charged at claim, so crashes count."""
+
+    RETRY_BACKOFF_BASE: float = 2.0
+    """Seconds before the first retry; doubles each attempt (plus jitter)."""
+
+    RETRY_BACKOFF_MAX: float = 3600.0
+    """Upper bound on one retry delay, in seconds."""
+
+    RETENTION_SECONDS: float = 7 * 24 * 3600.0
+    """How long ``done`` jobs are kept before the sweeper deletes them."""
+
+    SWEEP_BATCH_SIZE: int = 1000
+    """Rows one sweeper statement touches at most (keeps locks and WAL bursts small)."""
+
+    KEEP_ERRORS: int = 10
+    """How many error entries (one per failed attempt) a job keeps, newest last."""
+
+    POLL_INTERVAL: float = 1.0
+    """Seconds an idle worker waits for a NOTIFY before it polls anyway."""
+
+    NOTIFY_CHANNEL: str = "pgqueue_job"
+    """LISTEN/NOTIFY channel on which enqueues wake idle workers."""
+
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    """Largest accepted JSON size of args + kwargs for one job."""
+
+    JOB_TIMEOUT_SECONDS: float | None = None
+    """Stop extending a running job's lease after this long (None: never). The sweeper
+    then recovers a hung task and its late completion is fenced out."""
+
+    SHUTDOWN_GRACE_SECONDS: float | None = None
+    """After the first SIGTERM, how long running tasks may take before the worker
+    gives up on them (None: wait for them)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.isupper():
+            return getattr(django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name))
+        return object.__getattribute__(self, name)
+
+
+settings = Settings()

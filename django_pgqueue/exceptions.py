@@ -1,0 +1,26 @@
+"""The exceptions django-pgqueue raises, under one base class."""
+
+from __future__ import annotations
+
+
+class PgQueueError(Exception):
+    """Base class of every django-pgqueue error."""
+
+
+class InvalidJob(PgQueueError, ValueError):  # noqa: N818 - mirrors django.tasks.InvalidTask
+    """A job was rejected before anything was written; the message names the bad value."""
+
+
+class LeaseLost(PgQueueError):  # noqa: N818 - it names the event, like Django's DoesNotExist
+    """The worker no longer owns the job: its lease expired and the job moved on.
+
+    Raised inside a transactional task's transaction so its effects roll back."""
+
+
+class LeaseExpired(PgQueueError):  # noqa: N818 - recorded as an error entry by the sweeper
+    """Recorded in a job's ``errors`` when the sweeper took it back from a worker whose
+    lease ran out (the worker crashed, hung, or lost the database)."""
+
+
+class TaskNotFound(PgQueueError):  # noqa: N818
+    """A job's task path does not import to a ``django.tasks.Task``; the job is dead."""

@@ -1,0 +1,49 @@
+"""``manage.py pgqueue_sweep``: recover expired leases, promote due jobs, prune."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from django_pgqueue.management.commands.pgqueue_worker import (
+    configure_logging,
+    positive_float,
+)
+from django_pgqueue.signals import Abort, on_stop
+from django_pgqueue.sweeper import Sweeper
+
+
+class Command(BaseCommand):
+    help = "Run one sweep pass (or --loop): recover, dead-letter, promote, prune."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--loop",
+            action="store_true",
+            help="Keep sweeping every --interval seconds (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--interval",
+            type=positive_float,
+            default=5.0,
+            help="Seconds between passes with --loop (default: %(default)r)",
+        )
+
+    def handle(self, *, loop: bool, interval: float, verbosity: int, **options: Any) -> None:
+        configure_logging(verbosity)
+        sweeper = Sweeper(interval=interval)
+        if not loop:
+            result = sweeper.run_once()
+            self.stdout.write(
+                f"recovered={result.recovered} dead={result.dead} "
+                f"promoted={result.promoted} pruned={result.pruned}"
+            )
+            return
+        try:
+            with on_stop(sweeper.stop):
+                sweeper.run_forever()
+        except Abort:
+            sys.exit(1)

@@ -1,0 +1,137 @@
+"""``manage.py pgqueue_worker``: parse options, configure logging, run a Worker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from django_pgqueue.signals import Abort, on_stop
+from django_pgqueue.validation import QUEUE_NAME_RE
+from django_pgqueue.worker import Worker
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
+    return number
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number")
+    return number
+
+
+def queue_name(value: str) -> str:
+    if not QUEUE_NAME_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a valid queue name (1-64 of A-Z a-z 0-9 _ . -)"
+        )
+    return value
+
+
+def configure_logging(verbosity: int) -> None:
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    logger = logging.getLogger("django_pgqueue")
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
+class Command(BaseCommand):
+    help = "Run jobs from the pgqueue jobs table until stopped (SIGTERM/SIGINT)."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--queue",
+            dest="queues",
+            action="append",
+            type=queue_name,
+            help="Queue to work; repeat for several (default: all queues)",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            help="Jobs run at once, one thread each (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Most jobs claimed per statement (default: the concurrency)",
+        )
+        parser.add_argument(
+            "--lease-seconds",
+            type=positive_float,
+            default=None,
+            help="Lease per claimed job (default: PGQUEUE_LEASE_SECONDS)",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Exit when no work is left (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=positive_int,
+            default=None,
+            help="Exit after claiming this many jobs (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--worker-id",
+            default=None,
+            help="Lease owner name (default: host:pid:random)",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=positive_float,
+            default=None,
+            help="Seconds between polls when idle (default: PGQUEUE_POLL_INTERVAL)",
+        )
+
+    def handle(
+        self,
+        *,
+        queues: list[str] | None,
+        concurrency: int,
+        batch_size: int | None,
+        lease_seconds: float | None,
+        burst: bool,
+        max_jobs: int | None,
+        worker_id: str | None,
+        poll_interval: float | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        configure_logging(verbosity)
+        worker = Worker(
+            queues=queues,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            lease_seconds=lease_seconds,
+            burst=burst,
+            max_jobs=max_jobs,
+            worker_id=worker_id,
+            poll_interval=poll_interval,
+        )
+        try:
+            with on_stop(worker.stop):
+                worker.run()
+        except Abort:
+            # Second signal: leave at once; the sweeper recovers what was running.
+            sys.exit(1)

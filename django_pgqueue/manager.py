@@ -1,0 +1,316 @@
+"""``Job.objects``: the queue's operations, each one parameterised statement from sql.py.
+
+The manager holds no SQL text. Methods that write return materialised lists (a lazy
+``RawQuerySet`` would run its UPDATE again each time it is iterated).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, transaction
+from django.tasks import Task
+
+from . import sql, validation
+from .conf import settings
+
+if TYPE_CHECKING:
+    from .models import Job
+
+#: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
+MAX_SWEEP_BATCHES = 100
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one sweep pass changed."""
+
+    recovered: int = 0  # expired leases returned to pending
+    dead: int = 0  # expired leases on their last attempt, dead-lettered
+    promoted: int = 0  # due scheduled jobs made pending
+    pruned: int = 0  # done jobs past retention deleted
+
+    def __bool__(self) -> bool:
+        return any((self.recovered, self.dead, self.promoted, self.pruned))
+
+
+def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str, Any]:
+    """The JSON stored for one failed attempt (Django's ``TaskError`` fields + context)."""
+    cls = type(exc)
+    return {
+        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
+        "traceback": "".join(traceback.format_exception(exc)),
+        "worker_id": worker_id,
+        "attempt": attempt,
+    }
+
+
+class JobManager(models.Manager["Job"]):
+    """Runs the statements of ``sql.py`` against the jobs database."""
+
+    # --- plumbing -------------------------------------------------------------------
+
+    @property
+    def alias(self) -> str:
+        return self._db or settings.DATABASE
+
+    def _jobs(self, query: str, params: dict[str, Any]) -> list[Job]:
+        """Run a statement that returns job rows; materialise them as ``Job``s."""
+        return list(self.model.objects.db_manager(self.alias).raw(query, params))
+
+    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def _rowcount(self, query: str, params: dict[str, Any]) -> int:
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(query, params)
+            return cursor.rowcount
+
+    # --- enqueue --------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: Task | str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        run_at: dt.datetime | None = None,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
+        backend: str = "default",
+        now: dt.datetime | None = None,
+    ) -> Job:
+        """Store one job and wake idle workers at commit; return it.
+
+        Joins the caller's transaction: if that rolls back there is no job and no
+        wake-up. Everything is validated first; a bad value raises ``InvalidJob``
+        naming it and writes nothing. With an ``idempotency_key`` that a live job in
+        the same queue already holds, that job is returned and nothing is inserted.
+        ``queue`` and ``priority`` default to the Task's own (else "default" and 0).
+        """
+        path = validation.task_path(task)
+        if isinstance(task, Task):
+            queue = task.queue_name if queue is None else queue
+            priority = task.priority if priority is None else priority
+        params = {
+            "backend": backend,
+            "task": path,
+            "queue": validation.queue_name("default" if queue is None else queue),
+            "priority": validation.priority(0 if priority is None else priority),
+            "run_at": validation.run_at(run_at),
+            "max_attempts": validation.max_attempts(
+                settings.MAX_ATTEMPTS if max_attempts is None else max_attempts
+            ),
+            "idempotency_key": validation.idempotency_key(idempotency_key),
+            "channel": settings.NOTIFY_CHANNEL,
+            "now": now,
+        }
+        params["args"], params["kwargs"] = validation.payload(
+            args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
+        )
+        for _ in range(5):
+            inserted = self._jobs(sql.JOB_ENQUEUE, params)
+            if inserted:
+                return inserted[0]
+            # ON CONFLICT: a live job holds the key. It may finish between the insert
+            # and this read, in which case the insert is tried again.
+            existing = self.live_with_key(params["queue"], params["idempotency_key"])
+            if existing is not None:
+                return existing
+        raise RuntimeError("idempotency key kept changing hands; giving up")
+
+    def live_with_key(self, queue: str, key: str | None) -> Job | None:
+        from .models import LIVE_STATUSES
+
+        return (
+            self.db_manager(self.alias)
+            .filter(queue=queue, idempotency_key=key, status__in=LIVE_STATUSES)
+            .first()
+        )
+
+    # --- the worker's statements ----------------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        queues: Iterable[str] | None = None,
+        lease_seconds: float | None = None,
+        now: dt.datetime | None = None,
+    ) -> list[Job]:
+        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first."""
+        jobs = self._jobs(
+            sql.JOB_CLAIM,
+            {
+                "worker_id": worker_id,
+                "limit": limit,
+                "queues": None if queues is None else list(queues),
+                "lease_seconds": settings.LEASE_SECONDS
+                if lease_seconds is None
+                else lease_seconds,
+                "now": now,
+            },
+        )
+        jobs.sort(key=lambda job: (-job.priority, job.id))
+        return jobs
+
+    def extend_leases(
+        self,
+        worker_id: str,
+        jobs: Iterable[Job | int],
+        *,
+        lease_seconds: float | None = None,
+        now: dt.datetime | None = None,
+    ) -> set[int]:
+        """Extend the leases ``worker_id`` still holds; return the ids it still owns.
+
+        Give ``Job`` objects to fence on the attempt as well as the owner; plain ids
+        fence on the owner only. An id missing from the result is a lost lease.
+        """
+        pairs = sorted((j, None) if isinstance(j, int) else (j.id, j.attempts) for j in jobs)
+        if not pairs:
+            return set()
+        rows = self._rows(
+            sql.JOB_EXTEND_LEASES,
+            {
+                "worker_id": worker_id,
+                "ids": [p[0] for p in pairs],
+                "attempts": [p[1] for p in pairs],
+                "lease_seconds": settings.LEASE_SECONDS
+                if lease_seconds is None
+                else lease_seconds,
+                "now": now,
+            },
+        )
+        return {row[0] for row in rows}
+
+    def complete(
+        self,
+        job: Job,
+        worker_id: str,
+        *,
+        result: Any = None,
+        now: dt.datetime | None = None,
+    ) -> bool:
+        """Mark ``job`` done. False (and no change) if ``worker_id`` lost the lease."""
+        return bool(
+            self._rows(
+                sql.JOB_COMPLETE,
+                {
+                    "id": job.id,
+                    "worker_id": worker_id,
+                    "attempt": job.attempts,
+                    "result": json.dumps(result, allow_nan=False),
+                    "now": now,
+                },
+            )
+        )
+
+    def fail(
+        self,
+        job: Job,
+        worker_id: str,
+        exc: BaseException,
+        *,
+        retry: bool = True,
+        now: dt.datetime | None = None,
+    ) -> str | None:
+        """Record a failed attempt; return the new status (``scheduled`` for a retry
+        with backoff, ``dead`` when attempts are used up or ``retry`` is False), or
+        None if ``worker_id`` lost the lease (nothing changes)."""
+        rows = self._rows(
+            sql.JOB_FAIL,
+            {
+                "id": job.id,
+                "worker_id": worker_id,
+                "attempt": job.attempts,
+                "retry": retry,
+                "backoff_base": float(settings.RETRY_BACKOFF_BASE),
+                "backoff_max": float(settings.RETRY_BACKOFF_MAX),
+                "keep_errors": settings.KEEP_ERRORS,
+                "error": json.dumps(error_entry(exc, worker_id=worker_id, attempt=job.attempts)),
+                "now": now,
+            },
+        )
+        return rows[0][0] if rows else None
+
+    def release(self, job: Job, worker_id: str) -> bool:
+        """Give an unstarted claimed job back to pending without charging the attempt."""
+        return bool(
+            self._rows(
+                sql.JOB_RELEASE,
+                {"id": job.id, "worker_id": worker_id, "attempt": job.attempts},
+            )
+        )
+
+    # --- maintenance ----------------------------------------------------------------
+
+    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int]:
+        """Return expired leases to pending (or dead on the last attempt), in bounded
+        batches. Returns (recovered, dead)."""
+        recovered = dead = 0
+        params = {
+            "now": now,
+            "batch_size": settings.SWEEP_BATCH_SIZE,
+            "keep_errors": settings.KEEP_ERRORS,
+        }
+        for _ in range(MAX_SWEEP_BATCHES):
+            rows = self._rows(sql.JOB_RESCUE_EXPIRED, params)
+            dead += sum(1 for _, status in rows if status == "dead")
+            recovered += sum(1 for _, status in rows if status == "pending")
+            if len(rows) < params["batch_size"]:
+                break
+        return recovered, dead
+
+    def promote_due(self, *, now: dt.datetime | None = None, batch_size: int | None = None) -> int:
+        """Make due scheduled jobs pending and wake workers for their queues."""
+        size = batch_size or settings.SWEEP_BATCH_SIZE
+        promoted = 0
+        for _ in range(MAX_SWEEP_BATCHES):
+            with transaction.atomic(using=self.alias):
+                rows = self._rows(sql.JOB_PROMOTE_DUE, {"now": now, "batch_size": size})
+                for queue in sorted({row[0] for row in rows}):
+                    self.notify(queue)
+            promoted += len(rows)
+            if len(rows) < size or batch_size:
+                break
+        return promoted
+
+    def prune_finished(self, *, now: dt.datetime | None = None) -> int:
+        """Delete done jobs older than ``PGQUEUE_RETENTION_SECONDS``, in batches."""
+        pruned = 0
+        params = {
+            "now": now,
+            "batch_size": settings.SWEEP_BATCH_SIZE,
+            "retention_seconds": float(settings.RETENTION_SECONDS),
+        }
+        for _ in range(MAX_SWEEP_BATCHES):
+            count = self._rowcount(sql.JOB_DELETE_FINISHED_BEFORE, params)
+            pruned += count
+            if count < params["batch_size"]:
+                break
+        return pruned
+
+    def sweep(self, *, now: dt.datetime | None = None) -> SweepResult:
+        """One bounded maintenance pass; safe to run from several processes at once."""
+        recovered, dead = self.rescue_expired(now=now)
+        return SweepResult(
+            recovered=recovered,
+            dead=dead,
+            promoted=self.promote_due(now=now),
+            pruned=self.prune_finished(now=now),
+        )
+
+    def notify(self, queue: str) -> None:
+        """Wake workers listening for ``queue`` (at commit of the current transaction)."""
+        self._rows(sql.JOB_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "queue": queue})

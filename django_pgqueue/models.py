@@ -1,0 +1,138 @@
+"""The jobs table.
+
+One row per job. Every state change at run time is one SQL statement from ``sql.py``,
+issued by ``JobManager``; the ORM is used for reading (admin, ``get_result``) only.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from .manager import JobManager
+
+#: Statuses in which a job is still "live": an idempotency key is unique among these.
+LIVE_STATUSES = ("pending", "scheduled", "running")
+
+
+class ClockTimestamp(models.Func):
+    """``clock_timestamp()``: the database's wall clock, even inside a transaction."""
+
+    template = "clock_timestamp()"
+    output_field = models.DateTimeField()
+
+
+class Job(models.Model):
+    """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
+
+    class Status(models.TextChoices):
+        # The seed's words. Django's TaskResultStatus is mapped in backend.py only.
+        PENDING = "pending", "Pending"
+        SCHEDULED = "scheduled", "Scheduled"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        DEAD = "dead", "Dead"
+
+    id = models.BigAutoField(primary_key=True)
+    backend = models.CharField(max_length=64, default="default")
+    queue = models.CharField(max_length=64, default="default", db_default="default")
+    task = models.CharField(max_length=255, help_text="Dotted path of a django.tasks.Task")
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    priority = models.IntegerField(default=0, db_default=0)
+    status = models.CharField(
+        max_length=16,
+        choices=Status.choices,
+        default=Status.PENDING,
+        db_default="pending",
+    )
+    attempts = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField()
+    run_at = models.DateTimeField(db_default=ClockTimestamp())
+    lease_owner = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    errors = models.JSONField(default=list)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobManager()
+
+    class Meta:
+        db_table = "pgqueue_job"  # sql.py hard-codes this name; a test checks they agree
+        ordering = ["-id"]
+        permissions = [("requeue_job", "Can requeue dead jobs")]
+        indexes = [
+            # The claim path: exactly JOB_CLAIM's predicate and ORDER BY. Built
+            # CONCURRENTLY in its own migration (0002) so it never locks the table.
+            models.Index(
+                fields=["-priority", "id"],
+                name="pgqueue_job_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # The sweeper's rescue scan: only leased rows, by expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="pgqueue_job_lease_idx",
+                condition=Q(status="running"),
+            ),
+            # Promotion of due delayed/backing-off jobs, kept out of the claim index.
+            models.Index(
+                fields=["run_at"],
+                name="pgqueue_job_scheduled_idx",
+                condition=Q(status="scheduled"),
+            ),
+            # Pruning of finished jobs past retention.
+            models.Index(
+                fields=["finished_at"],
+                name="pgqueue_job_done_idx",
+                condition=Q(status="done"),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "scheduled", "running", "done", "dead"]),
+                name="pgqueue_job_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100),
+                name="pgqueue_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__gte=0), name="pgqueue_job_attempts_nonnegative"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1),
+                name="pgqueue_job_max_attempts_positive",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="running")
+                | Q(lease_owner__isnull=False, lease_expires_at__isnull=False),
+                name="pgqueue_job_running_has_lease",
+            ),
+            models.UniqueConstraint(
+                fields=["queue", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False, status__in=LIVE_STATUSES),
+                name="pgqueue_job_idempotency_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Job {self.id} {self.task} [{self.status}]"
+
+    @property
+    def last_error(self) -> dict | None:
+        """The newest error entry, or None."""
+        return self.errors[-1] if self.errors else None
+
+
+class DeadLetter(Job):
+    """Proxy over dead jobs, so the admin can list dead letters on their own page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters"

@@ -1,0 +1,236 @@
+"""Every SQL statement django-pgqueue runs at run time, one named constant per query.
+
+Rules kept by every statement here:
+
+* Values are psycopg named parameters (``%(name)s``); nothing is built with f-strings.
+* Time is the database's: ``coalesce(%(now)s::timestamptz, clock_timestamp())`` so that
+  tests may pin the clock and production never trusts a worker's clock.
+  ``clock_timestamp()`` rather than ``now()`` because ``now()`` is frozen at transaction
+  start and may be stale after waiting on a lock.
+* Every state change is one statement, so it is atomic without an explicit transaction.
+* Worker writes are *fenced* on ``(id, status = 'running', lease_owner, attempts)``: a
+  worker whose lease was taken back updates zero rows instead of overwriting a newer
+  attempt.
+* Multi-row maintenance uses ``FOR UPDATE SKIP LOCKED`` with a ``LIMIT`` so it never
+  waits on, or deadlocks with, workers, and never runs unbounded.
+
+The table name is hard-coded; ``tests/test_sql.py`` checks it against ``Job._meta``.
+Constants are in alphabetical order.
+"""
+
+# Claim up to %(limit)s pending jobs for one worker, in priority order, in one statement.
+# Uses pgqueue_job_claim_idx: WHERE and ORDER BY match its predicate and columns exactly.
+# SKIP LOCKED lets competing workers take disjoint rows without waiting on each other;
+# selection and update are one statement, so no commit can release a lock before
+# ownership is recorded. Attempts are charged here, so a crash counts as an attempt.
+JOB_CLAIM = """
+WITH candidate AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending'
+      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM candidate, clock
+WHERE j.id = candidate.id
+RETURNING j.*
+"""
+
+# Mark a job done with its result, only while this worker still owns this attempt.
+# Primary-key lookup; the fence makes a late (zombie) completion update zero rows.
+JOB_COMPLETE = """
+UPDATE pgqueue_job
+SET status = 'done',
+    result = %(result)s::jsonb,
+    finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    lease_expires_at = NULL
+WHERE id = %(id)s
+  AND status = 'running'
+  AND lease_owner = %(worker_id)s
+  AND attempts = %(attempt)s
+RETURNING id
+"""
+
+# Delete done jobs that finished before the retention horizon, one bounded batch.
+# Uses pgqueue_job_done_idx; SKIP LOCKED so two sweepers split the work.
+JOB_DELETE_FINISHED_BEFORE = """
+WITH old AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'done'
+      AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
+                        - make_interval(secs => %(retention_seconds)s)
+    ORDER BY finished_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue_job AS j
+USING old
+WHERE j.id = old.id
+"""
+
+# Insert one job (or find the live job with the same idempotency key) and wake workers.
+# The partial unique index pgqueue_job_idempotency_uniq is the ON CONFLICT arbiter; its
+# predicate is repeated here so PostgreSQL can infer it. pg_notify in RETURNING sends
+# one notification per job, delivered at commit (none if the caller rolls back).
+JOB_ENQUEUE = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
+           %(run_at)s::timestamptz AS run_at
+)
+INSERT INTO pgqueue_job AS j (
+    backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+    run_at, idempotency_key, errors, created_at
+)
+SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
+       %(priority)s,
+       CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
+       0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
+       '[]'::jsonb, clock.now
+FROM clock
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.*, pg_notify(%(channel)s, j.queue)::text AS notified
+"""
+
+# Push the lease of jobs this worker still owns further into the future.
+# Primary-key lookups via unnest; fenced on owner and attempt so a worker can never
+# extend a lease it lost. Returns the ids still owned, so a lost lease is visible.
+JOB_EXTEND_LEASES = """
+UPDATE pgqueue_job AS j
+SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+                       + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS owned(id, attempt)
+WHERE j.id = owned.id
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND (owned.attempt IS NULL OR j.attempts = owned.attempt)
+RETURNING j.id
+"""
+
+# Record a failed attempt: retry later with exponential backoff and jitter while
+# attempts remain (and %(retry)s is true), else dead-letter. Primary-key lookup, fenced
+# like JOB_COMPLETE. The error list keeps only the newest %(keep_errors)s entries.
+JOB_FAIL = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+                  THEN 'scheduled' ELSE 'dead' END,
+    run_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+                  THEN clock.now + make_interval(secs => least(
+                      %(backoff_max)s::float8,
+                      %(backoff_base)s::float8 * power(2, least(j.attempts - 1, 40))
+                          * (0.75 + random() * 0.5)))
+                  ELSE j.run_at END,
+    finished_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+                       THEN NULL ELSE clock.now END,
+    lease_expires_at = NULL,
+    errors = (
+        SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
+        FROM jsonb_array_elements(j.errors || jsonb_build_array(%(error)s::jsonb))
+             WITH ORDINALITY AS e
+        WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
+    )
+FROM clock
+WHERE j.id = %(id)s
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND j.attempts = %(attempt)s
+RETURNING j.status
+"""
+
+# Wake idle workers listening on the channel (payload: the queue name). Used after
+# promotions and requeues; delivered when the surrounding transaction commits.
+JOB_NOTIFY = """
+SELECT pg_notify(%(channel)s, %(queue)s)
+"""
+
+# Move due scheduled jobs (delayed, or backing off after a failure) to pending, one
+# bounded batch. Uses pgqueue_job_scheduled_idx, so future jobs never sit in the claim
+# index's scan. SKIP LOCKED: several sweepers and idle workers may promote at once.
+JOB_PROMOTE_DUE = """
+WITH due AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'scheduled'
+      AND run_at <= coalesce(%(now)s::timestamptz, clock_timestamp())
+    ORDER BY run_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_job AS j
+SET status = 'pending'
+FROM due
+WHERE j.id = due.id
+RETURNING j.queue
+"""
+
+# Give a claimed job back without charging the attempt (graceful shutdown before the
+# task started). Primary-key lookup, fenced like JOB_COMPLETE.
+JOB_RELEASE = """
+UPDATE pgqueue_job
+SET status = 'pending',
+    attempts = attempts - 1,
+    lease_owner = NULL,
+    lease_expires_at = NULL
+WHERE id = %(id)s
+  AND status = 'running'
+  AND lease_owner = %(worker_id)s
+  AND attempts = %(attempt)s
+RETURNING id
+"""
+
+# Take back running jobs whose lease expired: to pending, or to dead once the attempt
+# limit is reached (a job that kills its worker every time must not loop forever).
+# Uses pgqueue_job_lease_idx; one bounded batch; SKIP LOCKED so it never waits on a
+# worker completing the same row (that worker's fenced write then wins or loses
+# cleanly). An error entry records whose lease expired.
+JOB_RESCUE_EXPIRED = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), expired AS (
+    SELECT id
+    FROM pgqueue_job, clock
+    WHERE status = 'running'
+      AND lease_expires_at < clock.now
+    ORDER BY lease_expires_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    lease_owner = CASE WHEN j.attempts >= j.max_attempts THEN j.lease_owner END,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock.now END,
+    errors = (
+        SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
+        FROM jsonb_array_elements(j.errors || jsonb_build_array(jsonb_build_object(
+                 'exception_class_path', 'django_pgqueue.exceptions.LeaseExpired',
+                 'traceback', 'LeaseExpired: lease of worker ' || j.lease_owner
+                     || ' expired after attempt ' || j.attempts
+                     || ' of ' || j.max_attempts,
+                 'worker_id', j.lease_owner,
+                 'attempt', j.attempts,
+                 'at', clock.now)))
+             WITH ORDINALITY AS e
+        WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
+    )
+FROM expired, clock
+WHERE j.id = expired.id
+RETURNING j.id, j.status
+"""

@@ -1,0 +1,66 @@
+"""The sweeper: one bounded maintenance pass, once or on an interval.
+
+Each pass rescues expired leases (to pending, or dead on the last attempt), promotes
+due scheduled jobs and prunes old done jobs; see ``JobManager.sweep``. Several sweepers
+may run at once: every statement uses SKIP LOCKED.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.db import DatabaseError, close_old_connections
+
+from .conf import settings
+from .manager import SweepResult
+from .models import Job
+from .worker import backoff_delay, close_connection, first_line
+
+logger = logging.getLogger(__name__)
+
+
+class Sweeper:
+    def __init__(self, *, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.alias = settings.DATABASE
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_once(self) -> SweepResult:
+        """One pass; logs at info level only when something changed."""
+        result = Job.objects.db_manager(self.alias).sweep()
+        if result:
+            logger.info(
+                "sweep: recovered=%d dead=%d promoted=%d pruned=%d",
+                result.recovered,
+                result.dead,
+                result.promoted,
+                result.pruned,
+                extra={"action": "sweep"},
+            )
+        return result
+
+    def run_forever(self) -> None:
+        """Sweep every ``interval`` seconds until stopped; database errors are logged
+        and retried with backoff, never fatal."""
+        failures = 0
+        while not self._stop.is_set():
+            close_old_connections()
+            try:
+                self.run_once()
+                failures = 0
+                delay = self.interval
+            except DatabaseError as exc:
+                failures += 1
+                delay = backoff_delay(failures)
+                logger.warning(
+                    "sweep failed (%s); retrying in %.1fs",
+                    first_line(exc),
+                    delay,
+                    extra={"action": "db_error"},
+                )
+                close_connection(self.alias)
+            self._stop.wait(delay)

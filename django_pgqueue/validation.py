@@ -1,0 +1,138 @@
+"""Checks an enqueue runs before anything is written.
+
+Each check raises :class:`~django_pgqueue.exceptions.InvalidJob` with a message that
+names the bad value, so a rejected enqueue leaves no row and says why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from typing import Any
+
+from django.tasks import Task
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from django.utils.module_loading import import_string
+
+from .exceptions import InvalidJob
+
+QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_KEY_LENGTH = 255
+
+
+def task_path(task: Any) -> str:
+    """Return the dotted path of a Django ``Task`` given as an object or a path.
+
+    A path must import to a ``Task`` now, so a typo fails at enqueue, not in a worker.
+    """
+    if isinstance(task, Task):
+        return task.module_path
+    if isinstance(task, str):
+        try:
+            obj = import_string(task)
+        except ImportError as exc:
+            raise InvalidJob(f"task {task!r} does not import: {exc}") from exc
+        if not isinstance(obj, Task):
+            raise InvalidJob(
+                f"task {task!r} is a {type(obj).__name__}, not a django.tasks.Task "
+                "(decorate the function with @task)"
+            )
+        return obj.module_path
+    raise InvalidJob(
+        f"task must be a django.tasks.Task or its dotted path, not {type(task).__name__}"
+    )
+
+
+def queue_name(queue: Any) -> str:
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
+        raise InvalidJob(f"queue name {queue!r} is invalid: use 1 to 64 of A-Z a-z 0-9 _ . -")
+    return queue
+
+
+def priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJob(f"priority must be an int, not {value!r}")
+    if not TASK_MIN_PRIORITY <= value <= TASK_MAX_PRIORITY:
+        raise InvalidJob(
+            f"priority {value} is out of range {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}"
+        )
+    return value
+
+
+def max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidJob(f"max_attempts must be an int >= 1, not {value!r}")
+    return value
+
+
+def run_at(value: Any) -> dt.datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise InvalidJob(f"run_at must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise InvalidJob(f"run_at {value.isoformat()} is naive: give it a timezone")
+    return value
+
+
+def idempotency_key(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
+        raise InvalidJob(
+            f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} "
+            f"characters, not {value!r:.80}"
+        )
+    if "\x00" in value:
+        raise InvalidJob("idempotency_key contains a NUL character (\\u0000)")
+    return value
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Walk a payload: only JSON types, str keys, finite floats, no NUL characters
+    (PostgreSQL's jsonb rejects \\u0000; the stdlib would write NaN as bare ``NaN``)."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if item is None or isinstance(item, bool | int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidJob(f"{path} is {item!r}: JSON has no NaN or Infinity")
+        elif isinstance(item, str):
+            if "\x00" in item:
+                raise InvalidJob(f"{path} contains a NUL character (\\u0000)")
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+        elif isinstance(item, dict):
+            for key, v in item.items():
+                if not isinstance(key, str):
+                    raise InvalidJob(f"{path} has a non-string key {key!r}: JSON keys are strings")
+                if "\x00" in key:
+                    raise InvalidJob(f"{path} has a key with a NUL character")
+                stack.append((v, f"{path}[{key!r}]"))
+        else:
+            raise InvalidJob(f"{path} is a {type(item).__name__}, which is not JSON-serialisable")
+
+
+def payload(args: Any, kwargs: Any, *, max_bytes: int) -> tuple[str, str]:
+    """Validate args and kwargs; return them as JSON text ready for ``::jsonb``."""
+    if not isinstance(args, list | tuple):
+        raise InvalidJob(f"args must be a list or tuple, not {type(args).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise InvalidJob(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    _check_json(list(args), "args")
+    _check_json(kwargs, "kwargs")
+    args_json = json.dumps(list(args), allow_nan=False, separators=(",", ":"))
+    kwargs_json = json.dumps(kwargs, allow_nan=False, separators=(",", ":"))
+    size = len(args_json.encode()) + len(kwargs_json.encode())
+    if size > max_bytes:
+        raise InvalidJob(
+            f"payload is {size} bytes, over the limit of {max_bytes} "
+            "(PGQUEUE_MAX_PAYLOAD_BYTES): store large data elsewhere and pass a key"
+        )
+    return args_json, kwargs_json

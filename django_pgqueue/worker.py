@@ -1,0 +1,514 @@
+"""The worker: claim -> run -> complete or fail, with leases kept alive by a heartbeat.
+
+Threads of one worker process:
+
+* the main thread claims jobs (one statement per batch) while there are free slots,
+  and otherwise waits to be woken: by a NOTIFY, by a slot freeing, or by the poll
+  interval running out (polling, not NOTIFY, is what guarantees pickup);
+* ``concurrency`` runner threads execute the tasks, each on its own connection;
+* a heartbeat thread extends the leases of jobs this worker holds, on its own
+  connection, never inside a task's transaction;
+* a listener thread holds a dedicated LISTEN connection and sets the wake-up flag.
+
+Every write about a job is fenced on (owner, attempt): a worker that lost a lease
+changes nothing and says so in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import random
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db import DatabaseError, close_old_connections, connections
+from django.tasks import TaskContext, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils.json import normalize_json
+
+from .backend import load_task, to_task_result
+from .conf import settings
+from .exceptions import TaskNotFound
+from .models import Job
+
+logger = logging.getLogger(__name__)
+
+#: Longest wait between reconnection attempts after a database error.
+MAX_BACKOFF = 30.0
+
+
+def default_worker_id() -> str:
+    """host:pid:random, unique per process start, readable in the admin and logs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def backoff_delay(failures: int) -> float:
+    """Exponential backoff with jitter for reconnect loops: 0.5 s, 1 s, 2 s ... 30 s."""
+    return min(MAX_BACKOFF, 0.5 * 2 ** min(failures - 1, 10)) * random.uniform(0.8, 1.2)
+
+
+def first_line(exc: BaseException) -> str:
+    """A database error's first line: enough for a log line without traceback spam."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def close_connection(alias: str) -> None:
+    """Drop this thread's connection so the next query reconnects."""
+    try:
+        connections[alias].close()
+    except DatabaseError:
+        pass
+
+
+@dataclass
+class Held:
+    """A job this worker holds, and when its task started (None: not started yet)."""
+
+    job: Job
+    started: float | None = None
+    lost: bool = False
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    done: int = 0
+    failed: int = 0
+    lost: int = 0
+    released: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Worker:
+    """Runs jobs from the given queues until stopped (or until idle, with ``burst``)."""
+
+    def __init__(
+        self,
+        *,
+        queues: Iterable[str] | None = None,
+        concurrency: int = 1,
+        batch_size: int | None = None,
+        lease_seconds: float | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        worker_id: str | None = None,
+        poll_interval: float | None = None,
+    ) -> None:
+        self.queues = sorted(set(queues)) if queues else None
+        self.concurrency = concurrency
+        self.batch_size = batch_size or concurrency
+        self.lease_seconds = float(lease_seconds or settings.LEASE_SECONDS)
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.worker_id = worker_id or default_worker_id()
+        self.poll_interval = float(poll_interval or settings.POLL_INTERVAL)
+        self.alias = settings.DATABASE
+        self.stats = WorkerStats()
+
+        self._stopping = threading.Event()  # no more claiming
+        self._wakeup = threading.Event()  # a NOTIFY came or a slot freed
+        self._done = threading.Event()  # background threads must exit
+        self._lock = threading.Lock()
+        self._held: dict[int, Held] = {}
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._heartbeat_ok_at = time.monotonic()
+        self._threads: list[threading.Thread] = []
+
+    # --- public ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running jobs finish, unstarted ones are released."""
+        self._stopping.set()
+        self._wakeup.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self) -> WorkerStats:
+        """Work until stopped, ``max_jobs`` is reached, or (``burst``) no work is left."""
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d lease=%ss",
+            self.worker_id,
+            ",".join(self.queues) if self.queues else "*",
+            self.concurrency,
+            self.lease_seconds,
+            extra={"action": "start", "worker_id": self.worker_id},
+        )
+        self._start_threads()
+        try:
+            # Jitter so a fleet restarted together does not claim in lock-step.
+            self._stopping.wait(random.uniform(0, min(0.1, self.poll_interval)))
+            self._claim_loop()
+        finally:
+            self._shutdown()
+        logger.info(
+            "worker %s stopped: done=%d failed=%d lost=%d released=%d",
+            self.worker_id,
+            self.stats.done,
+            self.stats.failed,
+            self.stats.lost,
+            self.stats.released,
+            extra={"action": "exit", "worker_id": self.worker_id},
+        )
+        return self.stats
+
+    # --- main thread: claiming ------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self.concurrency - len(self._held)
+
+    def _heartbeat_healthy(self) -> bool:
+        """Claiming stops when the heartbeat has not succeeded for half a lease: jobs
+        claimed now would have leases nobody extends."""
+        return time.monotonic() - self._heartbeat_ok_at < self.lease_seconds / 2
+
+    def _claim_loop(self) -> None:
+        failures = 0
+        last_promote = 0.0
+        while not self._stopping.is_set():
+            close_old_connections()
+            free = self._free_slots()
+            if self.max_jobs is not None:
+                free = min(free, self.max_jobs - self.stats.claimed)
+                if free <= 0 and not self._held:
+                    break  # max_jobs reached and all finished
+            if free <= 0 or not self._heartbeat_healthy():
+                self._wait(self.poll_interval)
+                continue
+            try:
+                jobs = Job.objects.db_manager(self.alias).claim(
+                    self.worker_id,
+                    limit=min(free, self.batch_size),
+                    queues=self.queues,
+                    lease_seconds=self.lease_seconds,
+                )
+                promoted = 0
+                if not jobs and time.monotonic() - last_promote >= self.poll_interval:
+                    # Idle: move a bounded batch of due scheduled jobs to pending.
+                    last_promote = time.monotonic()
+                    promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
+            except DatabaseError as exc:
+                failures += 1
+                delay = backoff_delay(failures)
+                logger.warning(
+                    "worker %s: database error while claiming (%s); retrying in %.1fs",
+                    self.worker_id,
+                    first_line(exc),
+                    delay,
+                    extra={"action": "db_error", "worker_id": self.worker_id},
+                )
+                close_connection(self.alias)
+                self._stopping.wait(delay)
+                continue
+            failures = 0
+            for job in jobs:
+                with self._lock:
+                    self._held[job.id] = Held(job)
+                self.stats.claimed += 1
+                self._jobs.put(job)
+            if jobs or promoted:
+                continue
+            with self._lock:
+                idle = not self._held
+            if self.burst and idle:
+                break
+            self._wait(self.poll_interval)
+
+    def _wait(self, timeout: float) -> None:
+        self._wakeup.wait(timeout)
+        self._wakeup.clear()
+
+    # --- runner threads -------------------------------------------------------------
+
+    def _runner(self) -> None:
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    return
+                try:
+                    if self._stopping.is_set():
+                        self._release(job)
+                    else:
+                        self._execute(job)
+                finally:
+                    with self._lock:
+                        self._held.pop(job.id, None)
+                    self._wakeup.set()
+        finally:
+            close_connection(self.alias)
+
+    def _release(self, job: Job) -> None:
+        try:
+            if Job.objects.db_manager(self.alias).release(job, self.worker_id):
+                self.stats.released += 1
+                logger.info(
+                    "job %s released (shutdown before start)",
+                    job.id,
+                    extra={
+                        "action": "release",
+                        "job_id": job.id,
+                        "worker_id": self.worker_id,
+                    },
+                )
+        except DatabaseError:
+            logger.warning(
+                "job %s: could not release; its lease will expire",
+                job.id,
+                extra={
+                    "action": "release",
+                    "job_id": job.id,
+                    "worker_id": self.worker_id,
+                },
+            )
+            close_connection(self.alias)
+
+    def _execute(self, job: Job) -> None:
+        close_old_connections()
+        with self._lock:
+            self._held[job.id].started = time.monotonic()
+        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
+        try:
+            task = load_task(job.task)
+        except ValueError as exc:
+            # Never retried: the code is gone or the path is not a Task.
+            self._record(job, "fail", error=TaskNotFound(str(exc)), retry=False)
+            return
+        task_result = to_task_result(job, task)
+        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+        task_started.send(type(self), task_result=task_result)
+        started = time.perf_counter()
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+            else:
+                value = task.call(*job.args, **job.kwargs)
+            value = normalize_json(value)
+            json.dumps(value, allow_nan=False)  # a bad return value fails the job here
+        except Exception as exc:  # noqa: BLE001 - any task error is recorded on the job
+            elapsed = time.perf_counter() - started
+            status = self._record(job, "fail", error=exc)
+            if status is not None:
+                logger.error(
+                    "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
+                    job.id,
+                    job.task,
+                    elapsed,
+                    job.attempts,
+                    job.max_attempts,
+                    status,
+                    exc_info=exc,
+                    extra={"action": "fail", **log_extra},
+                )
+                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                task_finished.send(type(self), task_result=task_result)
+            return
+        elapsed = time.perf_counter() - started
+        if self._record(job, "complete", result=value):
+            logger.info(
+                "job %s %s done in %.3fs (attempt %d)",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                extra={"action": "done", **log_extra},
+            )
+            object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(task_result, "_return_value", value)
+            task_finished.send(type(self), task_result=task_result)
+
+    def _record(
+        self,
+        job: Job,
+        outcome: str,
+        *,
+        result: object = None,
+        error: BaseException | None = None,
+        retry: bool = True,
+    ) -> str | bool | None:
+        """Write a job's outcome, fenced; retry through database errors for about one
+        lease, then give up and let the lease expire (the sweeper recovers the job)."""
+        manager = Job.objects.db_manager(self.alias)
+        deadline = time.monotonic() + self.lease_seconds
+        failures = 0
+        while True:
+            try:
+                if outcome == "complete":
+                    written: str | bool | None = manager.complete(
+                        job, self.worker_id, result=result
+                    )
+                else:
+                    assert error is not None
+                    written = manager.fail(job, self.worker_id, error, retry=retry)
+                break
+            except DatabaseError as exc:
+                failures += 1
+                close_connection(self.alias)
+                if time.monotonic() > deadline or self._done.is_set():
+                    logger.error(
+                        "job %s: could not record %s (%s); its lease will expire",
+                        job.id,
+                        outcome,
+                        exc,
+                        extra={
+                            "action": outcome,
+                            "job_id": job.id,
+                            "worker_id": self.worker_id,
+                        },
+                    )
+                    return None
+                time.sleep(backoff_delay(failures))
+        if written in (None, False):
+            self.stats.lost += 1
+            logger.warning(
+                "job %s: lease lost before %s was recorded; another worker owns it now",
+                job.id,
+                outcome,
+                extra={
+                    "action": "lease_lost",
+                    "job_id": job.id,
+                    "worker_id": self.worker_id,
+                },
+            )
+        elif outcome == "complete":
+            self.stats.done += 1
+        else:
+            self.stats.failed += 1
+        return written
+
+    # --- heartbeat thread -----------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        interval = max(0.05, self.lease_seconds / 3)
+        failures = 0
+        timeout = settings.JOB_TIMEOUT_SECONDS
+        try:
+            while not self._done.wait(interval if not failures else backoff_delay(failures)):
+                now = time.monotonic()
+                with self._lock:
+                    held = [
+                        h.job
+                        for h in self._held.values()
+                        if not h.lost
+                        and (timeout is None or h.started is None or now - h.started < timeout)
+                    ]
+                if not held:
+                    self._heartbeat_ok_at = now
+                    failures = 0
+                    continue
+                try:
+                    owned = Job.objects.db_manager(self.alias).extend_leases(
+                        self.worker_id, held, lease_seconds=self.lease_seconds
+                    )
+                except DatabaseError as exc:
+                    failures += 1
+                    logger.warning(
+                        "worker %s: heartbeat failed (%s); not claiming until it recovers",
+                        self.worker_id,
+                        first_line(exc),
+                        extra={"action": "heartbeat", "worker_id": self.worker_id},
+                    )
+                    close_connection(self.alias)
+                    continue
+                failures = 0
+                self._heartbeat_ok_at = now
+                for job in held:
+                    if job.id not in owned:
+                        with self._lock:
+                            if job.id in self._held:
+                                self._held[job.id].lost = True
+                        logger.warning(
+                            "job %s: lease lost (expired and taken back)",
+                            job.id,
+                            extra={
+                                "action": "lease_lost",
+                                "job_id": job.id,
+                                "worker_id": self.worker_id,
+                            },
+                        )
+        finally:
+            close_connection(self.alias)
+
+    # --- listener thread ------------------------------------------------------------
+
+    def _listen(self) -> None:
+        """Hold a dedicated LISTEN connection; a notification wakes the claim loop.
+
+        NOTIFY is only a latency hint: if this connection dies, the poll interval still
+        guarantees pickup, and after every reconnect the loop is woken to poll at once."""
+        import psycopg
+        from psycopg import sql as pgsql
+
+        params = connections[self.alias].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        failures = 0
+        while not self._done.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(
+                        pgsql.SQL("LISTEN {}").format(pgsql.Identifier(settings.NOTIFY_CHANNEL))
+                    )
+                    failures = 0
+                    self._wakeup.set()  # poll at once: a NOTIFY may have been missed
+                    while not self._done.is_set():
+                        for notify in conn.notifies(timeout=1.0):
+                            if self.queues is None or notify.payload in self.queues:
+                                self._wakeup.set()
+                        # An idle socket can die silently; a cheap query proves it alive.
+                        conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                failures += 1
+                logger.warning(
+                    "worker %s: LISTEN connection lost (%s); polling until it is back",
+                    self.worker_id,
+                    first_line(exc),
+                    extra={"action": "listen", "worker_id": self.worker_id},
+                )
+                self._done.wait(backoff_delay(failures))
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        targets = [(self._heartbeat, "heartbeat"), (self._listen, "listener")]
+        targets += [(self._runner, f"runner-{i}") for i in range(self.concurrency)]
+        for target, name in targets:
+            thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _shutdown(self) -> None:
+        """Let running jobs finish (within the grace period), release unstarted ones."""
+        self._stopping.set()
+        for _ in range(self.concurrency):
+            self._jobs.put(None)
+        grace = settings.SHUTDOWN_GRACE_SECONDS
+        deadline = None if grace is None else time.monotonic() + grace
+        runners = [t for t in self._threads if t.name.startswith("pgqueue-runner")]
+        for thread in runners:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(remaining)
+        unfinished = [t for t in runners if t.is_alive()]
+        if unfinished:
+            logger.warning(
+                "worker %s: %d job(s) still running after the grace period; their leases "
+                "will expire and the sweeper will recover them",
+                self.worker_id,
+                len(unfinished),
+                extra={"action": "exit", "worker_id": self.worker_id},
+            )
+        self._done.set()
+        for thread in self._threads:
+            if thread not in unfinished:
+                thread.join(5)
+        close_connection(self.alias)

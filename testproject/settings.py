@@ -1,0 +1,74 @@
+"""Settings of the test project: PostgreSQL only, configured from the environment."""
+
+from pathlib import Path
+
+import environ
+
+from testproject.pgserver import database_url
+
+BASE_DIR = Path(__file__).resolve().parent
+env = environ.Env()
+
+SECRET_KEY = env("SECRET_KEY", default="testproject-not-secret")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "django_pgqueue",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {"default": env.db_url_config(database_url())}
+DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+
+TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django_pgqueue": {
+            "handlers": ["console"],
+            "level": env("PGQUEUE_LOG_LEVEL", default="INFO"),
+        },
+    },
+}
