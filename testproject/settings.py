@@ -52,6 +52,8 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db_url_config(database_url())}
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
+# Parallel test runs on one server need distinct test databases.
+DATABASES["default"]["TEST"] = {"NAME": env("PGQUEUE_TEST_DB", default=None)}
 
 TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
 

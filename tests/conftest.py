@@ -1,0 +1,170 @@
+"""Shared fixtures: real PostgreSQL only (embedded by default, or ``DATABASE_URL``).
+
+* ``job_factory(**overrides)`` inserts a job through the real enqueue path.
+* ``now`` is a fixed database-style timestamp passed into the SQL as ``%(now)s``.
+* ``other_connection()`` opens a second, independent psycopg connection to the test DB.
+* ``manage(*args)`` starts a real ``manage.py`` subprocess against the test DB and
+  kills any leftover in teardown.
+* ``wait_for(condition, timeout=...)`` polls a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import pytest
+from django.db import connection
+
+from django_pgqueue.models import Job
+
+REPO = Path(__file__).resolve().parent.parent
+MANAGE = REPO / "testproject" / "manage.py"
+
+
+def wait_for(
+    condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05
+) -> Any:
+    """Return the first truthy value of ``condition()``; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {condition}")
+        time.sleep(interval)
+
+
+def test_database_url() -> str:
+    """URL of the database the current test uses (the ``test_`` one)."""
+    s = connection.settings_dict
+    user = quote(s.get("USER") or "postgres")
+    password = quote(s.get("PASSWORD") or "")
+    host = s.get("HOST") or ""
+    port = s.get("PORT") or ""
+    name = s["NAME"]
+    if host.startswith("/"):
+        return f"postgresql://{user}:{password}@/{name}?host={host}" + (
+            f"&port={port}" if port else ""
+        )
+    return f"postgresql://{user}:{password}@{host}:{port or 5432}/{name}"
+
+
+test_database_url.__test__ = False  # type: ignore[attr-defined]
+
+
+def connect_test_db(**kwargs: Any) -> psycopg.Connection:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.update(kwargs)
+    return psycopg.connect(**params)
+
+
+@pytest.fixture
+def now() -> dt.datetime:
+    """A fixed clock for SQL that takes ``%(now)s``: boundaries become exact."""
+    return dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def job_factory(db: None) -> Callable[..., Job]:
+    def make(**overrides: Any) -> Job:
+        overrides.setdefault("task", "testproject.demo.tasks.add")
+        overrides.setdefault("args", [1, 2])
+        task = overrides.pop("task")
+        args = overrides.pop("args")
+        kwargs = overrides.pop("kwargs", None)
+        return Job.objects.enqueue(task, args, kwargs, **overrides)
+
+    return make
+
+
+@pytest.fixture
+def other_connection() -> Iterator[Callable[..., psycopg.Connection]]:
+    """Factory of extra real connections to the test database, closed at teardown."""
+    opened: list[psycopg.Connection] = []
+
+    def open_(**kwargs: Any) -> psycopg.Connection:
+        conn = connect_test_db(**kwargs)
+        opened.append(conn)
+        return conn
+
+    yield open_
+    for conn in opened:
+        conn.close()
+
+
+class ManagedProcess:
+    """A ``manage.py`` subprocess whose output is collected in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = log.open("w")
+        self.popen = subprocess.Popen(
+            [sys.executable, str(MANAGE), *args],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"process did not exit in {timeout}s; output:\n{self.output()}"
+            ) from None
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def manage(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
+    """Start real ``manage.py`` subprocesses on the test database; kill leftovers."""
+    started: list[ManagedProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> ManagedProcess:
+        full_env = {
+            **os.environ,
+            "DATABASE_URL": test_database_url(),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        proc = ManagedProcess(
+            list(args), full_env, tmp_path / f"proc-{len(started)}-{args[0]}.log"
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGKILL)
+        proc.kill()
