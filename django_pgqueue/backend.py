@@ -18,6 +18,7 @@ from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
 from .conf import settings
+from .tasks import PgQueueTask, task_option
 
 STATUS_MAP = {
     "pending": TaskResultStatus.READY,
@@ -47,6 +48,9 @@ class PgQueueBackend(BaseTaskBackend):
     supports_priority = True
     """Higher priority (-100..100) is claimed first."""
 
+    task_class = PgQueueTask
+    """``@task(transactional=..., timeout=..., max_attempts=...)`` (see ``tasks.py``)."""
+
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         # Django defaults QUEUES to {"default"}; we accept any valid name unless told.
@@ -67,7 +71,7 @@ class PgQueueBackend(BaseTaskBackend):
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,
-            max_attempts=self.options.get("MAX_ATTEMPTS"),
+            max_attempts=task_option(task, "max_attempts") or self.options.get("MAX_ATTEMPTS"),
             backend=self.alias,
         )
         result = to_task_result(job, task)

@@ -1,0 +1,98 @@
+"""Per-task options, the Django way, and what a running task may know about its job.
+
+Django's ``@task(...)`` passes unknown keyword arguments to the backend's ``task_class``.
+``PgQueueBackend.task_class`` is :class:`PgQueueTask`, so with this backend::
+
+    @task(transactional=True, timeout=30, max_attempts=3)
+    def charge(order_id: int) -> None: ...
+
+``transactional=True``
+    The task runs inside ``transaction.atomic()`` on the jobs database, and the worker
+    marks the job done *in that same transaction*, fenced on (owner, attempt). If the
+    lease was lost meanwhile, completion updates no row, the worker raises
+    :class:`~django_pgqueue.exceptions.LeaseLost` and the task's database effects roll
+    back: they commit exactly once. Cost: a transaction (and its row locks) stays open
+    for the whole run of the task; keep such tasks short.
+``timeout``
+    Seconds after which the worker stops extending the job's lease. A hung task then
+    loses its lease, the sweeper hands the job to another worker, and the late
+    completion of the hung one is fenced out. Overrides ``PGQUEUE_JOB_TIMEOUT_SECONDS``.
+``max_attempts``
+    Attempt limit for jobs of this task (default ``PGQUEUE_MAX_ATTEMPTS``).
+
+Ordinary (non-transactional) tasks run at least once. To make their effects
+idempotent they can read :func:`current_job` (job id, attempt, idempotency key), or,
+with ``takes_context=True``, ``context.task_result.id`` and ``context.attempt``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from dataclasses import dataclass
+
+from django.tasks import Task
+from django.tasks.exceptions import InvalidTask
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PgQueueTask(Task):
+    """A Django ``Task`` with django-pgqueue's options (kept by ``Task.using()``)."""
+
+    transactional: bool = False
+    """Run the task and its fenced completion in one transaction (exactly-once effects)."""
+
+    timeout: float | None = None
+    """Stop extending the lease after this many seconds of running (None: setting)."""
+
+    max_attempts: int | None = None
+    """Attempt limit of this task's jobs (None: ``PGQUEUE_MAX_ATTEMPTS``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.transactional, bool):
+            raise InvalidTask(f"transactional must be True or False, not {self.transactional!r}")
+        if self.timeout is not None and (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, int | float)
+            or not math.isfinite(self.timeout)
+            or self.timeout <= 0
+        ):
+            raise InvalidTask(f"timeout must be a positive number of seconds: {self.timeout!r}")
+        if self.max_attempts is not None and (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or self.max_attempts < 1
+        ):
+            raise InvalidTask(f"max_attempts must be an int >= 1, not {self.max_attempts!r}")
+        super(PgQueueTask, self).__post_init__()  # noqa: UP008 - slots dataclass needs it
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentJob:
+    """The job a worker thread is running right now."""
+
+    id: int
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    queue: str
+    worker_id: str
+    transactional: bool
+
+
+_current: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar(
+    "pgqueue_current_job", default=None
+)
+
+
+def current_job() -> CurrentJob | None:
+    """The job being run by this thread (None outside a worker).
+
+    Ordinary tasks run at least once: key their effects on ``id`` (or on the
+    ``idempotency_key`` given at enqueue) so a second run changes nothing."""
+    return _current.get()
+
+
+def task_option(task: Task, name: str) -> object:
+    """A django-pgqueue option of ``task``, or None for a plain Django ``Task``."""
+    return getattr(task, name, None)
