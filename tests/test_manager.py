@@ -1,0 +1,666 @@
+"""Job.objects: enqueue, claim, leases, fenced completion, failure, release.
+
+Times are pinned with the ``now`` fixture wherever a statement accepts ``now=``, so every
+timestamp the database writes can be compared exactly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import threading
+import time
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+
+from django_pgqueue import sql
+from django_pgqueue.exceptions import InvalidJob
+from django_pgqueue.models import Job
+from testproject.demo import tasks
+
+S = dt.timedelta(seconds=1)
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def db_clock() -> dt.datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def boom(message: str = "boom") -> ValueError:
+    """A raised (so it has a traceback) exception."""
+    try:
+        raise ValueError(message)
+    except ValueError as exc:
+        return exc
+
+
+def claim_one(worker_id: str = "w1", **kwargs) -> Job:
+    (job,) = Job.objects.claim(worker_id, limit=1, **kwargs)
+    return job
+
+
+def row_snapshot(job: Job) -> dict:
+    """Every column of a job's row, to show a write changed nothing."""
+    return Job.objects.filter(pk=job.pk).values().get()
+
+
+# --- enqueue -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue__is_one_query(django_assert_num_queries):
+    with django_assert_num_queries(1):
+        Job.objects.enqueue(tasks.add, [1, 2])
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_enqueue__stores_a_pending_job(job_factory, now):
+    job = job_factory(args=[1, 2], kwargs={"x": [1, {"y": None}]}, now=now)
+    row = fresh(job)
+    assert row.task == "testproject.demo.tasks.add"
+    assert row.args == [1, 2]
+    assert row.kwargs == {"x": [1, {"y": None}]}
+    assert (row.status, row.attempts, row.max_attempts) == ("pending", 0, 5)
+    assert (row.queue, row.priority) == ("default", 0)
+    assert row.run_at == row.created_at == now
+    assert row.lease_owner is None and row.lease_expires_at is None
+    assert row.errors == [] and row.result is None
+
+
+@pytest.mark.django_db
+def test_enqueue__accepts_a_dotted_path_to_a_task(job_factory):
+    job = job_factory(task="testproject.demo.tasks.add")
+    assert fresh(job).task == tasks.add.module_path
+
+
+@pytest.mark.django_db
+def test_enqueue__takes_queue_and_priority_from_the_task(job_factory):
+    job = job_factory(task=tasks.add.using(queue_name="mail", priority=7))
+    assert (fresh(job).queue, fresh(job).priority) == ("mail", 7)
+    override = job_factory(task=tasks.add.using(queue_name="mail"), queue="x", priority=-3)
+    assert (fresh(override).queue, fresh(override).priority) == ("x", -3)
+
+
+@pytest.mark.django_db
+def test_enqueue__run_at_boundary_decides_scheduled_or_pending(job_factory, now):
+    later = job_factory(run_at=now + S, now=now)
+    due = job_factory(run_at=now, now=now)
+    past = job_factory(run_at=now - S, now=now)
+    assert fresh(later).status == "scheduled"
+    assert fresh(later).run_at == now + S
+    assert fresh(due).status == "pending"
+    assert fresh(past).status == "pending"
+    assert fresh(past).run_at == now - S
+
+
+@pytest.mark.django_db
+def test_enqueue__joins_the_callers_transaction(job_factory):
+    class RollbackError(Exception):
+        pass
+
+    with pytest.raises(RollbackError), transaction.atomic():
+        job_factory()
+        assert Job.objects.count() == 1
+        raise RollbackError
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+def test_enqueue__notifies_listeners_at_commit_only(job_factory, other_connection):
+    listener = other_connection(autocommit=True)
+    listener.execute("LISTEN pgqueue_job")
+
+    def notifications(timeout: float) -> list[str]:
+        return [n.payload for n in listener.notifies(timeout=timeout, stop_after=1)]
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        job_factory(queue="rolled-back")
+        raise RuntimeError
+    with transaction.atomic():
+        job_factory(queue="mail")
+        assert notifications(0.2) == []  # not before commit
+    assert notifications(5.0) == ["mail"]
+    assert notifications(0.2) == []  # and nothing for the rolled-back job
+
+
+# --- idempotency keys ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue__idempotency_key_returns_the_live_job(job_factory):
+    first = job_factory(idempotency_key="order-1", args=[1, 1])
+    second = job_factory(idempotency_key="order-1", args=[2, 2])
+    assert second.id == first.id
+    assert Job.objects.count() == 1
+    assert fresh(first).args == [1, 1]  # the existing job is not overwritten
+
+
+@pytest.mark.django_db
+def test_enqueue__idempotency_key_matches_running_and_scheduled_jobs(job_factory, now):
+    running = job_factory(idempotency_key="r")
+    claim_one()
+    assert job_factory(idempotency_key="r").id == running.id
+    scheduled = job_factory(idempotency_key="s", run_at=now + dt.timedelta(days=3650))
+    assert fresh(scheduled).status == "scheduled"
+    assert job_factory(idempotency_key="s").id == scheduled.id
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_enqueue__idempotency_key_is_per_queue(job_factory):
+    a = job_factory(idempotency_key="k", queue="a")
+    b = job_factory(idempotency_key="k", queue="b")
+    assert a.id != b.id
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_enqueue__idempotency_key_is_free_again_once_the_job_is_done(job_factory):
+    first = job_factory(idempotency_key="k")
+    job = claim_one()
+    assert Job.objects.complete(job, "w1", result=3)
+    second = job_factory(idempotency_key="k")
+    assert second.id != first.id
+    assert fresh(second).status == "pending"
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_enqueue__idempotency_key_is_free_again_once_the_job_is_dead(job_factory):
+    first = job_factory(idempotency_key="k", max_attempts=1)
+    assert Job.objects.fail(claim_one(), "w1", boom()) == "dead"
+    assert job_factory(idempotency_key="k").id != first.id
+
+
+# --- enqueue validation: every bad input is rejected before any query ------------------
+
+NOT_A_TASK = "testproject.demo.tasks.not_a_task"
+BAD_INPUTS = {
+    "task_object": ({"task": 42}, "task must be a django.tasks.Task or its dotted path, not int"),
+    "task_function": ({"task": tasks.not_a_task}, "not function"),
+    "task_missing_attr": (
+        {"task": "testproject.demo.tasks.nope"},
+        "task 'testproject.demo.tasks.nope' does not import",
+    ),
+    "task_missing_module": (
+        {"task": "no_such_pkg.mod.fn"},
+        "'no_such_pkg.mod.fn' does not import",
+    ),
+    "task_plain_function_path": (
+        {"task": NOT_A_TASK},
+        f"task '{NOT_A_TASK}' is a function, not a django.tasks.Task",
+    ),
+    "args_dict": ({"args": {"a": 1}}, "args must be a list or tuple, not dict"),
+    "args_object": ({"args": [object()]}, "args[0] is a object, which is not JSON"),
+    "args_set": ({"args": [1, {1, 2}]}, "args[1] is a set"),
+    "args_bytes": ({"args": [b"x"]}, "args[0] is a bytes"),
+    "args_nan": ({"args": [float("nan")]}, "args[0] is nan: JSON has no NaN or Infinity"),
+    "args_infinity": ({"args": [[float("inf")]]}, "args[0][0] is inf"),
+    "args_negative_infinity": ({"args": [float("-inf")]}, "args[0] is -inf"),
+    "args_nul": ({"args": ["a\x00b"]}, "args[0] contains a NUL character"),
+    "kwargs_not_dict": ({"kwargs": [1]}, "kwargs must be a dict, not list"),
+    "kwargs_int_key": ({"kwargs": {1: "x"}}, "kwargs has a non-string key 1"),
+    "kwargs_nested_key": ({"kwargs": {"a": {None: 1}}}, "kwargs['a'] has a non-string key None"),
+    "kwargs_nul_key": ({"kwargs": {"a\x00": 1}}, "kwargs has a key with a NUL character"),
+    "kwargs_nul_value": ({"kwargs": {"a": ["\x00"]}}, "kwargs['a'][0] contains a NUL"),
+    "kwargs_datetime": ({"kwargs": {"at": dt.datetime(2030, 1, 1)}}, "is a datetime"),
+    "priority_high": ({"priority": 101}, "priority 101 is out of range -100..100"),
+    "priority_low": ({"priority": -101}, "priority -101 is out of range -100..100"),
+    "priority_str": ({"priority": "5"}, "priority must be an int, not '5'"),
+    "priority_float": ({"priority": 1.5}, "priority must be an int, not 1.5"),
+    "priority_bool": ({"priority": True}, "priority must be an int, not True"),
+    "queue_empty": ({"queue": ""}, "queue name '' is invalid"),
+    "queue_65_chars": ({"queue": "q" * 65}, f"queue name '{'q' * 65}' is invalid"),
+    "queue_space": ({"queue": "two words"}, "queue name 'two words' is invalid"),
+    "queue_sql": (
+        {"queue": '"; drop table pgqueue_job; --'},
+        "queue name '\"; drop table pgqueue_job; --' is invalid",
+    ),
+    "queue_not_str": ({"queue": 7}, "queue name 7 is invalid"),
+    "run_at_naive": (
+        {"run_at": dt.datetime(2030, 1, 1, 12)},
+        "run_at 2030-01-01T12:00:00 is naive: give it a timezone",
+    ),
+    "run_at_str": ({"run_at": "2030-01-01"}, "run_at must be a datetime, not str"),
+    "max_attempts_zero": ({"max_attempts": 0}, "max_attempts must be an int >= 1, not 0"),
+    "max_attempts_negative": ({"max_attempts": -2}, "max_attempts must be an int >= 1, not -2"),
+    "max_attempts_bool": ({"max_attempts": True}, "max_attempts must be an int >= 1, not True"),
+    "key_too_long": ({"idempotency_key": "k" * 256}, "at most 255 characters"),
+    "key_empty": ({"idempotency_key": ""}, "idempotency_key must be a non-empty str"),
+    "key_not_str": ({"idempotency_key": 5}, "idempotency_key must be a non-empty str"),
+    "key_nul": ({"idempotency_key": "a\x00"}, "idempotency_key contains a NUL character"),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_enqueue__rejects_bad_input_before_writing(
+    job_factory, django_assert_num_queries, overrides, message
+):
+    with django_assert_num_queries(0), pytest.raises(InvalidJob, match=re.escape(message)):
+        job_factory(**overrides)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_enqueue__rejects_payload_over_the_limit(job_factory, settings):
+    settings.PGQUEUE_MAX_PAYLOAD_BYTES = 100
+    job_factory(args=["x" * 40], kwargs={"y": "z" * 40})  # 44 + 48 bytes: fits
+    with pytest.raises(InvalidJob, match=r"payload is 101 bytes, over the limit of 100"):
+        job_factory(args=["x" * 40], kwargs={"y": "z" * 49})
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_enqueue__largest_key_and_queue_are_accepted(job_factory):
+    job = job_factory(idempotency_key="k" * 255, queue="Q_.-9" + "q" * 59)
+    assert len(fresh(job).queue) == 64
+
+
+# --- claim ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_claim__is_one_query(job_factory, django_assert_num_queries):
+    for _ in range(3):
+        job_factory()
+    with django_assert_num_queries(1):
+        jobs = Job.objects.claim("w1", limit=2)
+    assert len(jobs) == 2
+
+
+@pytest.mark.django_db
+def test_claim__empty_queue_returns_nothing(db):
+    assert Job.objects.claim("w1", limit=5) == []
+
+
+@pytest.mark.django_db
+def test_claim__orders_by_priority_then_id(job_factory):
+    made = [job_factory(priority=p) for p in (0, 10, -5, 10, 0)]
+    low0, high1, neg, high2, low1 = (j.id for j in made)
+    # One at a time, so the database's order is shown, not a sort in Python.
+    order = [claim_one().id for _ in made]
+    assert order == [high1, high2, low0, low1, neg]
+
+
+@pytest.mark.django_db
+def test_claim__limit_takes_the_highest_priorities_first(job_factory):
+    made = [job_factory(priority=p) for p in (1, 2, 3, 4)]
+    claimed = Job.objects.claim("w1", limit=2)
+    assert [j.id for j in claimed] == [made[3].id, made[2].id]
+
+
+@pytest.mark.django_db
+def test_claim__queue_filter(job_factory):
+    a = job_factory(queue="a")
+    b = job_factory(queue="b", priority=50)
+    c = job_factory(queue="c")
+    assert [j.id for j in Job.objects.claim("w1", limit=5, queues=["a", "c"])] == [a.id, c.id]
+    assert Job.objects.claim("w1", limit=5, queues=["missing"]) == []
+    assert Job.objects.claim("w1", limit=5, queues=[]) == []
+    assert fresh(b).status == "pending"
+
+
+@pytest.mark.django_db
+def test_claim__sets_lease_and_charges_the_attempt(job_factory, now):
+    job = job_factory(now=now)
+    claimed = claim_one("w1", lease_seconds=30, now=now)
+    assert claimed.id == job.id
+    row = fresh(job)
+    assert (row.status, row.lease_owner, row.attempts) == ("running", "w1", 1)
+    assert row.lease_expires_at == now + 30 * S
+    assert row.started_at == row.last_attempted_at == now
+    # The returned object carries what the fenced writes need.
+    assert (claimed.attempts, claimed.lease_owner) == (1, "w1")
+
+
+@pytest.mark.django_db
+def test_claim__default_lease_comes_from_settings(job_factory, now, settings):
+    settings.PGQUEUE_LEASE_SECONDS = 42
+    job_factory()
+    assert claim_one(now=now).lease_expires_at == now + 42 * S
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim__uses_the_database_clock(job_factory):
+    job_factory()
+    before = db_clock()
+    claimed = claim_one(lease_seconds=60)
+    after = db_clock()
+    # clock_timestamp() at the statement, not the transaction start or Python's clock.
+    assert before + 60 * S <= claimed.lease_expires_at <= after + 60 * S
+    assert before <= claimed.started_at <= after
+
+
+@pytest.mark.django_db
+def test_claim__ignores_scheduled_running_done_and_dead_jobs(job_factory, now):
+    job_factory(run_at=now + 60 * S, now=now)  # scheduled
+    job_factory(max_attempts=1)
+    Job.objects.fail(claim_one(), "w1", boom())  # dead
+    job_factory()
+    Job.objects.complete(claim_one(), "w1")  # done
+    job_factory()
+    claim_one()  # running
+    # Even with the clock far past run_at: scheduled jobs need promotion first.
+    assert Job.objects.claim("w2", limit=10, now=now + dt.timedelta(days=1)) == []
+
+
+@pytest.mark.django_db
+def test_claim__started_at_keeps_the_first_attempt(job_factory, now):
+    job_factory(now=now)
+    job = claim_one(now=now)
+    Job.objects.fail(job, "w1", boom(), now=now + S)
+    Job.objects.promote_due(now=now + dt.timedelta(hours=1))
+    again = claim_one(now=now + dt.timedelta(hours=2))
+    assert again.attempts == 2
+    assert again.started_at == now
+    assert again.last_attempted_at == now + dt.timedelta(hours=2)
+
+
+# --- claim under concurrency (real second connections) --------------------------------
+
+
+def claim_on(conn: psycopg.Connection, worker_id: str, limit: int) -> list[int]:
+    """Run JOB_CLAIM on a raw psycopg connection, bound client-side like Django does."""
+    cursor = psycopg.ClientCursor(conn)
+    params = {"worker_id": worker_id, "limit": limit, "queues": None}
+    cursor.execute(sql.JOB_CLAIM, {**params, "lease_seconds": 60, "now": None})
+    return sorted(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+def test_claim__concurrent_claims_get_disjoint_jobs_without_waiting(job_factory, other_connection):
+    ids = {job_factory().id for _ in range(6)}
+    holder = other_connection()  # autocommit off: the claim's locks stay held
+    held = claim_on(holder, "w1", 3)
+    assert len(held) == 3
+
+    # Plain FOR UPDATE on those rows would wait: the locks really are held...
+    blocked = other_connection(autocommit=True)
+    blocked.execute("SET lock_timeout = '100ms'")
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        blocked.execute("SELECT id FROM pgqueue_job WHERE id = ANY(%s) FOR UPDATE", [held])
+
+    # ...yet a second claimer skips them and returns the others at once.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '100ms'")
+            cursor.execute("SET LOCAL statement_timeout = '2s'")
+        started = time.monotonic()
+        other = Job.objects.claim("w2", limit=6)
+        elapsed = time.monotonic() - started
+    assert elapsed < 1.0
+    assert {j.id for j in other} == ids - set(held)
+    holder.commit()
+    owners = dict(Job.objects.values_list("id", "lease_owner"))
+    assert owners == {i: ("w1" if i in held else "w2") for i in ids}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+def test_claim__racing_workers_never_share_a_job(job_factory):
+    """Four threads (four connections) claim in a loop until the queue is empty."""
+    ids = {job_factory().id for _ in range(200)}
+    claimed: dict[str, list[int]] = {}
+    start = threading.Barrier(4)
+
+    def work(worker_id: str) -> None:
+        mine: list[int] = []
+        try:
+            start.wait()
+            while batch := Job.objects.claim(worker_id, limit=5):
+                mine += [j.id for j in batch]
+        finally:
+            claimed[worker_id] = mine
+            connections.close_all()
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    every = [i for mine in claimed.values() for i in mine]
+    assert len(claimed) == 4
+    assert sorted(every) == sorted(ids)  # each job claimed exactly once
+    assert Job.objects.filter(status="running", attempts=1).count() == 200
+
+
+# --- extend_leases -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_extend_leases__owner_extends(job_factory, now):
+    job_factory()
+    job = claim_one("w1", lease_seconds=10, now=now)
+    owned = Job.objects.extend_leases("w1", [job], lease_seconds=60, now=now + 5 * S)
+    assert owned == {job.id}
+    assert fresh(job).lease_expires_at == now + 65 * S
+
+
+@pytest.mark.django_db
+def test_extend_leases__non_owner_extends_nothing(job_factory, now):
+    job_factory()
+    job = claim_one("w1", lease_seconds=10, now=now)
+    before = row_snapshot(job)
+    assert Job.objects.extend_leases("w2", [job], lease_seconds=60, now=now) == set()
+    assert Job.objects.extend_leases("w2", [job.id], lease_seconds=60, now=now) == set()
+    assert row_snapshot(job) == before
+
+
+@pytest.mark.django_db
+def test_extend_leases__stale_attempt_extends_nothing(job_factory, now):
+    job_factory()
+    first = claim_one("w1", lease_seconds=10, now=now)
+    Job.objects.sweep(now=now + 11 * S)  # lease expired and taken back
+    second = claim_one("w1", lease_seconds=10, now=now + 12 * S)
+    assert second.attempts == 2
+    # Same worker id, older attempt: the job it holds is not the one running now.
+    assert Job.objects.extend_leases("w1", [first], now=now + 13 * S) == set()
+    assert Job.objects.extend_leases("w1", [second], now=now + 13 * S) == {second.id}
+
+
+@pytest.mark.django_db
+def test_extend_leases__reports_only_the_leases_still_owned(job_factory, now):
+    job_factory()
+    job_factory()
+    kept, lost = Job.objects.claim("w1", limit=2, lease_seconds=10, now=now)
+    Job.objects.complete(lost, "w1")
+    assert Job.objects.extend_leases("w1", [kept, lost], now=now) == {kept.id}
+
+
+@pytest.mark.django_db
+def test_extend_leases__nothing_given_is_no_query(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        assert Job.objects.extend_leases("w1", []) == set()
+
+
+# --- complete: fenced ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_complete__stores_result_and_finishes(job_factory, now):
+    job_factory()
+    job = claim_one(now=now)
+    assert Job.objects.complete(job, "w1", result={"sum": 3}, now=now + S) is True
+    row = fresh(job)
+    assert (row.status, row.result) == ("done", {"sum": 3})
+    assert row.finished_at == now + S
+    assert row.lease_expires_at is None
+    assert Job.objects.complete(job, "w1") is False  # only once
+
+
+@pytest.mark.django_db
+def test_complete__late_worker_cannot_complete_a_reclaimed_job(job_factory, now):
+    job_factory()
+    stale = claim_one("A", lease_seconds=10, now=now)
+    result = Job.objects.sweep(now=now + 11 * S)
+    assert result.recovered == 1
+    current = claim_one("B", lease_seconds=10, now=now + 12 * S)
+    assert current.id == stale.id
+    before = row_snapshot(current)
+    assert (before["status"], before["lease_owner"], before["attempts"]) == ("running", "B", 2)
+
+    assert Job.objects.complete(stale, "A", result="late") is False
+    assert Job.objects.fail(stale, "A", boom()) is None
+    assert Job.objects.release(stale, "A") is False
+    assert Job.objects.extend_leases("A", [stale]) == set()
+    assert row_snapshot(current) == before
+
+    assert Job.objects.complete(current, "B", result="on time") is True
+    assert fresh(current).result == "on time"
+
+
+@pytest.mark.django_db
+def test_complete__same_worker_older_attempt_is_fenced_out(job_factory, now):
+    job_factory()
+    stale = claim_one("A", lease_seconds=10, now=now)
+    Job.objects.sweep(now=now + 11 * S)
+    current = claim_one("A", lease_seconds=10, now=now + 12 * S)
+    assert Job.objects.complete(stale, "A") is False
+    assert fresh(current).status == "running"
+
+
+@pytest.mark.django_db
+def test_complete__rejects_a_non_json_result_without_writing(job_factory):
+    job_factory()
+    job = claim_one()
+    with pytest.raises(ValueError, match="Out of range float values"):
+        Job.objects.complete(job, "w1", result=float("nan"))
+    assert fresh(job).status == "running"
+
+
+# --- fail: backoff, errors, dead-lettering --------------------------------------------
+
+
+def fail_attempt(job_id: int, at: dt.datetime, exc: BaseException | None = None) -> str | None:
+    """Promote (if needed), claim and fail the job once at a pinned time."""
+    Job.objects.promote_due(now=at)
+    job = claim_one("w1", now=at)
+    assert job.id == job_id
+    return Job.objects.fail(job, "w1", exc or boom(f"attempt {job.attempts}"), now=at)
+
+
+@pytest.mark.django_db
+def test_fail__schedules_a_retry_with_backoff_within_bounds(job_factory, now, settings):
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 2.0
+    settings.PGQUEUE_RETRY_BACKOFF_MAX = 3600.0
+    job = job_factory()
+    assert fail_attempt(job.id, now) == "scheduled"
+    row = fresh(job)
+    # base * 2**(attempt-1) with +-25% jitter: 1.5 s .. 2.5 s after the first failure.
+    assert now + 1.5 * S <= row.run_at <= now + 2.5 * S
+    assert row.finished_at is None and row.lease_expires_at is None
+    later = now + dt.timedelta(hours=1)
+    assert fail_attempt(job.id, later) == "scheduled"
+    assert later + 3 * S <= fresh(job).run_at <= later + 5 * S  # doubled
+
+
+@pytest.mark.django_db
+def test_fail__backoff_is_capped(job_factory, now, settings):
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 10.0
+    settings.PGQUEUE_RETRY_BACKOFF_MAX = 12.0
+    job = job_factory()
+    fail_attempt(job.id, now)
+    later = now + dt.timedelta(hours=1)
+    fail_attempt(job.id, later)  # 20 s +-25% would be 15..25 s: capped at 12
+    assert fresh(job).run_at == later + 12 * S
+
+
+@pytest.mark.django_db
+def test_fail__retry_is_not_claimable_until_promoted(job_factory, now):
+    job = job_factory()
+    fail_attempt(job.id, now)
+    assert Job.objects.claim("w1", limit=1, now=now + dt.timedelta(days=1)) == []
+    assert Job.objects.promote_due(now=now + S) == 0  # backoff not over yet
+    assert Job.objects.promote_due(now=now + dt.timedelta(minutes=1)) == 1
+    assert fresh(job).status == "pending"
+
+
+@pytest.mark.django_db
+def test_fail__keeps_class_path_and_traceback(job_factory, now):
+    job = job_factory()
+    fail_attempt(job.id, now, boom("the reason"))
+    (error,) = fresh(job).errors
+    assert error["exception_class_path"] == "builtins.ValueError"
+    assert error["traceback"].startswith("Traceback (most recent call last):")
+    assert "ValueError: the reason" in error["traceback"]
+    assert (error["worker_id"], error["attempt"]) == ("w1", 1)
+
+
+@pytest.mark.django_db
+def test_fail__errors_are_bounded_to_keep_errors(job_factory, now, settings):
+    settings.PGQUEUE_KEEP_ERRORS = 2
+    job = job_factory(max_attempts=5)
+    for hour in range(3):
+        fail_attempt(job.id, now + dt.timedelta(hours=hour))
+    errors = fresh(job).errors
+    assert [e["attempt"] for e in errors] == [2, 3]  # the newest two, oldest first
+    assert "attempt 3" in errors[-1]["traceback"]
+
+
+@pytest.mark.django_db
+def test_fail__last_attempt_is_dead(job_factory, now):
+    job = job_factory(max_attempts=2)
+    assert fail_attempt(job.id, now) == "scheduled"
+    assert fail_attempt(job.id, now + dt.timedelta(hours=1)) == "dead"
+    row = fresh(job)
+    assert (row.status, row.attempts, len(row.errors)) == ("dead", 2, 2)
+    assert row.finished_at == now + dt.timedelta(hours=1)
+    assert row.lease_expires_at is None
+    # Dead is final: nothing promotes or claims it.
+    assert Job.objects.sweep(now=now + dt.timedelta(days=30)).promoted == 0
+    assert Job.objects.claim("w1", limit=1) == []
+
+
+@pytest.mark.django_db
+def test_fail__without_retry_is_dead_at_once(job_factory, now):
+    job = job_factory(max_attempts=5)
+    claimed = claim_one(now=now)
+    assert Job.objects.fail(claimed, "w1", boom(), retry=False, now=now) == "dead"
+    assert (fresh(job).status, fresh(job).attempts) == ("dead", 1)
+
+
+@pytest.mark.django_db
+def test_fail__by_non_owner_changes_nothing(job_factory):
+    job_factory()
+    job = claim_one("w1")
+    before = row_snapshot(job)
+    assert Job.objects.fail(job, "w2", boom()) is None
+    assert row_snapshot(job) == before
+
+
+# --- release -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_release__returns_to_pending_without_charging_the_attempt(job_factory):
+    job_factory()
+    job = claim_one("w1")
+    assert Job.objects.release(job, "w1") is True
+    row = fresh(job)
+    assert (row.status, row.attempts, row.lease_owner, row.lease_expires_at) == (
+        "pending",
+        0,
+        None,
+        None,
+    )
+    assert claim_one("w2").attempts == 1
+
+
+@pytest.mark.django_db
+def test_release__by_non_owner_changes_nothing(job_factory):
+    job_factory()
+    job = claim_one("w1")
+    before = row_snapshot(job)
+    assert Job.objects.release(job, "w2") is False
+    assert row_snapshot(job) == before
