@@ -7,11 +7,16 @@ Threads of one worker process:
   interval running out (polling, not NOTIFY, is what guarantees pickup);
 * ``concurrency`` runner threads execute the tasks, each on its own connection;
 * a heartbeat thread extends the leases of jobs this worker holds, on its own
-  connection, never inside a task's transaction;
+  connection, never inside a task's transaction, and stops extending a job that ran
+  past its timeout; while it fails, the main thread claims nothing;
 * a listener thread holds a dedicated LISTEN connection and sets the wake-up flag.
 
 Every write about a job is fenced on (owner, attempt): a worker that lost a lease
-changes nothing and says so in the log.
+changes nothing and says so in the log. A ``transactional`` task (see ``tasks.py``)
+runs in one transaction with its fenced completion, so its effects commit exactly once.
+
+Each connection is labelled ``pgqueue <role> <worker id>`` in
+``pg_stat_activity.application_name`` (roles: claim, heartbeat, runner, listen).
 """
 
 from __future__ import annotations
@@ -28,15 +33,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, close_old_connections, connections
-from django.tasks import TaskContext, TaskResultStatus
+from django.db import DatabaseError, connections, transaction
+from django.tasks import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
 from .backend import load_task, to_task_result
 from .conf import settings
-from .exceptions import TaskNotFound
+from .exceptions import LeaseLost, PgQueueError, TaskNotFound
 from .models import Job
+from .tasks import CurrentJob, _current, task_option
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +66,56 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def recycle_connections() -> None:
+    """Between jobs: drop this thread's connections that broke or outlived CONN_MAX_AGE.
+
+    Unlike ``close_old_connections()``, a connection is kept when CONN_MAX_AGE is 0:
+    a worker is one long "request", and reconnecting per job would cost more than
+    most jobs (measured: about 125 jobs/s with a reconnect per job)."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()
+                continue
+        if conn.settings_dict["CONN_MAX_AGE"] and conn.close_at is not None:
+            if time.monotonic() >= conn.close_at:
+                conn.close()
+
+
 def close_connection(alias: str) -> None:
     """Drop this thread's connection so the next query reconnects."""
     try:
         connections[alias].close()
     except DatabaseError:
         pass
+
+
+def discard_connection(alias: str) -> None:
+    """Throw away this thread's connection even if a task left an ``atomic`` block open
+    on it: the server rolls the transaction back when the socket closes, and the next
+    query starts on a fresh connection with clean transaction state."""
+    wrapper = connections[alias]
+    try:
+        if wrapper.connection is not None:
+            wrapper.connection.close()
+    except Exception:  # noqa: BLE001, S110 - it is being thrown away
+        pass
+    # Django refuses to forget a connection inside atomic(); reset its bookkeeping.
+    wrapper.connection = None
+    wrapper.in_atomic_block = False
+    wrapper.atomic_blocks = []
+    wrapper.savepoint_ids = []
+    wrapper.needs_rollback = False
+    wrapper.closed_in_transaction = False
+    wrapper.run_on_commit = []
+
+
+class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
+    """A task returned with a transaction still open on the jobs database."""
 
 
 @dataclass
@@ -75,6 +125,8 @@ class Held:
     job: Job
     started: float | None = None
     lost: bool = False
+    timeout: float | None = None  # the task's own timeout option, once it is loaded
+    timed_out: bool = False
 
 
 @dataclass
@@ -101,6 +153,7 @@ class Worker:
         max_jobs: int | None = None,
         worker_id: str | None = None,
         poll_interval: float | None = None,
+        grace_seconds: float | None = None,
     ) -> None:
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
@@ -110,8 +163,13 @@ class Worker:
         self.max_jobs = max_jobs
         self.worker_id = worker_id or default_worker_id()
         self.poll_interval = float(poll_interval or settings.POLL_INTERVAL)
+        self.grace_seconds = (
+            settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
+        )
         self.alias = settings.DATABASE
         self.stats = WorkerStats()
+        #: Why the worker stopped on its own (None: it was asked to, or ran out of work).
+        self.fatal: str | None = None
 
         self._stopping = threading.Event()  # no more claiming
         self._wakeup = threading.Event()  # a NOTIFY came or a slot freed
@@ -164,19 +222,53 @@ class Worker:
     # --- main thread: claiming ------------------------------------------------------
 
     def _free_slots(self) -> int:
+        """How many more jobs to claim: a batch size above the concurrency prefetches
+        (claimed jobs wait locally, their leases kept alive by the heartbeat)."""
         with self._lock:
-            return self.concurrency - len(self._held)
+            return max(self.concurrency, self.batch_size) - len(self._held)
 
     def _heartbeat_healthy(self) -> bool:
         """Claiming stops when the heartbeat has not succeeded for half a lease: jobs
         claimed now would have leases nobody extends."""
         return time.monotonic() - self._heartbeat_ok_at < self.lease_seconds / 2
 
+    def _heartbeat_alive(self) -> bool:
+        """A dead heartbeat thread means nobody extends leases: stop claiming, exit."""
+        thread = next((t for t in self._threads if t.name == "pgqueue-heartbeat"), None)
+        if thread is None or thread.is_alive():
+            return True
+        self.fatal = "the heartbeat thread died"
+        logger.error(
+            "worker %s: the heartbeat thread died; stopping (running jobs' leases will "
+            "expire and the sweeper will recover them)",
+            self.worker_id,
+            extra={"action": "fatal", "worker_id": self.worker_id},
+        )
+        self.stop()
+        return False
+
+    def _configure_session(self, role: str, statement_timeout: float | None = None) -> None:
+        """Label (and bound) this thread's connection once per physical connection."""
+        wrapper = connections[self.alias]
+        raw = wrapper.connection
+        if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
+            return
+        wrapper.ensure_connection()
+        Job.objects.db_manager(self.alias).configure_session(
+            f"pgqueue {role} {self.worker_id}",
+            statement_timeout_ms=None
+            if statement_timeout is None
+            else int(statement_timeout * 1000),
+        )
+        wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
+
     def _claim_loop(self) -> None:
         failures = 0
         last_promote = 0.0
         while not self._stopping.is_set():
-            close_old_connections()
+            recycle_connections()
+            if not self._heartbeat_alive():
+                break
             free = self._free_slots()
             if self.max_jobs is not None:
                 free = min(free, self.max_jobs - self.stats.claimed)
@@ -186,6 +278,9 @@ class Worker:
                 self._wait(self.poll_interval)
                 continue
             try:
+                # A claim or promote that hangs on a lock would stall the worker;
+                # bound them (they use SKIP LOCKED, so this is a backstop).
+                self._configure_session("claim", max(1.0, self.lease_seconds / 2))
                 jobs = Job.objects.db_manager(self.alias).claim(
                     self.worker_id,
                     limit=min(free, self.batch_size),
@@ -274,29 +369,88 @@ class Worker:
             close_connection(self.alias)
 
     def _execute(self, job: Job) -> None:
-        close_old_connections()
+        recycle_connections()
         with self._lock:
-            self._held[job.id].started = time.monotonic()
-        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
+            held = self._held[job.id]
+            held.started = time.monotonic()
         try:
             task = load_task(job.task)
         except ValueError as exc:
             # Never retried: the code is gone or the path is not a Task.
             self._record(job, "fail", error=TaskNotFound(str(exc)), retry=False)
             return
+        timeout = task_option(task, "timeout")
+        transactional = bool(task_option(task, "transactional"))
+        with self._lock:
+            held.timeout = float(timeout) if isinstance(timeout, int | float) else None
+        token = _current.set(
+            CurrentJob(
+                id=job.id,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                idempotency_key=job.idempotency_key,
+                queue=job.queue,
+                worker_id=self.worker_id,
+                transactional=transactional,
+            )
+        )
+        try:
+            self._run(job, task, transactional=transactional)
+        finally:
+            _current.reset(token)
+
+    def _call(self, job: Job, task: Task, task_result: object) -> object:
+        """Call the task; return its JSON-safe value (a bad value raises here)."""
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+        else:
+            value = task.call(*job.args, **job.kwargs)
+        value = normalize_json(value)
+        json.dumps(value, allow_nan=False)  # a bad return value fails the job here
+        return value
+
+    def _run(self, job: Job, task: Task, *, transactional: bool) -> None:
+        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         task_result = to_task_result(job, task)
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
         task_started.send(type(self), task_result=task_result)
         started = time.perf_counter()
         try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+            self._configure_session("runner")
+            if transactional:
+                # The task's effects and the fenced completion commit together or not
+                # at all: a lost lease raises inside the block and rolls them back.
+                with transaction.atomic(using=self.alias):
+                    value = self._call(job, task, task_result)
+                    if not Job.objects.db_manager(self.alias).complete(
+                        job, self.worker_id, result=value
+                    ):
+                        raise LeaseLost(
+                            f"job {job.id}: lease lost before completion; "
+                            "the task's effects were rolled back"
+                        )
             else:
-                value = task.call(*job.args, **job.kwargs)
-            value = normalize_json(value)
-            json.dumps(value, allow_nan=False)  # a bad return value fails the job here
+                value = self._call(job, task, task_result)
+                wrapper = connections[self.alias]
+                if wrapper.in_atomic_block or not wrapper.get_autocommit():
+                    discard_connection(self.alias)
+                    raise TransactionLeak(
+                        "the task returned with a transaction still open; it was "
+                        "rolled back and the connection discarded"
+                    )
+        except LeaseLost:
+            self.stats.lost += 1
+            logger.warning(
+                "job %s: lease lost while running (transactional: effects rolled back, "
+                "nothing recorded); another worker owns it now",
+                job.id,
+                extra={"action": "lease_lost", **log_extra},
+            )
+            return
         except Exception as exc:  # noqa: BLE001 - any task error is recorded on the job
             elapsed = time.perf_counter() - started
+            if connections[self.alias].in_atomic_block:
+                discard_connection(self.alias)  # a task that leaked atomic() and raised
             status = self._record(job, "fail", error=exc)
             if status is not None:
                 logger.error(
@@ -314,13 +468,19 @@ class Worker:
                 task_finished.send(type(self), task_result=task_result)
             return
         elapsed = time.perf_counter() - started
-        if self._record(job, "complete", result=value):
+        if transactional:
+            self.stats.done += 1
+            recorded = True
+        else:
+            recorded = bool(self._record(job, "complete", result=value))
+        if recorded:
             logger.info(
-                "job %s %s done in %.3fs (attempt %d)",
+                "job %s %s done in %.3fs (attempt %d%s)",
                 job.id,
                 job.task,
                 elapsed,
                 job.attempts,
+                ", transactional" if transactional else "",
                 extra={"action": "done", **log_extra},
             )
             object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
@@ -391,53 +551,74 @@ class Worker:
     def _heartbeat(self) -> None:
         interval = max(0.05, self.lease_seconds / 3)
         failures = 0
-        timeout = settings.JOB_TIMEOUT_SECONDS
         try:
             while not self._done.wait(interval if not failures else backoff_delay(failures)):
-                now = time.monotonic()
-                with self._lock:
-                    held = [
-                        h.job
-                        for h in self._held.values()
-                        if not h.lost
-                        and (timeout is None or h.started is None or now - h.started < timeout)
-                    ]
-                if not held:
-                    self._heartbeat_ok_at = now
-                    failures = 0
-                    continue
                 try:
-                    owned = Job.objects.db_manager(self.alias).extend_leases(
-                        self.worker_id, held, lease_seconds=self.lease_seconds
-                    )
-                except DatabaseError as exc:
+                    self._beat()
+                except Exception as exc:  # noqa: BLE001 - a database error or a bug
                     failures += 1
                     logger.warning(
                         "worker %s: heartbeat failed (%s); not claiming until it recovers",
                         self.worker_id,
                         first_line(exc),
+                        exc_info=not isinstance(exc, DatabaseError),
                         extra={"action": "heartbeat", "worker_id": self.worker_id},
                     )
                     close_connection(self.alias)
-                    continue
-                failures = 0
-                self._heartbeat_ok_at = now
-                for job in held:
-                    if job.id not in owned:
-                        with self._lock:
-                            if job.id in self._held:
-                                self._held[job.id].lost = True
-                        logger.warning(
-                            "job %s: lease lost (expired and taken back)",
-                            job.id,
-                            extra={
-                                "action": "lease_lost",
-                                "job_id": job.id,
-                                "worker_id": self.worker_id,
-                            },
-                        )
+                else:
+                    failures = 0
         finally:
             close_connection(self.alias)
+
+    def _beat(self) -> None:
+        """Extend the leases of held jobs, fenced on (owner, attempt), except those
+        whose task ran past its timeout; mark leases found lost."""
+        now = time.monotonic()
+        default_timeout = settings.JOB_TIMEOUT_SECONDS
+        held: list[Job] = []
+        timed_out: list[tuple[Job, float]] = []
+        with self._lock:
+            for h in self._held.values():
+                limit = h.timeout if h.timeout is not None else default_timeout
+                if h.lost or h.timed_out:
+                    continue
+                if limit is not None and h.started is not None and now - h.started >= limit:
+                    h.timed_out = True
+                    timed_out.append((h.job, limit))
+                    continue
+                held.append(h.job)
+        for job, limit in timed_out:
+            logger.warning(
+                "job %s: still running after its %ss timeout; no longer extending its "
+                "lease (the sweeper will hand it to another worker, and this run's "
+                "completion will be fenced out)",
+                job.id,
+                limit,
+                extra={"action": "timeout", "job_id": job.id, "worker_id": self.worker_id},
+            )
+        if not held:
+            self._heartbeat_ok_at = now
+            return
+        # A lease extension blocked on a lock must fail well before the lease runs out.
+        self._configure_session("heartbeat", max(0.5, self.lease_seconds / 3))
+        owned = Job.objects.db_manager(self.alias).extend_leases(
+            self.worker_id, held, lease_seconds=self.lease_seconds
+        )
+        self._heartbeat_ok_at = now
+        for job in held:
+            if job.id not in owned:
+                with self._lock:
+                    if job.id in self._held:
+                        self._held[job.id].lost = True
+                logger.warning(
+                    "job %s: lease lost (expired and taken back)",
+                    job.id,
+                    extra={
+                        "action": "lease_lost",
+                        "job_id": job.id,
+                        "worker_id": self.worker_id,
+                    },
+                )
 
     # --- listener thread ------------------------------------------------------------
 
@@ -455,7 +636,10 @@ class Worker:
         failures = 0
         while not self._done.is_set():
             try:
-                with psycopg.connect(**params, autocommit=True) as conn:
+                with psycopg.connect(
+                    **{**params, "application_name": f"pgqueue listen {self.worker_id}"[:63]},
+                    autocommit=True,
+                ) as conn:
                     conn.execute(
                         pgsql.SQL("LISTEN {}").format(pgsql.Identifier(settings.NOTIFY_CHANNEL))
                     )
@@ -492,7 +676,7 @@ class Worker:
         self._stopping.set()
         for _ in range(self.concurrency):
             self._jobs.put(None)
-        grace = settings.SHUTDOWN_GRACE_SECONDS
+        grace = self.grace_seconds
         deadline = None if grace is None else time.monotonic() + grace
         runners = [t for t in self._threads if t.name.startswith("pgqueue-runner")]
         for thread in runners:
@@ -509,6 +693,7 @@ class Worker:
             )
         self._done.set()
         for thread in self._threads:
-            if thread not in unfinished:
+            # The listener notices _done within a second on its own; nothing to wait for.
+            if thread not in unfinished and thread.name != "pgqueue-listener":
                 thread.join(5)
         close_connection(self.alias)

@@ -55,6 +55,9 @@ DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
 # Parallel test runs on one server need distinct test databases.
 DATABASES["default"]["TEST"] = {"NAME": env("PGQUEUE_TEST_DB", default=None)}
 
+# A few queue settings may come from the environment (the demo shortens backoff).
+PGQUEUE_RETRY_BACKOFF_BASE = env.float("PGQUEUE_RETRY_BACKOFF_BASE", default=2.0)
+
 TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
 
 USE_TZ = True
