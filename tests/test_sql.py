@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -134,3 +136,45 @@ def test_sql__every_statement_is_valid_postgresql(name):
     with connection.cursor() as cursor:
         cursor.execute(f"PREPARE pgqueue_check AS {numbered}")
         cursor.execute("DEALLOCATE pgqueue_check")
+
+
+def claim_plan(queues: list[str] | None) -> str:
+    """EXPLAIN of JOB_CLAIM exactly as Django sends it (psycopg binds client-side)."""
+    connection.ensure_connection()
+    params = {
+        "worker_id": "w1",
+        "limit": 10,
+        "queues": queues,
+        "lease_seconds": 60,
+        "now": None,
+    }
+    query = psycopg.ClientCursor(connection.connection).mogrify(sql.JOB_CLAIM, params)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + query)
+        return json.dumps(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("queues", [None, ["default"]], ids=["all_queues", "one_queue"])
+def test_sql__claim_plan_uses_the_claim_index(queues):
+    with connection.cursor() as cursor:
+        # 5,000 claimable rows, 50,000 delayed ones and 20,000 finished ones.
+        cursor.execute(
+            """
+            INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,
+                                     attempts, max_attempts, run_at, errors, created_at,
+                                     finished_at)
+            SELECT 'default', 'default', 'testproject.demo.tasks.add', '[]', '{}',
+                   mod(g, 201) - 100, s.status, 0, 5,
+                   clock_timestamp() + interval '1 day', '[]', clock_timestamp(),
+                   CASE WHEN s.status = 'done' THEN clock_timestamp() END
+            FROM (VALUES ('pending', 5000), ('scheduled', 50000), ('done', 20000))
+                 AS s(status, n),
+                 generate_series(1, s.n) AS g
+            """
+        )
+        cursor.execute("ANALYZE pgqueue_job")
+    plan = claim_plan(queues)
+    assert '"Index Name": "pgqueue_job_claim_idx"' in plan
+    assert '"Node Type": "Sort"' not in plan  # the index delivers the ORDER BY
+    assert '"Node Type": "Seq Scan"' not in plan
