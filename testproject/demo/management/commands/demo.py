@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,15 @@ class Command(BaseCommand):
             f" in {time.monotonic() - started:.2f}s"
         )
 
-        env = {**os.environ, "PGQUEUE_RETRY_BACKOFF_BASE": "0.2", "PGQUEUE_LOG_LEVEL": "WARNING"}
+        env = {**os.environ, "PGQUEUE_RETRY_BACKOFF_BASE": "0.2"}
+        logs = Path(tempfile.mkdtemp(prefix="pgqueue-demo-"))
         procs: list[subprocess.Popen[bytes]] = []
 
         def spawn(*args: str) -> subprocess.Popen[bytes]:
-            proc = subprocess.Popen([sys.executable, str(MANAGE), *args], env=env)
+            log = (logs / f"{args[0]}-{len(procs)}.log").open("wb")
+            proc = subprocess.Popen(
+                [sys.executable, str(MANAGE), *args], env=env, stdout=log, stderr=log
+            )
             procs.append(proc)
             return proc
 
@@ -87,7 +92,7 @@ class Command(BaseCommand):
                 for i in range(1, workers + 1)
             ]
             spawn("pgqueue_sweep", "--loop", "--interval", "0.5")
-            out(f"started {workers} workers (4 threads each) and 1 sweeper")
+            out(f"started {workers} workers (4 threads each) and 1 sweeper; logs in {logs}")
 
             victim = self._wait_until_holding(fleet[0], "demo-w1", timeout)
             os.kill(fleet[0].pid, signal.SIGKILL)
