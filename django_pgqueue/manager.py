@@ -314,3 +314,18 @@ class JobManager(models.Manager["Job"]):
     def notify(self, queue: str) -> None:
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""
         self._rows(sql.JOB_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "queue": queue})
+
+    def configure_session(
+        self, application_name: str, *, statement_timeout_ms: int | None = None
+    ) -> None:
+        """Label this thread's connection (``pg_stat_activity.application_name``, cut
+        to 63 bytes by PostgreSQL) and optionally bound its statements."""
+        self._rows(
+            sql.SESSION_CONFIGURE,
+            {
+                "application_name": application_name[:63],
+                "statement_timeout": None
+                if statement_timeout_ms is None
+                else f"{int(statement_timeout_ms)}ms",
+            },
+        )

@@ -234,3 +234,14 @@ FROM expired, clock
 WHERE j.id = expired.id
 RETURNING j.id, j.status
 """
+
+# Label a worker's connection and bound its statements: application_name shows which
+# worker and role (claim, heartbeat, runner) a backend serves in pg_stat_activity, so an
+# operator or a test can terminate exactly one; a NULL statement_timeout keeps the
+# current one (task code on runner connections keeps the project's own). No table.
+SESSION_CONFIGURE = """
+SELECT set_config('application_name', %(application_name)s, false),
+       set_config('statement_timeout',
+                  coalesce(%(statement_timeout)s, current_setting('statement_timeout')),
+                  false)
+"""

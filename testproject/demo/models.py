@@ -14,3 +14,21 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"delivery of job {self.job_id} to {self.recipient}"
+
+
+class Execution(models.Model):
+    """One row per execution of a fault-test or chaos task: the oracle's ledger.
+
+    Nothing here is unique on purpose: a job that ran twice leaves two rows, so the
+    chaos suite can count duplicates instead of hiding them. Transactional tasks write
+    their row in the same transaction as their completion (exactly one per done job);
+    ordinary tasks write theirs in autocommit (at least one)."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    attempt = models.IntegerField()
+    kind = models.CharField(max_length=16)  # "plain" or "tx"
+    worker_id = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"execution of job {self.job_id} (attempt {self.attempt}, {self.kind})"

@@ -34,6 +34,16 @@ def positive_float(value: str) -> float:
     return number
 
 
+def non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a number >= 0")
+    return number
+
+
 def queue_name(value: str) -> str:
     if not QUEUE_NAME_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(
@@ -98,6 +108,13 @@ class Command(BaseCommand):
             help="Lease owner name (default: host:pid:random)",
         )
         parser.add_argument(
+            "--grace-seconds",
+            type=non_negative_float,
+            default=None,
+            help="After SIGTERM, how long running jobs may take before the worker exits "
+            "and leaves them to lease expiry (default: PGQUEUE_SHUTDOWN_GRACE_SECONDS)",
+        )
+        parser.add_argument(
             "--poll-interval",
             type=positive_float,
             default=None,
@@ -115,6 +132,7 @@ class Command(BaseCommand):
         max_jobs: int | None,
         worker_id: str | None,
         poll_interval: float | None,
+        grace_seconds: float | None,
         verbosity: int,
         **options: Any,
     ) -> None:
@@ -128,6 +146,7 @@ class Command(BaseCommand):
             max_jobs=max_jobs,
             worker_id=worker_id,
             poll_interval=poll_interval,
+            grace_seconds=grace_seconds,
         )
         try:
             with on_stop(worker.stop):
@@ -135,3 +154,7 @@ class Command(BaseCommand):
         except Abort:
             # Second signal: leave at once; the sweeper recovers what was running.
             sys.exit(1)
+        if worker.fatal:
+            # Exit non-zero so a supervisor restarts the worker.
+            self.stderr.write(f"pgqueue_worker: {worker.fatal}")
+            sys.exit(3)
