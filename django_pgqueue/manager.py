@@ -9,14 +9,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 from django.tasks import Task
 
-from . import sql, validation
+from . import bulk, sql, validation
 from .conf import settings
 
 if TYPE_CHECKING:
@@ -127,6 +127,22 @@ class JobManager(models.Manager["Job"]):
             if existing is not None:
                 return existing
         raise RuntimeError("idempotency key kept changing hands; giving up")
+
+    def bulk_enqueue(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        *,
+        batch_size: int = bulk.DEFAULT_BATCH_SIZE,
+        now: dt.datetime | None = None,
+    ) -> int:
+        """Store many jobs (mappings of ``enqueue()``'s arguments) all or nothing,
+        through COPY in bounded batches; return how many were created.
+
+        The result is a ``bulk.BulkResult``: an ``int`` whose ``skipped`` attribute
+        counts jobs left out because their idempotency key was already live. See
+        ``django_pgqueue.bulk.bulk_enqueue``.
+        """
+        return bulk.bulk_enqueue(jobs, using=self.alias, batch_size=batch_size, now=now)
 
     def live_with_key(self, queue: str, key: str | None) -> Job | None:
         from .models import LIVE_STATUSES

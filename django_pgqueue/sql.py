@@ -18,6 +18,55 @@ The table name is hard-coded; ``tests/test_sql.py`` checks it against ``Job._met
 Constants are in alphabetical order.
 """
 
+# Read the clock one bulk call stamps on its jobs: created_at, the default run_at, and the
+# "is run_at in the future" test that picks 'scheduled' over 'pending'. No index. Read once
+# per call because COPY cannot evaluate expressions per row; it is the database's clock
+# (or the pinned %(now)s in tests), never the client's.
+JOB_BULK_CLOCK = """
+SELECT coalesce(%(now)s::timestamptz, clock_timestamp())
+"""
+
+# Stream one bounded batch of jobs without idempotency keys straight into the table.
+# No index is read; every index is maintained row by row, like any insert. Binary
+# format: the client sends each value in PostgreSQL's own representation (see bulk.py
+# COPY_TYPES), so the server parses no text. COPY has no ON CONFLICT, which is why
+# batches holding idempotency keys take JOB_BULK_INSERT_DEDUPE instead.
+JOB_BULK_COPY = """
+COPY pgqueue_job (
+    backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+) FROM STDIN (FORMAT BINARY)
+"""
+
+# Insert one bounded batch that holds idempotency keys, skipping every job whose key a
+# live job in the same queue already holds (in the table, or earlier in this batch: DO
+# NOTHING sees rows this statement inserted). The partial unique index
+# pgqueue_job_idempotency_uniq is the arbiter; its predicate is repeated so PostgreSQL
+# can infer it. One array parameter per column keeps the statement text fixed whatever
+# the batch size (no 65,535-parameter limit); ORDER BY ord gives ids in input order, so
+# the first of two duplicates wins and equal priorities are claimed in input order.
+JOB_BULK_INSERT_DEDUPE = """
+INSERT INTO pgqueue_job AS j (
+    backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+)
+SELECT r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority, r.status,
+       r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb, r.idempotency_key
+FROM unnest(
+    %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
+    %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[], %(max_attempts)s::int[],
+    %(run_at)s::timestamptz[], %(idempotency_key)s::text[]
+) WITH ORDINALITY AS r(
+    backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, idempotency_key, ord
+)
+ORDER BY r.ord
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+"""
+
 # Claim up to %(limit)s pending jobs for one worker, in priority order, in one statement.
 # Uses pgqueue_job_claim_idx: WHERE and ORDER BY match its predicate and columns exactly.
 # SKIP LOCKED lets competing workers take disjoint rows without waiting on each other;
@@ -158,6 +207,14 @@ RETURNING j.status
 # promotions and requeues; delivered when the surrounding transaction commits.
 JOB_NOTIFY = """
 SELECT pg_notify(%(channel)s, %(queue)s)
+"""
+
+# Wake idle workers once for each of several queues (payload: the queue name), in one
+# statement: a bulk enqueue sends one notification per distinct queue per call, never
+# one per row. No index. Delivered when the surrounding transaction commits.
+JOB_NOTIFY_MANY = """
+SELECT pg_notify(%(channel)s, queue)
+FROM unnest(%(queues)s::text[]) AS queue
 """
 
 # Move due scheduled jobs (delayed, or backing off after a failure) to pending, one
