@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,3 +169,36 @@ def manage(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
         if proc.popen.poll() is None:
             proc.popen.send_signal(signal.SIGKILL)
         proc.kill()
+
+
+@pytest.fixture
+def run_worker(transactional_db: None) -> Callable[..., Any]:
+    """Run an in-process ``Worker`` (burst and a 0.1 s poll by default) in a thread
+    until it returns; stop it and fail if it is still running after ``timeout`` s.
+    Returns the worker, so tests can read ``worker.stats``."""
+    from django_pgqueue.worker import Worker
+
+    def run(*, timeout: float = 30.0, **options: Any) -> Worker:
+        options.setdefault("burst", True)
+        options.setdefault("poll_interval", 0.1)
+        worker = Worker(**options)
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                worker.run()
+            except BaseException as exc:  # re-raised in the test thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=target, name="test-worker")
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            worker.stop()
+            thread.join(10)
+            raise AssertionError(f"worker still running after {timeout}s")
+        if errors:
+            raise errors[0]
+        return worker
+
+    return run
