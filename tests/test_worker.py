@@ -1,0 +1,158 @@
+"""The Worker, in-process: claims, runs, completes or fails, heartbeats, stops."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+from django.tasks import task
+
+from django_pgqueue.models import Job
+from django_pgqueue.worker import Worker
+from testproject.demo import tasks
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@task()
+def returns_nan() -> float:
+    """Returns a value JSON cannot hold: the job must fail, not store garbage."""
+    return float("nan")
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def test_worker__runs_jobs_and_stores_results(job_factory, run_worker):
+    jobs = [job_factory(args=[n, n]) for n in range(1, 4)]
+    worker = run_worker(worker_id="w-test")
+    assert (worker.stats.claimed, worker.stats.done, worker.stats.failed) == (3, 3, 0)
+    rows = [fresh(job) for job in jobs]
+    assert [(r.status, r.result, r.attempts) for r in rows] == [
+        ("done", 2, 1),
+        ("done", 4, 1),
+        ("done", 6, 1),
+    ]
+    assert {r.lease_owner for r in rows} == {"w-test"}
+    assert all(r.finished_at >= r.started_at for r in rows)
+
+
+def test_worker__runs_jobs_concurrently(job_factory, run_worker):
+    jobs = [job_factory(task=tasks.slow, args=[0.4]) for _ in range(3)]
+    run_worker(concurrency=3)
+    rows = [fresh(job) for job in jobs]
+    assert {r.status for r in rows} == {"done"}
+    # Every job started before any finished: they ran at the same time.
+    assert max(r.started_at for r in rows) < min(r.finished_at for r in rows)
+
+
+def test_worker__failing_job_is_retried_then_dead(job_factory, run_worker, settings):
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 0.0  # the retry is due at once
+    job = job_factory(task=tasks.always_fails, args=["bad input"], max_attempts=2)
+    worker = run_worker()
+    row = fresh(job)
+    assert (row.status, row.attempts) == ("dead", 2)
+    assert worker.stats.failed == 2
+    assert [e["attempt"] for e in row.errors] == [1, 2]
+    assert {e["exception_class_path"] for e in row.errors} == {"builtins.ValueError"}
+    assert "ValueError: bad input" in row.errors[-1]["traceback"]
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("testproject.demo.tasks.removed_task", "does not import"),
+        ("testproject.demo.gone_module.task", "does not import"),
+        ("testproject.demo.tasks.not_a_task", "is a function, not a django.tasks.Task"),
+    ],
+)
+def test_worker__job_whose_task_is_not_importable_is_dead_at_once(
+    job_factory, run_worker, path, reason
+):
+    job = job_factory(max_attempts=5)
+    # The code changed after the job was enqueued (enqueue itself refuses such paths).
+    Job.objects.filter(pk=job.pk).update(task=path)
+    worker = run_worker()
+    row = fresh(job)
+    assert (row.status, row.attempts) == ("dead", 1)  # no retries
+    (error,) = row.errors
+    assert error["exception_class_path"] == "django_pgqueue.exceptions.TaskNotFound"
+    assert reason in error["traceback"]
+    assert path in error["traceback"]
+    assert worker.stats.failed == 1
+
+
+def test_worker__non_json_return_value_fails_the_job(job_factory, run_worker):
+    job = job_factory(task=returns_nan, args=[], max_attempts=1)
+    run_worker()
+    row = fresh(job)
+    assert (row.status, row.result) == ("dead", None)
+    assert row.errors[0]["exception_class_path"] == "builtins.ValueError"
+
+
+def test_worker__max_jobs_stops_after_that_many(job_factory, run_worker):
+    jobs = [job_factory() for _ in range(5)]
+    worker = run_worker(burst=False, max_jobs=2)
+    assert (worker.stats.claimed, worker.stats.done) == (2, 2)
+    statuses = [fresh(job).status for job in jobs]
+    assert statuses == ["done", "done", "pending", "pending", "pending"]
+
+
+def test_worker__queue_filter(job_factory, run_worker):
+    a = job_factory(queue="a")
+    b = job_factory(queue="b")
+    c = job_factory(queue="c")
+    run_worker(queues=["a", "c"])
+    assert [fresh(j).status for j in (a, b, c)] == ["done", "pending", "done"]
+
+
+def test_worker__promotes_due_scheduled_jobs_when_idle(job_factory, run_worker):
+    past = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+    job = job_factory(run_at=past + dt.timedelta(seconds=1), now=past)
+    assert fresh(job).status == "scheduled"
+    run_worker()
+    assert fresh(job).status == "done"
+
+
+def test_worker__heartbeat_keeps_a_long_job_leased(job_factory):
+    """A job running four times longer than its lease is not taken back by a sweeper."""
+    job = job_factory(task=tasks.slow, args=[1.2])
+    worker = Worker(lease_seconds=0.3, poll_interval=0.1, burst=True)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: fresh(job).status == "running", timeout=10)
+
+        def swept_until_done() -> bool:
+            Job.objects.sweep()
+            return fresh(job).status == "done"
+
+        wait_for(swept_until_done, timeout=15, interval=0.05)
+    finally:
+        worker.stop()
+        thread.join(10)
+    row = fresh(job)
+    assert (row.attempts, row.errors, row.result) == (1, [], 1.2)
+    assert worker.stats.lost == 0
+
+
+def test_worker__stop_lets_the_running_job_finish(job_factory):
+    job = job_factory(task=tasks.slow, args=[0.5])
+    waiting = job_factory()
+    worker = Worker(poll_interval=0.1, lease_seconds=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: fresh(job).status == "running", timeout=10)
+        worker.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert fresh(job).status == "done"
+    # Claiming stopped: the second job was never taken.
+    assert (fresh(waiting).status, fresh(waiting).attempts) == ("pending", 0)
