@@ -111,6 +111,46 @@ WHERE id = %(id)s
 RETURNING id
 """
 
+# Admin summary: live jobs (pending, scheduled, running) per status and queue, each
+# status capped at %(cap)s rows. Each branch walks its own partial index in index order
+# (claim, scheduled, lease) under a LIMIT, so the cost is bounded however large the
+# backlog; a status whose total reaches the cap is shown as "at least".
+JOB_COUNT_LIVE_BY_QUEUE = """
+WITH live AS (
+    (SELECT 'pending'::text AS status, queue
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY priority DESC, id
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'scheduled'::text, queue
+     FROM pgqueue_job
+     WHERE status = 'scheduled'
+     ORDER BY run_at
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'running'::text, queue
+     FROM pgqueue_job
+     WHERE status = 'running'
+     ORDER BY lease_expires_at
+     LIMIT %(cap)s)
+)
+SELECT status, queue, count(*) AS jobs
+FROM live
+GROUP BY status, queue
+ORDER BY status, queue
+"""
+
+# Discard dead letters by id (admin). Primary-key lookups; guarded by status = 'dead',
+# so a job requeued by someone else in the meantime is never deleted. Returns the ids
+# actually deleted, so the admin reports how many rows changed.
+JOB_DELETE_DEAD = """
+DELETE FROM pgqueue_job
+WHERE id = ANY(%(ids)s::bigint[])
+  AND status = 'dead'
+RETURNING id
+"""
+
 # Delete done jobs that finished before the retention horizon, one bounded batch.
 # Uses pgqueue_job_done_idx; SKIP LOCKED so two sweepers split the work.
 JOB_DELETE_FINISHED_BEFORE = """
@@ -203,6 +243,70 @@ WHERE j.id = %(id)s
 RETURNING j.status
 """
 
+# Admin: planner statistics about one column, no table scan at all. reltuples is the
+# row estimate kept by (auto)vacuum/analyze (-1: never analyzed); most_common_vals and
+# most_common_freqs (from ANALYZE) give the column's frequent values and their shares:
+# the admin's status totals and its queue/task filter choices on a big table. Also the
+# table's size, so the caller can afford exact answers when the table is small.
+JOB_GET_COLUMN_STATS = """
+SELECT c.reltuples::bigint AS total,
+       pg_relation_size(c.oid) AS bytes,
+       st.most_common_vals::text::text[] AS vals,
+       st.most_common_freqs AS freqs
+FROM pg_class AS c
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats AS st
+       ON st.schemaname = n.nspname
+      AND st.tablename = c.relname
+      AND st.attname = %(column)s
+      AND NOT st.inherited
+WHERE c.oid = 'pgqueue_job'::regclass
+"""
+
+# Admin summary: the longest wait of a pending job (now - run_at), and how many running
+# jobs hold an expired lease (a sign that no sweeper runs). The wait is the oldest
+# run_at among the first %(cap)s pending jobs in claim order and the head of each
+# priority's line: exact while the backlog is under the cap, a lower bound above it.
+# Both read pgqueue_job_claim_idx only: a LIMITed scan plus a loose index scan (one
+# seek per distinct priority, at most 201). The expired count is a LIMITed range scan
+# of pgqueue_job_lease_idx.
+JOB_GET_HEALTH = """
+WITH RECURSIVE head AS (
+    (SELECT priority, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY priority DESC, id
+     LIMIT 1)
+    UNION ALL
+    SELECT nxt.priority, nxt.run_at
+    FROM head,
+         LATERAL (SELECT priority, run_at
+                  FROM pgqueue_job
+                  WHERE status = 'pending'
+                    AND priority < head.priority
+                  ORDER BY priority DESC, id
+                  LIMIT 1) AS nxt
+), clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+SELECT greatest(clock.now - least(
+           (SELECT min(run_at) FROM head),
+           (SELECT min(run_at)
+            FROM (SELECT run_at
+                  FROM pgqueue_job
+                  WHERE status = 'pending'
+                  ORDER BY priority DESC, id
+                  LIMIT %(cap)s) AS first_in_line)), interval '0') AS oldest_pending_wait,
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'running'
+                AND lease_expires_at < clock.now
+              ORDER BY lease_expires_at
+              LIMIT %(cap)s) AS expired) AS expired_leases
+FROM clock
+"""
+
 # Wake idle workers listening on the channel (payload: the queue name). Used after
 # promotions and requeues; delivered when the surrounding transaction commits.
 JOB_NOTIFY = """
@@ -250,6 +354,49 @@ WHERE id = %(id)s
   AND lease_owner = %(worker_id)s
   AND attempts = %(attempt)s
 RETURNING id
+"""
+
+# Requeue dead letters by id (admin): back to pending with attempts reset and run_at
+# now, optionally into another queue or with another priority; the errors list is kept
+# so the previous failure stays visible. Primary-key lookups. Guarded by
+# status = 'dead': a second click or a second operator updates zero rows (a concurrent
+# requeue waits on the row lock, then re-checks the guard and skips the row). A job
+# whose idempotency key a live job in the target queue already holds is skipped, as
+# is all but the newest of several selected jobs sharing one key (the partial unique
+# index pgqueue_job_idempotency_uniq answers the NOT EXISTS). pg_notify in RETURNING
+# wakes workers at commit (PostgreSQL folds duplicate notifications).
+JOB_REQUEUE_DEAD = """
+WITH picked AS (
+    SELECT DISTINCT ON (target_queue, idempotency_key,
+                        CASE WHEN idempotency_key IS NULL THEN id END)
+           id, target_queue
+    FROM (SELECT id, idempotency_key, coalesce(%(queue)s::text, queue) AS target_queue
+          FROM pgqueue_job
+          WHERE id = ANY(%(ids)s::bigint[])
+            AND status = 'dead') AS dead
+    ORDER BY target_queue, idempotency_key,
+             CASE WHEN idempotency_key IS NULL THEN id END, id DESC
+)
+UPDATE pgqueue_job AS j
+SET status = 'pending',
+    queue = picked.target_queue,
+    priority = coalesce(%(priority)s::int, j.priority),
+    attempts = 0,
+    run_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = NULL,
+    result = NULL
+FROM picked
+WHERE j.id = picked.id
+  AND j.status = 'dead'
+  AND (j.idempotency_key IS NULL OR NOT EXISTS (
+      SELECT 1
+      FROM pgqueue_job AS live
+      WHERE live.queue = picked.target_queue
+        AND live.idempotency_key = j.idempotency_key
+        AND live.status IN ('pending', 'scheduled', 'running')))
+RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
 # Take back running jobs whose lease expired: to pending, or to dead once the attempt
