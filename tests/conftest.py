@@ -51,8 +51,10 @@ def test_database_url() -> str:
     s = connection.settings_dict
     user = quote(s.get("USER") or "postgres")
     password = quote(s.get("PASSWORD") or "")
-    host = s.get("HOST") or ""
-    port = s.get("PORT") or ""
+    # django-environ keeps a socket directory given as ?host=... in OPTIONS, not HOST.
+    options = s.get("OPTIONS") or {}
+    host = s.get("HOST") or options.get("host") or ""
+    port = s.get("PORT") or options.get("port") or ""
     name = s["NAME"]
     if host.startswith("/"):
         return f"postgresql://{user}:{password}@/{name}?host={host}" + (
