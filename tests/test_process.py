@@ -1,0 +1,102 @@
+"""Real ``manage.py`` processes: a worker runs jobs, stops cleanly on a signal, and a
+SIGKILLed worker's job is recovered by the sweeper and finished by another worker."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.db import connection
+
+from django_pgqueue.models import Job
+from testproject.demo import tasks
+from tests.conftest import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+WORKER = ("pgqueue_worker", "--poll-interval", "0.1", "--lease-seconds", "1")
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def lease_expired(job: Job) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT lease_expires_at < clock_timestamp() FROM pgqueue_job WHERE id = %s",
+            [job.pk],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def test_process__worker_runs_jobs_and_exits_0_on_sigterm(job_factory, manage):
+    jobs = [job_factory(args=[n, 1]) for n in range(5)]
+    worker = manage(*WORKER, "--concurrency", "2", "--worker-id", "proc-1")
+    wait_for(lambda: Job.objects.filter(status="done").count() == 5, timeout=30)
+    # Work enqueued while it idles is picked up too.
+    late = job_factory(args=[10, 10])
+    wait_for(lambda: fresh(late).status == "done", timeout=10)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    rows = [fresh(j) for j in jobs]
+    assert [r.result for r in rows] == [1, 2, 3, 4, 5]
+    assert {r.lease_owner for r in rows} == {"proc-1"}
+    assert fresh(late).result == 20
+    assert "done in" in worker.output()  # one INFO line per job
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_process__signal_lets_the_running_job_finish_then_exits_0(job_factory, manage, sig):
+    slow = job_factory(task=tasks.slow, args=[1.5], priority=10)
+    waiting = job_factory()  # lower priority: still queued when the signal comes
+    worker = manage(*WORKER, "--concurrency", "1")
+    wait_for(lambda: fresh(slow).status == "running", timeout=20)
+    worker.signal(sig)
+    assert worker.wait(timeout=20) == 0, worker.output()
+    row = fresh(slow)
+    assert (row.status, row.result, row.attempts) == ("done", 1.5, 1), worker.output()
+    assert (fresh(waiting).status, fresh(waiting).attempts) == ("pending", 0)
+    assert f"{signal.Signals(sig).name} received" in worker.output()
+
+
+def test_process__second_signal_aborts_at_once(job_factory, manage):
+    slow = job_factory(task=tasks.slow, args=[30])
+    worker = manage(*WORKER)
+    wait_for(lambda: fresh(slow).status == "running", timeout=20)
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM received" in worker.output(), timeout=10)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 1, worker.output()
+    # The job was not finished; its lease will expire and the sweeper recovers it.
+    assert fresh(slow).status == "running"
+
+
+def test_process__sigkilled_workers_job_is_recovered_and_finished(job_factory, manage):
+    job = job_factory(task=tasks.slow, args=[1.5], max_attempts=3)
+    first = manage(*WORKER, "--worker-id", "doomed")
+    wait_for(lambda: fresh(job).lease_owner == "doomed", timeout=20)
+    first.signal(signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL
+
+    # Nobody extends the lease now; once it has expired the sweeper takes it back.
+    wait_for(lambda: lease_expired(job), timeout=10)
+    sweep = manage("pgqueue_sweep")
+    assert sweep.wait() == 0, sweep.output()
+    assert "recovered=1 dead=0" in sweep.output()
+    row = fresh(job)
+    assert (row.status, row.lease_owner, row.attempts) == ("pending", None, 1)
+    assert row.errors[-1]["worker_id"] == "doomed"
+
+    second = manage(*WORKER, "--worker-id", "rescuer", "--burst")
+    assert second.wait(timeout=30) == 0, second.output()
+    row = fresh(job)
+    assert (row.status, row.result, row.attempts, row.lease_owner) == (
+        "done",
+        1.5,
+        2,
+        "rescuer",
+    )
+    assert [e["exception_class_path"] for e in row.errors] == [
+        "django_pgqueue.exceptions.LeaseExpired"
+    ]
