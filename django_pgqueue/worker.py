@@ -674,6 +674,17 @@ class Worker:
     def _shutdown(self) -> None:
         """Let running jobs finish (within the grace period), release unstarted ones."""
         self._stopping.set()
+        # Release prefetched jobs now, not when a runner frees up: with every runner
+        # busy past the grace period they would otherwise wait for their leases.
+        while True:
+            try:
+                unstarted = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if unstarted is not None:
+                self._release(unstarted)
+                with self._lock:
+                    self._held.pop(unstarted.id, None)
         for _ in range(self.concurrency):
             self._jobs.put(None)
         grace = self.grace_seconds

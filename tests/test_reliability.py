@@ -1,0 +1,383 @@
+"""Faults against real worker processes and real PostgreSQL (catalogue: reliability.md).
+
+Each test injects one fault (SIGSTOP past the lease, SIGKILL by a poison pill, a
+terminated backend, a lock that stalls the heartbeat, SIGTERM mid-job) and then checks
+the oracle: no job lost or stuck, fenced writes from zombies, and the ``Execution``
+ledger (one row per execution) showing exactly-once effects for transactional tasks.
+Waits are on conditions with deadlines, never bare sleeps.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_pgqueue.models import Job
+from django_pgqueue.tasks import PgQueueTask, current_job
+from django_pgqueue.worker import Worker
+from testproject.demo import fault_tasks
+from testproject.demo.models import Execution
+
+from .conftest import ManagedProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = ("--lease-seconds", "1", "--poll-interval", "0.1")
+
+
+def job(job_id: int) -> Job:
+    return Job.objects.get(pk=job_id)
+
+
+def ledger(job_id: int) -> list[tuple[str, int]]:
+    """(kind, attempt) of every recorded execution of a job."""
+    return list(
+        Execution.objects.filter(job_id=job_id).order_by("id").values_list("kind", "attempt")
+    )
+
+
+def sweep_until(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Run the sweeper (in this process) until ``condition()`` holds."""
+
+    def swept() -> Any:
+        Job.objects.sweep()
+        return condition()
+
+    return wait_for(swept, timeout=timeout, interval=0.1)
+
+
+def in_log(proc: ManagedProcess, text: str, count: int = 1) -> bool:
+    return proc.output().count(text) >= count
+
+
+def backends(prefix: str) -> list[int]:
+    """Server pids of this test database's connections labelled ``prefix...``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name LIKE %s",
+            [prefix + "%"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def terminate(pids: list[int]) -> None:
+    with connection.cursor() as cursor:
+        for pid in pids:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+# --- task options and context -------------------------------------------------------
+
+
+def test_task_options__kept_by_using_and_stored_on_the_job() -> None:
+    assert isinstance(fault_tasks.ledger_tx, PgQueueTask)
+    moved = fault_tasks.ledger_tx.using(priority=7, queue_name="other")
+    assert (moved.transactional, moved.priority, moved.queue_name) == (True, 7, "other")
+    result = fault_tasks.poison.enqueue()
+    assert job(int(result.id)).max_attempts == 3  # @task(max_attempts=3)
+
+
+def test_current_job__exposes_id_attempt_and_idempotency_key() -> None:
+    enqueued = Job.objects.enqueue(
+        "testproject.demo.fault_tasks.ledger_plain", [5], idempotency_key="order-5"
+    )
+    seen: list[Any] = []
+    original = fault_tasks.record
+
+    def spy(kind: str) -> int:
+        seen.append(current_job())
+        return original(kind)
+
+    fault_tasks.record = spy  # the task looks the helper up at call time
+    try:
+        Worker(burst=True, worker_id="w-ctx").run()
+    finally:
+        fault_tasks.record = original
+    info = seen[0]
+    assert (info.id, info.attempt, info.idempotency_key) == (enqueued.id, 1, "order-5")
+    assert (info.worker_id, info.transactional) == ("w-ctx", False)
+    assert current_job() is None  # reset after the job
+
+
+# --- transactional completion -------------------------------------------------------
+
+
+def test_transactional__effect_commits_with_completion() -> None:
+    result = fault_tasks.ledger_tx.enqueue(n=3)
+    failing = Job.objects.enqueue("testproject.demo.fault_tasks.leak_transaction")
+    stats = Worker(burst=True, worker_id="w-tx").run()
+    done = job(int(result.id))
+    assert (done.status, done.result, done.attempts) == ("done", 3, 1)
+    assert ledger(done.id) == [("tx", 1)]
+    assert stats.done == 1
+    # C34: a task that leaves atomic() open fails; its write is rolled back with the
+    # discarded connection, and the worker carried on.
+    leaked = job(failing.id)
+    assert leaked.status == "scheduled"
+    assert leaked.errors[-1]["exception_class_path"].endswith("TransactionLeak")
+    assert ledger(leaked.id) == []
+
+
+def test_transactional__failure_rolls_back_effect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception after the task wrote something: nothing stays, the failure is
+    recorded (outside the rolled-back transaction) and a retry is scheduled."""
+    enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_tx", [1])
+    original = fault_tasks.record
+
+    def write_then_raise(kind: str) -> int:
+        original(kind)
+        raise RuntimeError("after the write")
+
+    monkeypatch.setattr(fault_tasks, "record", write_then_raise)
+    Worker(burst=True, worker_id="w-txfail").run()
+    failed = job(enqueued.id)
+    assert failed.status == "scheduled"
+    assert "after the write" in failed.errors[-1]["traceback"]
+    assert ledger(failed.id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("task", "ledger_after"),
+    [
+        # Transactional: the zombie's effect rolls back with its fenced-out completion.
+        ("slow_tx", [("tx", 2)]),
+        # Ordinary: at-least-once, the zombie's effect stays (documented), the row
+        # does not change.
+        ("slow_plain", [("plain", 2), ("plain", 1)]),
+    ],
+)
+def test_lease_lost__zombie_completion_is_fenced(
+    manage: Callable[..., ManagedProcess], task: str, ledger_after: list[tuple[str, int]]
+) -> None:
+    """C2/C3: a worker paused past its lease resumes after another worker finished the
+    job; its completion changes nothing."""
+    enqueued = Job.objects.enqueue(f"testproject.demo.fault_tasks.{task}", [1.5])
+    zombie = manage("pgqueue_worker", *FAST, "--worker-id", "zombie")
+    wait_for(lambda: job(enqueued.id).status == "running")
+    zombie.signal(signal.SIGSTOP)
+    sweep_until(lambda: job(enqueued.id).status == "pending")
+    rescuer = manage("pgqueue_worker", *FAST, "--worker-id", "rescuer")
+    wait_for(lambda: job(enqueued.id).status == "done")
+    zombie.signal(signal.SIGCONT)
+    wait_for(lambda: in_log(zombie, "lease lost"))
+    finished = job(enqueued.id)
+    assert finished.attempts == 2
+    assert finished.errors[0]["worker_id"] == "zombie"
+    assert finished.errors[0]["exception_class_path"].endswith("LeaseExpired")
+    assert sorted(ledger(enqueued.id)) == sorted(ledger_after)
+    assert Job.objects.get(pk=enqueued.id).status == "done"
+    for proc in (zombie, rescuer):
+        proc.signal(signal.SIGTERM)
+        assert proc.wait() == 0
+
+
+# --- lease safety -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_heartbeat__stops_extending_after_task_timeout(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C16/C30: ``@task(timeout=1)`` hangs for 3 s: its lease is not extended past the
+    timeout, the sweeper takes the job back while it still runs, and the late
+    completion of that first attempt is fenced out."""
+    enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.hang", [3.0])
+    worker = manage("pgqueue_worker", *FAST, "--concurrency", "1", "--worker-id", "hung")
+    wait_for(lambda: job(enqueued.id).status == "running")
+    wait_for(lambda: in_log(worker, "timeout; no longer extending its lease"))
+    sweep_until(lambda: job(enqueued.id).status != "running")
+    rescued = job(enqueued.id)
+    assert rescued.errors[0]["exception_class_path"].endswith("LeaseExpired")
+    assert rescued.errors[0]["attempt"] == 1
+    wait_for(lambda: in_log(worker, "lease lost before complete"), timeout=10)
+    assert job(enqueued.id).status != "done" or job(enqueued.id).attempts >= 2
+
+
+@pytest.mark.slow
+def test_heartbeat__stalled_extension_stops_claiming(
+    manage: Callable[..., ManagedProcess], other_connection: Callable[..., Any]
+) -> None:
+    """C18/C52: a lease extension blocked on a row lock times out (statement_timeout)
+    instead of hanging; while it fails the worker claims nothing; then it recovers."""
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [8.0])
+    worker = manage(
+        "pgqueue_worker", "--lease-seconds", "2", "--poll-interval", "0.1",
+        "--concurrency", "2",
+    )  # fmt: skip
+    wait_for(lambda: job(running.id).status == "running")
+    blocker = other_connection()
+    blocker.execute("SELECT id FROM pgqueue_job WHERE id = %s FOR UPDATE", [running.id])
+    wait_for(lambda: in_log(worker, "heartbeat failed"))
+    waiting = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
+    wait_for(lambda: in_log(worker, "heartbeat failed", 3))
+    assert job(waiting.id).status == "pending"  # nothing claimed while blind
+    blocker.rollback()
+    wait_for(lambda: job(waiting.id).status == "done")
+    assert job(running.id).lease_owner is not None
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert job(running.id).status == "done"
+    assert job(running.id).attempts == 1
+
+
+def test_heartbeat__thread_death_stops_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """C18: if the lease-extension thread dies the worker stops claiming and reports a
+    fatal error (the command exits 3) instead of running jobs nobody extends."""
+    worker = Worker(worker_id="w-dead-hb", poll_interval=0.05, lease_seconds=0.3)
+
+    def die() -> None:
+        raise SystemExit("heartbeat crashed")
+
+    monkeypatch.setattr(worker, "_beat", die)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)
+    done = threading.Event()
+    runner = threading.Thread(target=lambda: (worker.run(), done.set()), daemon=True)
+    runner.start()
+    assert done.wait(10)
+    assert worker.fatal == "the heartbeat thread died"
+
+
+# --- poison pills -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_poison_pill__dead_after_max_attempts_and_fleet_survives(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C13/C14: a job that SIGKILLs its worker is charged at each claim and ends
+    ``dead`` after ``max_attempts`` (3) lease expiries; the next worker lives."""
+    pill = int(fault_tasks.poison.enqueue().id)
+    deaths = 0
+    while job(pill).status != "dead":
+        assert deaths < 3, "the pill outlived its attempt limit"
+        worker = manage("pgqueue_worker", *FAST)
+        assert worker.wait() == -signal.SIGKILL
+        deaths += 1
+        sweep_until(lambda: job(pill).status != "running")
+    dead = job(pill)
+    assert (deaths, dead.attempts, dead.max_attempts) == (3, 3, 3)
+    assert [e["attempt"] for e in dead.errors] == [1, 2, 3]
+    assert all(e["exception_class_path"].endswith("LeaseExpired") for e in dead.errors)
+    survivor = manage("pgqueue_worker", *FAST)
+    healthy = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
+    wait_for(lambda: job(healthy.id).status == "done")
+    assert survivor.popen.poll() is None
+
+
+# --- database faults ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_listener__terminated_listen_connection_reconnects_and_polls(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C44: the LISTEN backend is killed and a job is enqueued at once: the listener
+    reconnects, re-LISTENs and wakes the worker to poll, long before its 60 s poll."""
+    worker = manage("pgqueue_worker", "--poll-interval", "60", "--lease-seconds", "5")
+    listeners = wait_for(lambda: backends("pgqueue listen"))
+    wait_for(lambda: backends("pgqueue claim"))
+    terminate(listeners)
+    enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
+    wait_for(lambda: job(enqueued.id).status == "done", timeout=15)
+    wait_for(lambda: in_log(worker, "LISTEN connection lost"))
+    reconnected = wait_for(lambda: backends("pgqueue listen"))
+    assert set(reconnected).isdisjoint(listeners)
+    # And a NOTIFY on the new LISTEN connection still wakes it.
+    second = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [2])
+    wait_for(lambda: job(second.id).status == "done", timeout=15)
+
+
+@pytest.mark.slow
+def test_worker__survives_terminated_backends(manage: Callable[..., ManagedProcess]) -> None:
+    """C41/C43: pg_terminate_backend on every connection of a busy worker: jobs are
+    failed-and-retried or finished, the worker reconnects, logs one line per error
+    (no traceback spam), and every job ends done."""
+    worker = manage("pgqueue_worker", *FAST, "--concurrency", "2")
+    first = [Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [0.5]).id]
+    wait_for(lambda: backends("pgqueue runner") and backends("pgqueue heartbeat"))
+    terminate(backends("pgqueue "))
+    jobs = first + [
+        Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [n]).id for n in range(5)
+    ]
+    terminate(backends("pgqueue claim"))
+    sweep_until(lambda: all(job(i).status == "done" for i in jobs), timeout=30)
+    assert worker.popen.poll() is None
+    records = re.split(r"\n(?=\d{4}-\d\d-\d\d )", worker.output())
+    noisy = [r for r in records if "Traceback" in r and "failed after" not in r]
+    assert noisy == []  # tracebacks only for the task that failed, not reconnects
+    assert any("database error while claiming" in r for r in records)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+# --- graceful shutdown --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_shutdown__heartbeat_keeps_leases_until_task_finishes(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C17/C22: after SIGTERM the worker claims nothing new, keeps extending the lease
+    of its running task (a sweeper running all along recovers nothing), the task
+    finishes once, and the worker exits 0."""
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [3.0])
+    worker = manage("pgqueue_worker", *FAST)
+    wait_for(lambda: job(running.id).status == "running")
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: in_log(worker, "SIGTERM received"))
+    later = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
+    recovered = 0
+
+    def exited() -> bool:
+        nonlocal recovered
+        recovered += Job.objects.sweep().recovered
+        return worker.popen.poll() is not None
+
+    wait_for(exited, timeout=20, interval=0.1)
+    assert worker.popen.returncode == 0
+    assert recovered == 0
+    done = job(running.id)
+    assert (done.status, done.attempts) == ("done", 1)
+    assert ledger(running.id) == [("plain", 1)]
+    assert job(later.id).status == "pending"
+
+
+@pytest.mark.slow
+def test_shutdown__grace_expiry_leaves_job_to_its_lease(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C23: a task outliving ``--grace-seconds`` is left running; the worker exits 0 at
+    once, and the sweeper recovers the job after its lease (that attempt is charged)."""
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [30.0])
+    queued = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [30.0])
+    worker = manage("pgqueue_worker", *FAST, "--grace-seconds", "0.5", "--batch-size", "2")
+    wait_for(lambda: job(running.id).status == "running")
+    wait_for(lambda: job(queued.id).status == "running")  # prefetched, not started
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(10) == 0
+    assert "still running after the grace period" in worker.output()
+    released = job(queued.id)
+    assert (released.status, released.attempts) == ("pending", 0)  # not charged
+    sweep_until(lambda: job(running.id).status == "pending")
+    assert job(running.id).attempts == 1
+
+
+@pytest.mark.slow
+def test_shutdown__second_signal_exits_at_once(manage: Callable[..., ManagedProcess]) -> None:
+    """C24: the second SIGTERM aborts; the running job is left to its lease."""
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [30.0])
+    worker = manage("pgqueue_worker", *FAST)
+    wait_for(lambda: job(running.id).status == "running")
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: in_log(worker, "SIGTERM received"))
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(10) == 1
+    sweep_until(lambda: job(running.id).status == "pending")
