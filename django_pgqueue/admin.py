@@ -124,6 +124,14 @@ class TaskFilter(CommonValueFilter):
     column = "task"
 
 
+class DiedFilter(admin.DateFieldListFilter):
+    """The finished_at date filter, named for what it means on a dead letter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.title = "time of death"
+
+
 # --- shared read-only admin --------------------------------------------------------------
 
 
@@ -400,7 +408,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         "last_error_line",
         "died_at",
     )
-    list_filter = (TaskFilter, QueueFilter, ("finished_at", admin.DateFieldListFilter))
+    list_filter = (TaskFilter, QueueFilter, ("finished_at", DiedFilter))
     action_form = RequeueActionForm
     actions = ("requeue", "delete_selected")
 
