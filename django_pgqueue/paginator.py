@@ -28,7 +28,9 @@ class EstimatedCountPaginator(Paginator):
     which the admin handles like any out-of-range page.
     """
 
-    exact_up_to = 10_000
+    #: Above this many rows an estimate is good enough ("about 12,345 jobs"); below it
+    #: operators want the exact number, and counting that many rows is cheap.
+    exact_up_to = 1_000
 
     def __init__(self, object_list: Any, per_page: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(object_list, per_page, *args, **kwargs)

@@ -112,27 +112,25 @@ RETURNING id
 """
 
 # Admin summary: live jobs (pending, scheduled, running) per status and queue, each
-# status capped at %(cap)s rows. Each branch walks its own partial index in index order
-# (claim, scheduled, lease) under a LIMIT, so the cost is bounded however large the
-# backlog; a status whose total reaches the cap is shown as "at least".
+# status capped at %(cap)s rows. Each branch reads only its own partial index (claim,
+# scheduled, lease) and stops at the LIMIT, so the cost is bounded however large the
+# backlog; a status whose total reaches the cap is shown as "at least". No ORDER BY:
+# any %(cap)s rows will do for a count, and a sort would have to read them all first.
 JOB_COUNT_LIVE_BY_QUEUE = """
 WITH live AS (
     (SELECT 'pending'::text AS status, queue
      FROM pgqueue_job
      WHERE status = 'pending'
-     ORDER BY priority DESC, id
      LIMIT %(cap)s)
     UNION ALL
     (SELECT 'scheduled'::text, queue
      FROM pgqueue_job
      WHERE status = 'scheduled'
-     ORDER BY run_at
      LIMIT %(cap)s)
     UNION ALL
     (SELECT 'running'::text, queue
      FROM pgqueue_job
      WHERE status = 'running'
-     ORDER BY lease_expires_at
      LIMIT %(cap)s)
 )
 SELECT status, queue, count(*) AS jobs
@@ -265,11 +263,11 @@ WHERE c.oid = 'pgqueue_job'::regclass
 
 # Admin summary: the longest wait of a pending job (now - run_at), and how many running
 # jobs hold an expired lease (a sign that no sweeper runs). The wait is the oldest
-# run_at among the first %(cap)s pending jobs in claim order and the head of each
-# priority's line: exact while the backlog is under the cap, a lower bound above it.
-# Both read pgqueue_job_claim_idx only: a LIMITed scan plus a loose index scan (one
-# seek per distinct priority, at most 201). The expired count is a LIMITed range scan
-# of pgqueue_job_lease_idx.
+# run_at among %(cap)s pending jobs and the head of each priority's line: exact while
+# the backlog is under the cap, a lower bound above it. Both read only the rows of
+# pgqueue_job_claim_idx: a LIMITed scan (no ORDER BY, which would sort the whole
+# backlog first) plus a loose index scan (one seek per distinct priority, at most
+# 201). The expired count is a LIMITed range scan of pgqueue_job_lease_idx.
 JOB_GET_HEALTH = """
 WITH RECURSIVE head AS (
     (SELECT priority, run_at
@@ -295,8 +293,7 @@ SELECT greatest(clock.now - least(
             FROM (SELECT run_at
                   FROM pgqueue_job
                   WHERE status = 'pending'
-                  ORDER BY priority DESC, id
-                  LIMIT %(cap)s) AS first_in_line)), interval '0') AS oldest_pending_wait,
+                  LIMIT %(cap)s) AS sample)), interval '0') AS oldest_pending_wait,
        (SELECT count(*)
         FROM (SELECT 1
               FROM pgqueue_job
