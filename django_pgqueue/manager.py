@@ -81,7 +81,8 @@ def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str
     cls = type(exc)
     return {
         "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "traceback": "".join(traceback.format_exception(exc)),
+        # A NUL or lone surrogate in a message would make jsonb refuse the whole write.
+        "traceback": validation.storable_text("".join(traceback.format_exception(exc))),
         "worker_id": worker_id,
         "attempt": attempt,
     }
@@ -270,7 +271,7 @@ class JobManager(models.Manager["Job"]):
                     "id": job.id,
                     "worker_id": worker_id,
                     "attempt": job.attempts,
-                    "result": json.dumps(result, allow_nan=False),
+                    "result": validation.result_json(result),
                     "now": now,
                 },
             )

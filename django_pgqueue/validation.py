@@ -91,6 +91,27 @@ def idempotency_key(value: Any) -> str | None:
     return value
 
 
+def _check_unicode(text: str, path: str) -> None:
+    """Refuse lone surrogates: json writes them as ``\\udXXX`` escapes, which jsonb
+    rejects with a DataError (aborting the caller's transaction) instead of a clear error."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidJob(
+                f"{path} contains a lone surrogate {text[exc.start]!r}: not valid Unicode"
+            ) from None
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what jsonb cannot store (NUL, lone surrogates) backslash-escaped.
+    For text we must keep whatever it holds, such as an error's traceback."""
+    text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _check_json(value: Any, where: str) -> None:
     """Walk a payload: only JSON types, str keys, finite floats, no NUL characters
     (PostgreSQL's jsonb rejects \\u0000; the stdlib would write NaN as bare ``NaN``)."""
@@ -105,6 +126,7 @@ def _check_json(value: Any, where: str) -> None:
         elif isinstance(item, str):
             if "\x00" in item:
                 raise InvalidJob(f"{path} contains a NUL character (\\u0000)")
+            _check_unicode(item, path)
         elif isinstance(item, list | tuple):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
         elif isinstance(item, dict):
@@ -113,6 +135,7 @@ def _check_json(value: Any, where: str) -> None:
                     raise InvalidJob(f"{path} has a non-string key {key!r}: JSON keys are strings")
                 if "\x00" in key:
                     raise InvalidJob(f"{path} has a key with a NUL character")
+                _check_unicode(key, f"{path} key {key!r}")
                 stack.append((v, f"{path}[{key!r}]"))
         else:
             raise InvalidJob(f"{path} is a {type(item).__name__}, which is not JSON-serialisable")
@@ -164,7 +187,8 @@ def _to_json(value: list[Any] | dict[str, Any], where: str) -> str:
         text = _FAST_ENCODE(value)
     except (TypeError, ValueError, RecursionError):
         text = None
-    if text is not None and "\\u0000" not in text:
+    # Lone surrogates are written as \\udXXX escapes: walk those too (pairs pass the walk).
+    if text is not None and "\\u0000" not in text and "\\ud" not in text:
         braces = text.count("{")
         if braces == 0 or (
             braces == 1 and isinstance(value, dict) and all(type(k) is str for k in value)
@@ -172,6 +196,17 @@ def _to_json(value: list[Any] | dict[str, Any], where: str) -> str:
             return text
     _check_json(value, where)
     return _ENCODE(value)
+
+
+def result_json(value: Any) -> str:
+    """JSON text of a task's return value (already ``normalize_json``-ed: keys become
+    strings as ``json`` makes them). Raises ``ValueError`` (``InvalidJob`` for NUL and
+    lone surrogates) if jsonb could not store it, so the worker fails the job with that
+    reason instead of its completion hitting a DataError."""
+    text = _ENCODE(value)
+    if "\\u0000" in text or "\\ud" in text:
+        _check_json(json.loads(text), "return value")
+    return text
 
 
 def payload(args: Any, kwargs: Any, *, max_bytes: int) -> tuple[str, str]:

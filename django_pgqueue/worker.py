@@ -21,7 +21,6 @@ Each connection is labelled ``pgqueue <role> <worker id>`` in
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -38,6 +37,7 @@ from django.tasks import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
+from . import validation
 from .backend import load_task, to_task_result
 from .conf import settings
 from .exceptions import LeaseLost, PgQueueError, TaskNotFound
@@ -406,7 +406,7 @@ class Worker:
         else:
             value = task.call(*job.args, **job.kwargs)
         value = normalize_json(value)
-        json.dumps(value, allow_nan=False)  # a bad return value fails the job here
+        validation.result_json(value)  # a bad return value fails the job here
         return value
 
     def _run(self, job: Job, task: Task, *, transactional: bool) -> None:
