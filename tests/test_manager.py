@@ -207,6 +207,11 @@ BAD_INPUTS = {
     "args_infinity": ({"args": [[float("inf")]]}, "args[0][0] is inf"),
     "args_negative_infinity": ({"args": [float("-inf")]}, "args[0] is -inf"),
     "args_nul": ({"args": ["a\x00b"]}, "args[0] contains a NUL character"),
+    "args_lone_surrogate": ({"args": ["a\ud800"]}, "args[0] contains a lone surrogate '\\ud800'"),
+    "kwargs_lone_surrogate_key": (
+        {"kwargs": {"\udfff": 1}},
+        "kwargs key '\\udfff' contains a lone surrogate",
+    ),
     "kwargs_not_dict": ({"kwargs": [1]}, "kwargs must be a dict, not list"),
     "kwargs_int_key": ({"kwargs": {1: "x"}}, "kwargs has a non-string key 1"),
     "kwargs_nested_key": ({"kwargs": {"a": {None: 1}}}, "kwargs['a'] has a non-string key None"),
@@ -258,6 +263,13 @@ def test_enqueue__rejects_payload_over_the_limit(job_factory, settings):
     with pytest.raises(InvalidJob, match=r"payload is 101 bytes, over the limit of 100"):
         job_factory(args=["x" * 40], kwargs={"y": "z" * 49})
     assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_enqueue__non_ascii_text_round_trips(job_factory):
+    text = "caf\u00e9 \U0001f600 \u65e5\u672c"  # accented, outside the BMP, CJK
+    job = job_factory(args=[text], kwargs={text: [text]})
+    assert (fresh(job).args, fresh(job).kwargs) == ([text], {text: [text]})
 
 
 @pytest.mark.django_db
@@ -539,6 +551,29 @@ def test_complete__rejects_a_non_json_result_without_writing(job_factory):
     assert fresh(job).status == "running"
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("a\x00b", "return value contains a NUL"), (["\ud800"], "lone surrogate")],
+    ids=["nul", "lone_surrogate"],
+)
+def test_complete__rejects_a_result_jsonb_cannot_store(job_factory, value, message):
+    """Refused as InvalidJob before the write, not as a DataError from the database."""
+    job_factory()
+    job = claim_one()
+    with pytest.raises(InvalidJob, match=message):
+        Job.objects.complete(job, "w1", result=value)
+    assert fresh(job).status == "running"
+
+
+@pytest.mark.django_db
+def test_complete__int_keys_become_strings_like_json(job_factory):
+    job_factory()
+    job = claim_one()
+    assert Job.objects.complete(job, "w1", result={1: "one"})
+    assert fresh(job).result == {"1": "one"}
+
+
 # --- fail: backoff, errors, dead-lettering --------------------------------------------
 
 
@@ -595,6 +630,14 @@ def test_fail__keeps_class_path_and_traceback(job_factory, now):
     assert error["traceback"].startswith("Traceback (most recent call last):")
     assert "ValueError: the reason" in error["traceback"]
     assert (error["worker_id"], error["attempt"]) == ("w1", 1)
+
+
+@pytest.mark.django_db
+def test_fail__message_with_nul_or_lone_surrogate_is_stored_escaped(job_factory, now):
+    job = job_factory()
+    assert fail_attempt(job.id, now, boom("bad \x00 and \udc80 here")) == "scheduled"
+    (error,) = fresh(job).errors
+    assert "ValueError: bad \\x00 and \\udc80 here" in error["traceback"]
 
 
 @pytest.mark.django_db

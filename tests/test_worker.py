@@ -93,6 +93,34 @@ def test_worker__non_json_return_value_fails_the_job(job_factory, run_worker):
     assert row.errors[0]["exception_class_path"] == "builtins.ValueError"
 
 
+@task()
+def returns_nul() -> str:
+    return "a\x00b"
+
+
+@task()
+def raises_with_nul() -> None:
+    raise ValueError("bad byte \x00 here")
+
+
+def test_worker__result_jsonb_cannot_store_fails_the_job_at_once(job_factory, run_worker):
+    """Not a database error retried for a whole lease: a failed attempt with the reason."""
+    job = job_factory(task=returns_nul, args=[], max_attempts=1)
+    worker = run_worker(lease_seconds=30, timeout=10)
+    row = fresh(job)
+    assert (row.status, worker.stats.failed) == ("dead", 1)
+    assert row.errors[0]["exception_class_path"] == "django_pgqueue.exceptions.InvalidJob"
+    assert "return value contains a NUL" in row.errors[0]["traceback"]
+
+
+def test_worker__error_message_with_nul_is_recorded(job_factory, run_worker):
+    job = job_factory(task=raises_with_nul, args=[], max_attempts=1)
+    worker = run_worker(lease_seconds=30, timeout=10)
+    row = fresh(job)
+    assert (row.status, worker.stats.failed) == ("dead", 1)
+    assert "ValueError: bad byte \\x00 here" in row.errors[0]["traceback"]
+
+
 def test_worker__max_jobs_stops_after_that_many(job_factory, run_worker):
     jobs = [job_factory() for _ in range(5)]
     worker = run_worker(burst=False, max_jobs=2)
