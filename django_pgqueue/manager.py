@@ -140,12 +140,14 @@ class JobManager(models.Manager["Job"]):
         wake-up. Everything is validated first; a bad value raises ``InvalidJob``
         naming it and writes nothing. With an ``idempotency_key`` that a live job in
         the same queue already holds, that job is returned and nothing is inserted.
-        ``queue`` and ``priority`` default to the Task's own (else "default" and 0).
+        ``queue``, ``priority`` and ``run_at`` default to the Task's own (its
+        ``queue_name``, ``priority`` and ``run_after``; else "default", 0 and now).
         """
         path = validation.task_path(task)
         if isinstance(task, Task):
             queue = task.queue_name if queue is None else queue
             priority = task.priority if priority is None else priority
+            run_at = task.run_after if run_at is None else run_at
         params = {
             "backend": backend,
             "task": path,
