@@ -90,6 +90,14 @@ def test_enqueue__takes_queue_and_priority_from_the_task(job_factory):
 
 
 @pytest.mark.django_db
+def test_enqueue__takes_run_after_from_the_task(job_factory, now):
+    job = job_factory(task=tasks.add.using(run_after=now + 60 * S), now=now)
+    assert (fresh(job).status, fresh(job).run_at) == ("scheduled", now + 60 * S)
+    override = job_factory(task=tasks.add.using(run_after=now + 60 * S), run_at=now, now=now)
+    assert (fresh(override).status, fresh(override).run_at) == ("pending", now)
+
+
+@pytest.mark.django_db
 def test_enqueue__run_at_boundary_decides_scheduled_or_pending(job_factory, now):
     later = job_factory(run_at=now + S, now=now)
     due = job_factory(run_at=now, now=now)
