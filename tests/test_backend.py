@@ -187,7 +187,9 @@ def test_get_result__success_after_a_retry_counts_both_attempts(now):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("result_id", ["999999999", "not-a-number", "", None])
+@pytest.mark.parametrize(
+    "result_id", ["999999999", "99999999999999999999", "-1", "1.5", "not-a-number", "", None]
+)
 def test_get_result__unknown_id_does_not_exist(result_id):
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].get_result(result_id)

@@ -100,3 +100,14 @@ def test_process__sigkilled_workers_job_is_recovered_and_finished(job_factory, m
     assert [e["exception_class_path"] for e in row.errors] == [
         "django_pgqueue.exceptions.LeaseExpired"
     ]
+
+
+def test_process__sweep_loop_exits_0_on_sigterm(job_factory, manage):
+    job_factory(max_attempts=3)
+    (job,) = Job.objects.claim("gone", limit=1, lease_seconds=0.01)
+    sweeper = manage("pgqueue_sweep", "--loop", "--interval", "0.1")
+    # Its first pass recovers the expired lease: by then the loop (and its handlers) run.
+    wait_for(lambda: fresh(job).status == "pending", timeout=20)
+    wait_for(lambda: "sweep: recovered=1" in sweeper.output(), timeout=10)
+    sweeper.signal(signal.SIGTERM)
+    assert sweeper.wait(timeout=10) == 0, sweeper.output()
