@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -125,13 +128,15 @@ class _JsonTextDumper(Dumper):
 
 class _RowMaker:
     """Turns one job mapping into one row of COLUMNS, with ``enqueue()``'s defaults and
-    checks. Per-call state: the database clock and a cache of imported task paths."""
+    checks. Per-call state: the database clock, and the task paths, queue names and
+    backend aliases already checked (a million jobs usually share a handful)."""
 
     def __init__(self, now: dt.datetime) -> None:
         self.now = now
         self.max_attempts = validation.max_attempts(settings.MAX_ATTEMPTS)
         self.max_bytes = settings.MAX_PAYLOAD_BYTES
         self.task_paths: dict[str, str] = {}
+        self.names_ok: set[tuple[str, str]] = set()  # (queue, backend) pairs
 
     def __call__(self, job: Any) -> tuple[Any, ...]:
         if not isinstance(job, Mapping):
@@ -141,40 +146,62 @@ class _RowMaker:
         if not job.keys() <= JOB_KEYS:
             unknown = ", ".join(sorted(map(repr, job.keys() - JOB_KEYS)))
             raise InvalidJob(f"unknown key {unknown}: use {', '.join(sorted(JOB_KEYS))}")
-        task = job.get("task")
-        if task is None:
-            raise InvalidJob("task is required")
-        queue = job.get("queue")
-        priority = job.get("priority")
-        if isinstance(task, Task):
+        get = job.get
+        task = get("task")
+        queue = get("queue")
+        priority = get("priority")
+        if isinstance(task, str):
+            path = self.task_paths.get(task)
+            if path is None:
+                path = self.task_paths[task] = validation.task_path(task)
+        elif isinstance(task, Task):
             # As enqueue(): a Task object brings its own queue and priority defaults.
             path = task.module_path
             queue = task.queue_name if queue is None else queue
             priority = task.priority if priority is None else priority
-        elif isinstance(task, str):
-            path = self.task_paths.get(task) or self.task_paths.setdefault(
-                task, validation.task_path(task)
-            )
+        elif task is None:
+            raise InvalidJob("task is required")
         else:
             path = validation.task_path(task)  # raises the enqueue() message
-        max_attempts = job.get("max_attempts")
-        run_at = validation.run_at(job.get("run_at"))
+        if queue is None:
+            queue = "default"
+        backend = get("backend", "default")
+        if (queue, backend) not in self.names_ok:
+            validation.queue_name(queue)
+            _backend(backend)
+            if len(self.names_ok) < 1000:
+                self.names_ok.add((queue, backend))
+        priority = 0 if priority is None else validation.priority(priority)
+        run_at = get("run_at")
+        if run_at is None:
+            run_at, status = self.now, "pending"
+        else:
+            run_at = validation.run_at(run_at)
+            status = "scheduled" if run_at > self.now else "pending"
+        max_attempts = get("max_attempts")
+        if max_attempts is None:
+            max_attempts = self.max_attempts
+        else:
+            validation.max_attempts(max_attempts)
+        key = get("idempotency_key")
+        if key is not None:
+            validation.idempotency_key(key)
         args_json, kwargs_json = validation.payload(
-            job.get("args", ()), job.get("kwargs"), max_bytes=self.max_bytes
+            get("args", ()), get("kwargs"), max_bytes=self.max_bytes
         )
         return (
-            _backend(job.get("backend", "default")),
-            validation.queue_name("default" if queue is None else queue),
+            backend,
+            queue,
             path,
             args_json,
             kwargs_json,
-            validation.priority(0 if priority is None else priority),
-            "scheduled" if run_at is not None and run_at > self.now else "pending",
-            self.max_attempts if max_attempts is None else validation.max_attempts(max_attempts),
-            self.now if run_at is None else run_at,
+            priority,
+            status,
+            max_attempts,
+            run_at,
             self.now,
             _ERRORS_EMPTY,
-            validation.idempotency_key(job.get("idempotency_key")),
+            key,
         )
 
 
@@ -211,19 +238,29 @@ def bulk_enqueue(
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         make_row = _RowMaker(cursor.fetchone()[0])
         cursor.cursor.adapters.register_dumper(None, _JsonTextDumper)
-        for first, rows in _validated_batches(jobs, make_row, batch_size):
-            try:
-                with connection.wrap_database_errors:
-                    if any(row[-1] is not None for row in rows):
+        background = _BackgroundCopy(connection)
+        try:
+            for first, rows in _validated_batches(jobs, make_row, batch_size):
+                queues.update(row[1] for row in rows)
+                if any(row[-1] is not None for row in rows):
+                    created += background.wait()
+                    with _writing(connection, first, len(rows)):
                         inserted = _insert_dedupe(cursor, rows, make_row.now)
-                    else:
-                        inserted = _copy(cursor, rows)
-            except DatabaseError as exc:
-                exc.add_note(f"while writing jobs #{first}..#{first + len(rows) - 1}")
-                raise
-            created += inserted
-            skipped += len(rows) - inserted
-            queues.update(row[1] for row in rows)
+                    created += inserted
+                    skipped += len(rows) - inserted
+                elif len(rows) == batch_size:  # more may follow: overlap with them
+                    created += background.submit(first, rows)
+                else:  # the last, short batch: nothing left to overlap with
+                    created += background.wait()
+                    with _writing(connection, first, len(rows)):
+                        created += _copy(cursor, rows)
+            created += background.wait()
+        except BaseException as exc:
+            also = background.close()
+            if also is not None:
+                exc.add_note(f"writing an earlier batch failed too: {also!r}")
+            raise
+        background.close()
         if created:
             # One statement per call, whatever the number of rows or queues.
             cursor.execute(
@@ -260,17 +297,91 @@ def _validated_batches(
         yield first, rows
 
 
-def _copy(cursor: Any, rows: Sequence[tuple[Any, ...]]) -> int:
-    """COPY one batch; return the row count the server reports."""
-    with cursor.copy(sql.JOB_BULK_COPY) as copy:
-        copy.set_types(COPY_TYPES)
-        for row in rows:
-            copy.write_row(row)
+def _copy(
+    cursor: Any, rows: Sequence[tuple[Any, ...]], started: threading.Event | None = None
+) -> int:
+    """COPY one batch; return the row count the server reports. ``started`` is set
+    once the COPY holds the connection's lock (or has failed to start)."""
+    try:
+        with cursor.copy(sql.JOB_BULK_COPY) as copy:
+            if started is not None:
+                started.set()
+            copy.set_types(COPY_TYPES)
+            for row in rows:
+                copy.write_row(row)
+    finally:
+        if started is not None:
+            started.set()
     # Leaving the block sent the end of data and checked the final result; the server's
     # count is compared too, so a short write can never pass silently.
     if cursor.rowcount != len(rows):
         raise DatabaseError(f"COPY stored {cursor.rowcount} of {len(rows)} jobs")
     return len(rows)
+
+
+@contextmanager
+def _writing(connection: Any, first: int, count: int) -> Iterator[None]:
+    """Raise database errors as Django's, noting which jobs were being written."""
+    try:
+        with connection.wrap_database_errors:
+            yield
+    except DatabaseError as exc:
+        exc.add_note(f"while writing jobs #{first}..#{first + count - 1}")
+        raise
+
+
+class _BackgroundCopy:
+    """COPYs full batches on a helper thread while the caller's thread validates the
+    next one, so the server stores batch k while Python checks batch k+1.
+
+    At most one batch is in flight, so memory stays at two batches. A job iterable that
+    queries the same database (``queryset.iterator()``) stays safe: psycopg holds the
+    connection's lock from the start of a COPY to its end, so such a query waits for
+    the COPY instead of interleaving with it; and ``submit`` returns only once the COPY
+    holds that lock, so later queries see the batch. Django's connection object is not
+    touched from the helper thread, only the psycopg connection under it.
+    """
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.pool: ThreadPoolExecutor | None = None
+        self.cursor: Any = None
+        self.pending: tuple[int, int, Future[int]] | None = None
+
+    def submit(self, first: int, rows: list[tuple[Any, ...]]) -> int:
+        """Start writing ``rows``; return what the previous batch stored."""
+        created = self.wait()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgqueue-bulk")
+            self.cursor = self.connection.connection.cursor()
+            self.cursor.adapters.register_dumper(None, _JsonTextDumper)
+        started = threading.Event()
+        future = self.pool.submit(_copy, self.cursor, rows, started)
+        self.pending = (first, len(rows), future)
+        started.wait()
+        return created
+
+    def wait(self) -> int:
+        """Rows the batch in flight stored (0 if none); raise its error, noted."""
+        if self.pending is None:
+            return 0
+        first, count, future = self.pending
+        self.pending = None
+        with _writing(self.connection, first, count):
+            return future.result()
+
+    def close(self) -> BaseException | None:
+        """Wait for the batch in flight and stop the thread; return (not raise) the
+        error of that batch, for a caller that is already raising another one."""
+        error = None
+        if self.pending is not None:
+            error = self.pending[2].exception()
+            self.pending = None
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.cursor.close()
+            self.pool = None
+        return error
 
 
 def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
@@ -297,6 +408,7 @@ def enqueue_many(
     from django.tasks.exceptions import InvalidTask
 
     from .backend import PgQueueBackend
+    from .tasks import task_option
 
     backend = task.get_backend()
     if not isinstance(backend, PgQueueBackend):
@@ -310,7 +422,8 @@ def enqueue_many(
         "queue": task.queue_name,
         "priority": task.priority,
         "run_at": task.run_after,
-        "max_attempts": backend.options.get("MAX_ATTEMPTS"),
+        # As PgQueueBackend.enqueue(): the task's own limit, else the backend's option.
+        "max_attempts": task_option(task, "max_attempts") or backend.options.get("MAX_ATTEMPTS"),
         "backend": backend.alias,
     }
 
