@@ -336,6 +336,16 @@ class Worker:
                         self._release(job)
                     else:
                         self._execute(job)
+                except Exception:
+                    # A bug or an unexpected error of ours must not cost the slot: the
+                    # job is dropped from the heartbeat, so its lease expires and the
+                    # sweeper hands it out again.
+                    logger.exception(
+                        "job %s: internal error in the worker; its lease will expire",
+                        job.id,
+                        extra={"action": "error", "job_id": job.id, "worker_id": self.worker_id},
+                    )
+                    close_connection(self.alias)
                 finally:
                     with self._lock:
                         self._held.pop(job.id, None)
@@ -415,6 +425,7 @@ class Worker:
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
         task_started.send(type(self), task_result=task_result)
         started = time.perf_counter()
+        completed_in_tx = False
         try:
             self._configure_session("runner")
             if transactional:
@@ -429,6 +440,7 @@ class Worker:
                             f"job {job.id}: lease lost before completion; "
                             "the task's effects were rolled back"
                         )
+                    completed_in_tx = True
             else:
                 value = self._call(job, task, task_result)
                 wrapper = connections[self.alias]
@@ -447,8 +459,26 @@ class Worker:
                 extra={"action": "lease_lost", **log_extra},
             )
             return
-        except Exception as exc:  # noqa: BLE001 - any task error is recorded on the job
+        except BaseException as exc:
+            # BaseException too: a task's SystemExit or KeyboardInterrupt (or an
+            # asyncio.CancelledError) is its own failure; signals reach the main thread
+            # only. Swallowing nothing here would wedge the slot with the job held.
             elapsed = time.perf_counter() - started
+            if (
+                completed_in_tx
+                and not isinstance(exc, DatabaseError)
+                and not connections[self.alias].in_atomic_block
+            ):
+                # Committed: only an on_commit callback raised after the commit.
+                self.stats.done += 1
+                logger.error(
+                    "job %s %s done (transactional), but an on_commit callback raised",
+                    job.id,
+                    job.task,
+                    exc_info=exc,
+                    extra={"action": "done", **log_extra},
+                )
+                return
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             status = self._record(job, "fail", error=exc)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from django_pgqueue import sql
 from django_pgqueue.models import Job
 from django_pgqueue.tasks import PgQueueTask, current_job
 from django_pgqueue.worker import Worker
@@ -143,6 +144,57 @@ def test_transactional__failure_rolls_back_effect(monkeypatch: pytest.MonkeyPatc
     assert ledger(failed.id) == []
 
 
+def test_transactional__child_jobs_roll_back_with_the_failure() -> None:
+    """C40: a transactional task that enqueues a child and then raises leaves neither
+    its effect nor the child (enqueue joins the task's transaction)."""
+    parent = Job.objects.enqueue("testproject.demo.fault_tasks.enqueue_child_then_raise")
+    Worker(burst=True, worker_id="w-child").run()
+    assert job(parent.id).status == "scheduled"
+    assert Job.objects.count() == 1
+    assert ledger(parent.id) == []
+
+
+def test_transactional__on_commit_error_after_commit_keeps_job_done() -> None:
+    """C36: an on_commit callback that raises after the commit does not turn a
+    committed job into a failure, and the worker carries on."""
+    enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.on_commit_raises")
+    after = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [2])
+    stats = Worker(burst=True, worker_id="w-oncommit").run()
+    assert (job(enqueued.id).status, job(enqueued.id).errors) == ("done", [])
+    assert ledger(enqueued.id) == [("tx", 1)]
+    assert job(after.id).status == "done"
+    assert stats.done == 2
+
+
+def test_worker__task_raising_system_exit_fails_and_worker_carries_on() -> None:
+    """C32: a BaseException from a task is that job's failure; the runner survives."""
+    exiting = Job.objects.enqueue("testproject.demo.fault_tasks.system_exit")
+    after = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [3])
+    Worker(burst=True, worker_id="w-exit", concurrency=1).run()
+    failed = job(exiting.id)
+    assert failed.status == "scheduled"
+    assert failed.errors[-1]["exception_class_path"] == "builtins.SystemExit"
+    assert job(after.id).status == "done"
+
+
+def test_worker__row_naming_a_non_task_callable_is_dead_without_calling_it() -> None:
+    """C88: a row written behind the API's back, naming ``os.system``, is dead-lettered
+    as an unknown task; nothing is called."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,"
+            " attempts, max_attempts, errors) VALUES ('default', 'default', 'os.system',"
+            " '[\"touch /tmp/pgqueue-pwned\"]', '{}', 0, 'pending', 0, 5, '[]')"
+            " RETURNING id"
+        )
+        (job_id,) = cursor.fetchone()
+    Worker(burst=True, worker_id="w-rce").run()
+    dead = job(job_id)
+    assert (dead.status, dead.attempts) == ("dead", 1)
+    assert dead.errors[-1]["exception_class_path"].endswith("TaskNotFound")
+    assert "not a django.tasks.Task" in dead.errors[-1]["traceback"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "ledger_after"),
@@ -243,6 +295,82 @@ def test_heartbeat__thread_death_stops_worker(monkeypatch: pytest.MonkeyPatch) -
     runner.start()
     assert done.wait(10)
     assert worker.fatal == "the heartbeat thread died"
+
+
+# --- sweeper versus completion (River #1302, Solid Queue #589) ------------------------
+
+
+def expired_claim(worker_id: str) -> Job:
+    """A job claimed by ``worker_id`` whose lease already ran out (database clock)."""
+    enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp() - interval '1 hour'")
+        (an_hour_ago,) = cursor.fetchone()
+    (claimed,) = Job.objects.claim(worker_id, limit=1, lease_seconds=1, now=an_hour_ago)
+    assert claimed.id == enqueued.id
+    return claimed
+
+
+@pytest.mark.concurrency
+def test_sweep__skips_a_job_whose_completion_is_committing(
+    other_connection: Callable[..., Any],
+) -> None:
+    """C7: the worker's completion holds the row (its transaction not yet committed)
+    when the sweeper runs: the sweeper skips it without waiting, the completion
+    commits, and the job stays done with no rescue recorded."""
+    claimed = expired_claim("w1")
+    completing = other_connection()
+    completing.execute(
+        sql.JOB_COMPLETE,
+        {"id": claimed.id, "worker_id": "w1", "attempt": 1, "result": "1", "now": None},
+    )  # inside an open transaction: the row is locked, not yet done
+    assert Job.objects.sweep().recovered == 0  # SKIP LOCKED: no wait, no rescue
+    completing.commit()
+    assert Job.objects.sweep().recovered == 0
+    done = job(claimed.id)
+    assert (done.status, done.errors, done.attempts) == ("done", [], 1)
+
+
+@pytest.mark.concurrency
+def test_complete__waiting_behind_a_rescue_becomes_a_no_op(
+    other_connection: Callable[..., Any],
+) -> None:
+    """C3/C8: the sweeper's rescue holds the row when the late worker completes: the
+    completion waits, then re-checks its fence against the committed rescue and
+    changes nothing (False), instead of overwriting the pending job."""
+    claimed = expired_claim("w1")
+    rescuing = other_connection()
+    rows = rescuing.execute(
+        sql.JOB_RESCUE_EXPIRED, {"now": None, "batch_size": 10, "keep_errors": 10}
+    ).fetchall()
+    assert rows == [(claimed.id, "pending")]  # uncommitted: the row stays locked
+    outcome: list[bool] = []
+
+    def late_complete() -> None:
+        try:
+            outcome.append(Job.objects.complete(claimed, "w1", result=1))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=late_complete)
+    thread.start()
+    wait_for(lambda: blocked_on_lock())
+    assert not outcome  # still waiting for the rescue's lock
+    rescuing.commit()
+    thread.join(10)
+    assert outcome == [False]
+    rescued = job(claimed.id)
+    assert (rescued.status, rescued.lease_owner, rescued.attempts) == ("pending", None, 1)
+    assert rescued.errors[-1]["exception_class_path"].endswith("LeaseExpired")
+
+
+def blocked_on_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0
 
 
 # --- poison pills -------------------------------------------------------------------

@@ -80,3 +80,28 @@ def leak_transaction() -> None:
     """Opens an atomic block and never closes it."""
     transaction.atomic().__enter__()
     record("plain")
+
+
+@task()
+def system_exit() -> None:
+    """Raises SystemExit (a BaseException) from inside a task."""
+    raise SystemExit("task called sys.exit()")
+
+
+@task(transactional=True)
+def on_commit_raises() -> None:
+    """Commits its effect, then an on_commit callback raises."""
+    record("tx")
+
+    def boom() -> None:
+        raise RuntimeError("on_commit callback failed")
+
+    transaction.on_commit(boom)
+
+
+@task(transactional=True)
+def enqueue_child_then_raise() -> None:
+    """Writes an effect and enqueues a child job, then fails: both must roll back."""
+    record("tx")
+    ledger_plain.enqueue(n=-1)
+    raise RuntimeError("parent failed after enqueueing a child")
