@@ -17,6 +17,7 @@ from django.test import override_settings
 from django_pgqueue import BulkResult, InvalidJob, enqueue_many, sql
 from django_pgqueue.conf import settings
 from django_pgqueue.models import Job
+from testproject.demo import fault_tasks
 from testproject.demo import tasks as demo
 
 ADD = "testproject.demo.tasks.add"
@@ -234,11 +235,9 @@ def test_bulk_enqueue__error_names_the_job_and_the_reason(job, reason):
     assert not Job.objects.exists()
 
 
-@pytest.mark.django_db
-@pytest.mark.parametrize("keyed", [False, True], ids=["copy", "insert"])
-def test_bulk_enqueue__database_error_mid_batch_surfaces_and_rolls_back(job_factory, keyed):
-    """An error the server raises while storing row 17 is raised, not swallowed."""
-    existing = job_factory()
+def refuse_kwargs_boom() -> None:
+    """Make the server refuse any inserted job whose kwargs hold "boom" (a trigger,
+    dropped with the test's transaction)."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -251,6 +250,14 @@ def test_bulk_enqueue__database_error_mid_batch_surfaces_and_rolls_back(job_fact
                 FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse_boom();
             """
         )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("keyed", [False, True], ids=["copy", "insert"])
+def test_bulk_enqueue__database_error_mid_batch_surfaces_and_rolls_back(job_factory, keyed):
+    """An error the server raises while storing row 17 is raised, not swallowed."""
+    existing = job_factory()
+    refuse_kwargs_boom()
     jobs = (
         {
             "task": ADD,
@@ -264,6 +271,22 @@ def test_bulk_enqueue__database_error_mid_batch_surfaces_and_rolls_back(job_fact
         Job.objects.bulk_enqueue(jobs, batch_size=10)
     assert "while writing jobs #10..#19" in info.value.__notes__
     assert list(Job.objects.values_list("id", flat=True)) == [existing.id]
+
+
+@pytest.mark.django_db
+def test_bulk_enqueue__both_errors_are_reported_when_a_bad_job_follows_a_failed_copy():
+    """Batch 0..9 is being COPYed (and refused) while job #12 fails validation."""
+    refuse_kwargs_boom()
+    jobs = [
+        {"task": ADD, "args": [i, 0], "kwargs": {"boom": 1} if i == 3 else {}} for i in range(12)
+    ]
+    jobs.append({"task": ADD, "priority": 101})
+    with pytest.raises(InvalidJob, match=r"^job #12: priority 101") as info:
+        Job.objects.bulk_enqueue(jobs, batch_size=10)
+    (note,) = info.value.__notes__
+    assert note.startswith("writing an earlier batch failed too:")
+    assert "refused job [3, 0]" in note
+    assert not Job.objects.exists()
 
 
 @pytest.mark.django_db
@@ -381,6 +404,12 @@ def test_enqueue_many__uses_the_backend_alias_and_its_options():
             enqueue_many(demo.add.using(backend="other"), [((1, 2), {})])
     job = Job.objects.get()
     assert (job.backend, job.queue, job.max_attempts) == ("other", "only", 2)
+
+
+@pytest.mark.django_db
+def test_enqueue_many__uses_the_tasks_own_max_attempts():
+    assert enqueue_many(fault_tasks.poison, [((), {})] * 3) == 3
+    assert set(Job.objects.values_list("max_attempts", flat=True)) == {3}
 
 
 @pytest.mark.django_db
