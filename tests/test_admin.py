@@ -289,29 +289,33 @@ def test_requeue_dead__skips_a_key_held_by_a_live_job_and_duplicates_in_selectio
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+def test_requeue_dead__wakes_workers_once_per_queue(dead_factory, other_connection):
+    jobs = [dead_factory(queue="mail"), dead_factory(queue="mail"), dead_factory(queue="sms")]
+    listener = other_connection(autocommit=True)
+    listener.execute("LISTEN " + settings.NOTIFY_CHANNEL)
+    assert Job.objects.requeue_dead([j.pk for j in jobs]) == sorted(j.pk for j in jobs)
+    payloads = sorted(n.payload for n in listener.notifies(timeout=5, stop_after=2))
+    assert payloads == ["mail", "sms"]  # PostgreSQL folds the duplicate "mail"
+    assert list(listener.notifies(timeout=0.2)) == []
+
+
 @pytest.mark.django_db
-def test_requeue_dead__wakes_workers_for_each_queue(
-    dead_factory, django_capture_on_commit_callbacks
-):
-    a, b = dead_factory(queue="mail"), dead_factory(queue="mail")
-    with connection.cursor() as cursor:
-        cursor.execute("LISTEN " + settings.NOTIFY_CHANNEL)
-    # NOTIFY is delivered at commit; inside the test transaction check RETURNING instead.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql.JOB_REQUEUE_DEAD,
-            {
-                "ids": [a.pk, b.pk],
-                "queue": None,
-                "priority": None,
-                "now": None,
-                "channel": settings.NOTIFY_CHANNEL,
-            },
-        )
-        rows = cursor.fetchall()
-    assert sorted(row[0] for row in rows) == [a.pk, b.pk]
-    assert {row[1] for row in rows} == {"mail"}
-    assert len(rows[0]) == 3  # id, queue, and the pg_notify() call
+def test_requeue_action__select_all_takes_the_filtered_list(admin_client, dead_factory):
+    mail = [dead_factory(queue="mail"), dead_factory(queue="mail")]
+    other = dead_factory(queue="sms")
+    response = admin_client.post(
+        reverse(DEAD_LIST) + "?queue=mail",
+        {
+            "action": "requeue",
+            "_selected_action": [str(mail[0].pk)],  # the page's boxes; "select all" wins
+            "select_across": "1",
+            "index": "0",
+        },
+    )
+    assert texts(response)[0].startswith("Requeued 2 dead letters")
+    assert status_of(*mail, other) == ["pending", "pending", "dead"]
 
 
 @pytest.mark.django_db(transaction=True)
