@@ -315,6 +315,23 @@ class JobAdmin(ReadOnlyJobAdmin):
     )
     list_filter = ("status", QueueFilter, TaskFilter, ("created_at", admin.DateFieldListFilter))
     actions = None
+    readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
+    fieldsets = tuple(
+        (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
+        for name, opts in ReadOnlyJobAdmin.fieldsets
+    )
+
+    @admin.display(description="status")
+    def status_display(self, obj: Job) -> str:
+        """A dead job's status links to its dead-letter page, where it can be requeued."""
+        if obj.status != Job.Status.DEAD:
+            return obj.get_status_display()
+        url = reverse(
+            "admin:django_pgqueue_deadletter_change",
+            args=[obj.pk],
+            current_app=self.admin_site.name,
+        )
+        return format_html('{} (<a href="{}">requeue or discard it</a>)', "Dead", url)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Dead letters are discarded from their own page; other jobs are not deleted

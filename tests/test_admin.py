@@ -660,3 +660,5 @@ def test_dead_letter_admin__proxy_and_json_details(admin_client, dead_factory):
         reverse("admin:django_pgqueue_job_change", args=[job.pk])
     ).content.decode()
     assert escape(json.dumps({"to": "ann@example.com"}, indent=2)) in content
+    dead_letter_page = reverse("admin:django_pgqueue_deadletter_change", args=[job.pk])
+    assert f'Dead (<a href="{dead_letter_page}">requeue or discard it</a>)' in content
