@@ -11,6 +11,7 @@ from django.db import connection
 from django_pgqueue.models import Job
 from testproject.demo import tasks
 from tests.conftest import wait_for
+from tests.tasks import sleep_after_marking
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -47,11 +48,15 @@ def test_process__worker_runs_jobs_and_exits_0_on_sigterm(job_factory, manage):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_process__signal_lets_the_running_job_finish_then_exits_0(job_factory, manage, sig):
-    slow = job_factory(task=tasks.slow, args=[1.5], priority=10)
+def test_process__signal_lets_the_running_job_finish_then_exits_0(
+    job_factory, manage, tmp_path, sig
+):
+    marker = tmp_path / "started"
+    slow = job_factory(task=sleep_after_marking, args=[str(marker), 1.5], priority=10)
     waiting = job_factory()  # lower priority: still queued when the signal comes
     worker = manage(*WORKER, "--concurrency", "1")
-    wait_for(lambda: fresh(slow).status == "running", timeout=20)
+    # The task body is running (a claimed job not yet started would be released).
+    wait_for(marker.exists, timeout=20)
     worker.signal(sig)
     assert worker.wait(timeout=20) == 0, worker.output()
     row = fresh(slow)
@@ -60,10 +65,11 @@ def test_process__signal_lets_the_running_job_finish_then_exits_0(job_factory, m
     assert f"{signal.Signals(sig).name} received" in worker.output()
 
 
-def test_process__second_signal_aborts_at_once(job_factory, manage):
-    slow = job_factory(task=tasks.slow, args=[30])
+def test_process__second_signal_aborts_at_once(job_factory, manage, tmp_path):
+    marker = tmp_path / "started"
+    slow = job_factory(task=sleep_after_marking, args=[str(marker), 30])
     worker = manage(*WORKER)
-    wait_for(lambda: fresh(slow).status == "running", timeout=20)
+    wait_for(marker.exists, timeout=20)
     worker.signal(signal.SIGTERM)
     wait_for(lambda: "SIGTERM received" in worker.output(), timeout=10)
     worker.signal(signal.SIGTERM)
