@@ -12,6 +12,7 @@ from django_pgqueue.models import Job
 from django_pgqueue.worker import Worker
 from testproject.demo import tasks
 from tests.conftest import wait_for
+from tests.tasks import sleep_after_marking
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,14 +168,15 @@ def test_worker__heartbeat_keeps_a_long_job_leased(job_factory):
     assert worker.stats.lost == 0
 
 
-def test_worker__stop_lets_the_running_job_finish(job_factory):
-    job = job_factory(task=tasks.slow, args=[0.5])
+def test_worker__stop_lets_the_running_job_finish(job_factory, tmp_path):
+    marker = tmp_path / "started"
+    job = job_factory(task=sleep_after_marking, args=[str(marker), 0.5])
     waiting = job_factory()
     worker = Worker(poll_interval=0.1, lease_seconds=30)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        wait_for(lambda: fresh(job).status == "running", timeout=10)
+        wait_for(marker.exists, timeout=10)  # the task body runs, not just claimed
         worker.stop()
         thread.join(10)
         assert not thread.is_alive()
