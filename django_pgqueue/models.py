@@ -85,6 +85,14 @@ class Job(models.Model):
                 name="pgqueue_job_scheduled_idx",
                 condition=Q(status="scheduled"),
             ),
+            # The dead-letter admin list (status = 'dead' ORDER BY id DESC): without it,
+            # a few dead letters among millions of jobs cost a full scan per page.
+            # Built CONCURRENTLY in its own migration (0003).
+            models.Index(
+                fields=["id"],
+                name="pgqueue_job_dead_idx",
+                condition=Q(status="dead"),
+            ),
             # Pruning of finished jobs past retention.
             models.Index(
                 fields=["finished_at"],
