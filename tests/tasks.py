@@ -15,3 +15,9 @@ def sleep_after_marking(marker: str, seconds: float) -> float:
     Path(marker).write_text("started")
     time.sleep(seconds)
     return seconds
+
+
+@task()
+async def async_add(a: int, b: int) -> int:
+    """A coroutine task: the backend says supports_async_task."""
+    return a + b

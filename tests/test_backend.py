@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.core.management import call_command
-from django.db import connections
+from django.db import connections, transaction
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
@@ -18,6 +20,7 @@ from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
 from testproject.demo import tasks
 from testproject.demo.models import Delivery
+from tests.tasks import async_add
 
 S = dt.timedelta(seconds=1)
 BACKEND = "django_pgqueue.backend.PgQueueBackend"
@@ -268,3 +271,28 @@ def test_backend__demo_context_task_records_one_delivery_per_job(run_worker):
         assert result.return_value == int(result.id)
     deliveries = dict(Delivery.objects.values_list("job_id", "recipient"))
     assert deliveries == {int(first.id): "ada@example.com", int(second.id): "bob@example.com"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_backend__async_task_and_async_api(run_worker):
+    try:
+        result = asyncio.run(async_add.aenqueue(2, 3))
+        assert fresh(result.id).task == "tests.tasks.async_add"
+        run_worker()
+        got = asyncio.run(async_add.aget_result(result.id))
+        assert got.status == TaskResultStatus.SUCCESSFUL
+        assert got.return_value == 5
+        asyncio.run(result.arefresh())
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    finally:
+        # The async API ran in asgiref's sync thread: close that thread's connection.
+        asyncio.run(sync_to_async(connections.close_all)())
+
+
+@pytest.mark.django_db
+def test_backend__enqueue_joins_the_callers_transaction():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        result = tasks.add.enqueue(1, 2)
+        assert Job.objects.filter(pk=result.id).exists()
+        raise RuntimeError
+    assert Job.objects.count() == 0
