@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import connections, transaction
 from django.tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
 from django.tasks.exceptions import TaskResultDoesNotExist
@@ -296,3 +298,22 @@ def test_backend__enqueue_joins_the_callers_transaction():
         assert Job.objects.filter(pk=result.id).exists()
         raise RuntimeError
     assert Job.objects.count() == 0
+
+
+# --- the app's settings checks (checks.py) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "check_id"),
+    [
+        ("PGQUEUE_LEASE_SECONDS", 0, "pgqueue.E010"),
+        ("PGQUEUE_LEASE_SECONDS", "300", "pgqueue.E010"),
+        ("PGQUEUE_MAX_ATTEMPTS", 0, "pgqueue.E011"),
+        ("PGQUEUE_MAX_ATTEMPTS", True, "pgqueue.E011"),
+        ("PGQUEUE_JOB_TIMEOUT_SECONDS", 1, "pgqueue.W001"),
+    ],
+)
+def test_checks__bad_settings_are_reported(settings, setting, value, check_id):
+    setattr(settings, setting, value)
+    with pytest.raises(SystemCheckError, match=re.escape(f"({check_id})")):
+        call_command("check", "--fail-level", "WARNING")
