@@ -19,6 +19,7 @@ from django_pgqueue import sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
 from testproject.demo import tasks
+from tests.conftest import wait_for
 
 S = dt.timedelta(seconds=1)
 
@@ -187,6 +188,63 @@ def test_enqueue__idempotency_key_is_free_again_once_the_job_is_dead(job_factory
     first = job_factory(idempotency_key="k", max_attempts=1)
     assert Job.objects.fail(claim_one(), "w1", boom()) == "dead"
     assert job_factory(idempotency_key="k").id != first.id
+
+
+def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
+    """JOB_ENQUEUE on a raw connection (its transaction left open); returns the id."""
+    params = {
+        "backend": "default",
+        "task": "testproject.demo.tasks.add",
+        "queue": "default",
+        "priority": 0,
+        "run_at": None,
+        "max_attempts": 5,
+        "idempotency_key": key,
+        "channel": "pgqueue_job",
+        "now": None,
+        "args": "[1, 2]",
+        "kwargs": "{}",
+    }
+    cursor = psycopg.ClientCursor(conn)
+    cursor.execute(sql.JOB_ENQUEUE, params)
+    return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_enqueue__racing_the_same_idempotency_key(other_connection, outcome):
+    """A second enqueue waits for the first one's transaction: after its commit it
+    returns that job; after its rollback it inserts its own."""
+    first = other_connection()
+    first_id = enqueue_key_on(first, "race")
+    got: list[Job] = []
+
+    def second() -> None:
+        try:
+            got.append(Job.objects.enqueue(tasks.add, [1, 2], idempotency_key="race"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    watcher = other_connection(autocommit=True)
+    wait_for(
+        lambda: watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO pgqueue_job%'"
+        ).fetchone()[0],
+        timeout=10,
+    )
+    getattr(first, outcome)()
+    thread.join(10)
+    (job,) = got
+    assert Job.objects.count() == 1
+    if outcome == "commit":
+        assert job.id == first_id
+    else:
+        assert job.id != first_id
+        assert Job.objects.get().id == job.id
 
 
 # --- enqueue validation: every bad input is rejected before any query ------------------
