@@ -675,12 +675,17 @@ class Worker:
                     )
                     failures = 0
                     self._wakeup.set()  # poll at once: a NOTIFY may have been missed
+                    checked = time.monotonic()
                     while not self._done.is_set():
-                        for notify in conn.notifies(timeout=1.0):
+                        # Short waits so the thread (and its connection) ends soon after
+                        # shutdown; it would otherwise outlive run() by up to a wait.
+                        for notify in conn.notifies(timeout=0.25):
                             if self.queues is None or notify.payload in self.queues:
                                 self._wakeup.set()
-                        # An idle socket can die silently; a cheap query proves it alive.
-                        conn.execute("SELECT 1")
+                        if time.monotonic() - checked >= 2.0:
+                            # An idle socket can die silently; a cheap query proves it alive.
+                            conn.execute("SELECT 1")
+                            checked = time.monotonic()
             except psycopg.Error as exc:
                 failures += 1
                 logger.warning(
@@ -734,7 +739,8 @@ class Worker:
             )
         self._done.set()
         for thread in self._threads:
-            # The listener notices _done within a second on its own; nothing to wait for.
-            if thread not in unfinished and thread.name != "pgqueue-listener":
-                thread.join(5)
+            # The listener notices _done within a quarter second; wait that long so its
+            # connection is closed when run() returns (tests drop the database next).
+            if thread not in unfinished:
+                thread.join(1.0 if thread.name == "pgqueue-listener" else 5)
         close_connection(self.alias)
