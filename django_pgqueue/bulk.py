@@ -12,7 +12,9 @@ The order of preference is the seed's (section 2, "Batch writes"):
 
 Jobs are read from the iterable lazily, ``batch_size`` at a time: each batch is
 validated completely before its first byte is sent, then written, then dropped, so a
-generator of a million jobs is never held in memory.
+generator of a million jobs is never held in memory. A full batch is COPYed by a helper
+thread while the caller's thread validates the next one (see ``_BackgroundCopy``), so
+the server stores while Python checks.
 """
 
 from __future__ import annotations
@@ -166,11 +168,12 @@ class _RowMaker:
         if queue is None:
             queue = "default"
         backend = get("backend", "default")
-        if (queue, backend) not in self.names_ok:
-            validation.queue_name(queue)
+        names = (queue, backend)
+        if type(queue) is not str or type(backend) is not str or names not in self.names_ok:
+            validation.queue_name(queue)  # (checked before hashing: a list is no name)
             _backend(backend)
             if len(self.names_ok) < 1000:
-                self.names_ok.add((queue, backend))
+                self.names_ok.add(names)
         priority = 0 if priority is None else validation.priority(priority)
         run_at = get("run_at")
         if run_at is None:

@@ -218,6 +218,7 @@ def test_bulk_enqueue__bad_job_in_10000_leaves_the_table_unchanged(job_factory):
             "task 'testproject.demo.tasks.not_a_task' is a function",
         ),
         ({"task": ADD, "queue": "bad queue"}, "queue name 'bad queue' is invalid"),
+        ({"task": ADD, "queue": ["q"]}, "queue name ['q'] is invalid"),
         ({"task": ADD, "run_at": dt.datetime(2030, 1, 1)}, "run_at 2030-01-01T00:00:00 is naive"),
         ({"task": ADD, "max_attempts": 0}, "max_attempts must be an int >= 1, not 0"),
         ({"task": ADD, "idempotency_key": ""}, "idempotency_key must be a non-empty str"),
