@@ -139,6 +139,8 @@ class _RowMaker:
         self.max_bytes = settings.MAX_PAYLOAD_BYTES
         self.task_paths: dict[str, str] = {}
         self.names_ok: set[tuple[str, str]] = set()  # (queue, backend) pairs
+        self.queues: set[str] = set()  # every queue seen, to wake once each
+        self.keyed = 0  # jobs with an idempotency key so far
 
     def __call__(self, job: Any) -> tuple[Any, ...]:
         if not isinstance(job, Mapping):
@@ -172,6 +174,7 @@ class _RowMaker:
         if type(queue) is not str or type(backend) is not str or names not in self.names_ok:
             validation.queue_name(queue)  # (checked before hashing: a list is no name)
             _backend(backend)
+            self.queues.add(queue)
             if len(self.names_ok) < 1000:
                 self.names_ok.add(names)
         priority = 0 if priority is None else validation.priority(priority)
@@ -189,6 +192,7 @@ class _RowMaker:
         key = get("idempotency_key")
         if key is not None:
             validation.idempotency_key(key)
+            self.keyed += 1
         args_json, kwargs_json = validation.payload(
             get("args", ()), get("kwargs"), max_bytes=self.max_bytes
         )
@@ -236,16 +240,14 @@ def bulk_enqueue(
         raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
     connection = connections[using]
     created = skipped = 0
-    queues: set[str] = set()
     with transaction.atomic(using=using), connection.cursor() as cursor:
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         make_row = _RowMaker(cursor.fetchone()[0])
         cursor.cursor.adapters.register_dumper(None, _JsonTextDumper)
         background = _BackgroundCopy(connection)
         try:
-            for first, rows in _validated_batches(jobs, make_row, batch_size):
-                queues.update(row[1] for row in rows)
-                if any(row[-1] is not None for row in rows):
+            for first, rows, keyed in _validated_batches(jobs, make_row, batch_size):
+                if keyed:
                     created += background.wait()
                     with _writing(connection, first, len(rows)):
                         inserted = _insert_dedupe(cursor, rows, make_row.now)
@@ -268,7 +270,7 @@ def bulk_enqueue(
             # One statement per call, whatever the number of rows or queues.
             cursor.execute(
                 sql.JOB_NOTIFY_MANY,
-                {"channel": settings.NOTIFY_CHANNEL, "queues": sorted(queues)},
+                {"channel": settings.NOTIFY_CHANNEL, "queues": sorted(make_row.queues)},
             )
     if skipped:
         logger.info(
@@ -284,20 +286,21 @@ def bulk_enqueue(
 
 def _validated_batches(
     jobs: Iterable[Any], make_row: _RowMaker, batch_size: int
-) -> Iterator[tuple[int, list[tuple[Any, ...]]]]:
-    """Yield ``(position of the first job, rows)`` per batch, pulling jobs lazily."""
+) -> Iterator[tuple[int, list[tuple[Any, ...]], bool]]:
+    """Yield ``(position of the first job, rows, whether any has a key)`` per batch,
+    pulling jobs lazily."""
     rows: list[tuple[Any, ...]] = []
-    first = 0
+    first = keyed_before = 0
     for position, job in enumerate(jobs):
         try:
             rows.append(make_row(job))
         except InvalidJob as exc:
             raise InvalidJob(f"job #{position}: {exc}") from exc
         if len(rows) == batch_size:
-            yield first, rows
-            first, rows = position + 1, []
+            yield first, rows, make_row.keyed > keyed_before
+            first, rows, keyed_before = position + 1, [], make_row.keyed
     if rows:
-        yield first, rows
+        yield first, rows, make_row.keyed > keyed_before
 
 
 def _copy(
