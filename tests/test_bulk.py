@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
 import logging
+import random
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -14,7 +16,7 @@ from django.db import DatabaseError, connection, transaction
 from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 
-from django_pgqueue import BulkResult, InvalidJob, enqueue_many, sql
+from django_pgqueue import BulkResult, InvalidJob, enqueue_many, sql, validation
 from django_pgqueue.conf import settings
 from django_pgqueue.models import Job
 from testproject.demo import fault_tasks
@@ -442,3 +444,45 @@ def test_bulk_enqueue__jobs_are_claimed_and_run_by_a_real_worker(manage):
     assert worker.wait(60) == 0, worker.output()
     done = Job.objects.filter(status="done").values_list("args", "result")
     assert sorted(done) == sorted(([i, i], 2 * i) for i in range(300))
+
+
+# --- validation.payload's fast path (shared with enqueue()) -------------------------
+
+
+def reference_payload(args: Any, kwargs: Any) -> tuple[str, str]:
+    """validation.payload as it was before its fast path: walk everything, then dump."""
+    validation._check_json(list(args), "args")
+    validation._check_json(kwargs, "kwargs")
+    return (
+        json.dumps(list(args), allow_nan=False, separators=(",", ":")),
+        json.dumps(kwargs, allow_nan=False, separators=(",", ":")),
+    )
+
+
+def random_value(rng: random.Random, depth: int = 0) -> Any:
+    leaves = [
+        None, True, False, 0, -7, 2**70, 1.5, float("nan"), float("inf"), "", "plain",
+        "a\x00b", "\\u0000", "{", "}{", "é✓", "\n\t\"", object(), {1, 2}, b"bytes",
+    ]  # fmt: skip
+    if depth > 3 or rng.random() < 0.5:
+        return rng.choice(leaves)
+    if rng.random() < 0.5:
+        return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = ["k", "{", "k\x00", 1, True, None, 2.5, "é"]
+    return {rng.choice(keys): random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def test_payload__fast_path_agrees_with_the_full_walk():
+    rng = random.Random(20261129)
+    for _ in range(3000):
+        args = [random_value(rng) for _ in range(rng.randrange(3))]
+        kwargs = {rng.choice(["a", "b", "{", "a\x00"]): random_value(rng)}
+        try:
+            expected: Any = reference_payload(args, kwargs)
+        except InvalidJob as exc:
+            expected = str(exc)
+        try:
+            got: Any = validation.payload(args, kwargs, max_bytes=10**6)
+        except InvalidJob as exc:
+            got = str(exc)
+        assert got == expected, (args, kwargs)
