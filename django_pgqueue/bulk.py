@@ -416,6 +416,8 @@ def enqueue_many(
     from .backend import PgQueueBackend
     from .tasks import task_option
 
+    if not isinstance(task, Task):
+        raise InvalidTask(f"enqueue_many needs a django.tasks.Task, not {type(task).__name__}")
     backend = task.get_backend()
     if not isinstance(backend, PgQueueBackend):
         raise InvalidTask(

@@ -425,10 +425,12 @@ def test_enqueue_many__bad_call_names_its_position():
 
 
 @pytest.mark.django_db
-def test_enqueue_many__refuses_a_backend_that_is_not_pgqueue():
+def test_enqueue_many__refuses_a_plain_function_or_another_backend():
     dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
     with override_settings(TASKS=dummy), pytest.raises(InvalidTask, match="PgQueueBackend"):
         enqueue_many(demo.add, [((1, 2), {})])
+    with pytest.raises(InvalidTask, match="needs a django.tasks.Task, not function"):
+        enqueue_many(demo.not_a_task, [((), {})])
 
 
 # --- end to end ---------------------------------------------------------------------
