@@ -212,6 +212,8 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
         jobs = self._jobs(
             sql.JOB_CLAIM,
             {

@@ -773,3 +773,10 @@ def test_release__by_non_owner_changes_nothing(job_factory):
     before = row_snapshot(job)
     assert Job.objects.release(job, "w2") is False
     assert row_snapshot(job) == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True])
+def test_claim__rejects_a_bad_limit_before_any_query(limit, django_assert_num_queries):
+    with django_assert_num_queries(0), pytest.raises(ValueError, match="claim limit"):
+        Job.objects.claim("w", limit=limit)
