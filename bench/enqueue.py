@@ -173,6 +173,7 @@ def prepare_database(truncate_existing: bool) -> str:
     """Return the benchmark database URL, created and migrated."""
     sys.path.insert(0, str(REPO))
     url = os.environ.get("DATABASE_URL")
+    own = not url  # our own database: leftovers of an interrupted run may go
     if not url:
         from testproject.pgserver import embedded_server, ensure_database
 
@@ -184,7 +185,7 @@ def prepare_database(truncate_existing: bool) -> str:
     from django_pgqueue.models import Job
 
     call_command("migrate", verbosity=0)
-    if Job.objects.exists() and not truncate_existing:
+    if Job.objects.exists() and not (own or truncate_existing):
         raise SystemExit(
             "pgqueue_job is not empty and the benchmark truncates it; use a database of "
             "its own (unset DATABASE_URL) or pass --truncate-existing"
