@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from django.utils import timezone
 
 from .conftest import REPO
 
@@ -47,3 +48,45 @@ def test_chaos__nothing_lost_stuck_or_duplicated_transactionally() -> None:
     assert int(summary["terminated"]) > 0
     assert int(summary["done"]) + int(summary["dead"]) == 2000
     assert summary["dead"] == "10"  # exactly the poison pills
+
+
+@pytest.mark.django_db(transaction=True)
+def test_oracle__detects_each_violation() -> None:
+    """The chaos oracle is only as good as its checks: seed one violation of each kind
+    and see every counter move."""
+    from bench import oracle
+    from django_pgqueue.models import Job
+    from testproject.demo.models import Execution
+
+    from .conftest import test_database_url
+
+    def make(task: str, status: str, rows: int, **fields: object) -> None:
+        job = Job.objects.enqueue(f"testproject.demo.fault_tasks.{task}")
+        Job.objects.filter(pk=job.id).update(status=status, **fields)
+        kind = "tx" if task == "ledger_tx" else "plain"
+        for attempt in range(rows):
+            Execution.objects.create(job_id=job.id, attempt=attempt + 1, kind=kind, worker_id="w")
+
+    make("ledger_tx", "done", 1)  # correct
+    make("ledger_plain", "done", 1)  # correct
+    make("ledger_tx", "done", 2)  # dup_tx, i5
+    make("ledger_tx", "scheduled", 1)  # i5 (effect without completion), stuck
+    make("ledger_plain", "done", 0)  # lost effect
+    make("ledger_plain", "done", 3)  # two plain duplicates
+    make("ledger_plain", "done", 1, attempts=9, max_attempts=2)  # i2
+    make("ledger_plain", "done", 1, lease_expires_at=timezone.now())  # i4
+    make("ledger_plain", "dead", 1)  # dead_unexpected
+    result = oracle.check(test_database_url(), jobs=10, lease_seconds=2)
+    assert {
+        name: result[name]
+        for name in ("dup_tx", "i5", "stuck", "lost", "dup_plain", "i2", "i4", "dead_unexpected")
+    } == {
+        "dup_tx": 1,
+        "i5": 2,
+        "stuck": 1,
+        "lost": 2,  # one job never enqueued (jobs=10, 9 rows) + one done without effect
+        "dup_plain": 2,
+        "i2": 1,
+        "i4": 1,
+        "dead_unexpected": 1,
+    }
