@@ -9,7 +9,6 @@ import logging
 import random
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -27,19 +26,6 @@ ADD = "testproject.demo.tasks.add"
 
 def add_jobs(count: int, **extra: Any) -> Iterator[dict[str, Any]]:
     return ({"task": ADD, "args": [i, 1], **extra} for i in range(count))
-
-
-def worker_env() -> dict[str, str]:
-    """DATABASE_URL of the test database for a subprocess.
-
-    ``conftest.test_database_url()`` drops a socket directory given in OPTIONS["host"]
-    (the embedded server's case), so the URL is built from the connection's own
-    parameters here."""
-    params = connection.get_connection_params()
-    query = urlencode({k: params[k] for k in ("host", "port") if params.get(k)})
-    user = quote(params.get("user") or "")
-    password = quote(params.get("password") or "")
-    return {"DATABASE_URL": f"postgresql://{user}:{password}@/{params['dbname']}?{query}"}
 
 
 def backend_pid() -> int:
@@ -440,9 +426,7 @@ def test_enqueue_many__refuses_a_plain_function_or_another_backend():
 @pytest.mark.django_db(transaction=True)
 def test_bulk_enqueue__jobs_are_claimed_and_run_by_a_real_worker(manage):
     assert enqueue_many(demo.add, (((i, i), {}) for i in range(300)), batch_size=64) == 300
-    worker = manage(
-        "pgqueue_worker", "--burst", "--concurrency", "2", "--batch-size", "50", env=worker_env()
-    )
+    worker = manage("pgqueue_worker", "--burst", "--concurrency", "2", "--batch-size", "50")
     assert worker.wait(60) == 0, worker.output()
     done = Job.objects.filter(status="done").values_list("args", "result")
     assert sorted(done) == sorted(([i, i], 2 * i) for i in range(300))
