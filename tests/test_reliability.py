@@ -254,6 +254,26 @@ def test_heartbeat__stops_extending_after_task_timeout(
     assert job(enqueued.id).status != "done" or job(enqueued.id).attempts >= 2
 
 
+def test_heartbeat__job_timeout_setting_applies_to_plain_tasks(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """C16: ``PGQUEUE_JOB_TIMEOUT_SECONDS`` stops extensions for tasks without their own
+    ``timeout``: the lease runs out while the task still runs and the sweeper takes
+    the job back; the late completion is fenced out."""
+    settings.PGQUEUE_JOB_TIMEOUT_SECONDS = 0.3
+    enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [2.0])
+    worker = Worker(worker_id="w-timeout", lease_seconds=0.6, poll_interval=0.05, max_jobs=1)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    sweep_until(lambda: job(enqueued.id).errors)  # rescued while the task still runs
+    assert job(enqueued.id).errors[0]["worker_id"] == "w-timeout"
+    thread.join(10)
+    assert not thread.is_alive()
+    assert worker.stats.lost == 1 and worker.stats.done == 0
+    assert "timeout; no longer extending its lease" in caplog.text
+    assert job(enqueued.id).status == "pending"
+
+
 @pytest.mark.slow
 def test_heartbeat__stalled_extension_stops_claiming(
     manage: Callable[..., ManagedProcess], other_connection: Callable[..., Any]
