@@ -163,6 +163,9 @@ class _RowMaker:
             path = task.module_path
             queue = task.queue_name if queue is None else queue
             priority = task.priority if priority is None else priority
+            if job.get("run_at") is None and task.run_after is not None:
+                job = {**job, "run_at": task.run_after}
+                get = job.get
         elif task is None:
             raise InvalidJob("task is required")
         else:

@@ -112,12 +112,21 @@ def storable_text(text: str) -> str:
     return text
 
 
+#: Deepest nesting a payload may have; deeper (or cyclic) payloads are refused.
+MAX_DEPTH = 500
+
+
 def _check_json(value: Any, where: str) -> None:
     """Walk a payload: only JSON types, str keys, finite floats, no NUL characters
     (PostgreSQL's jsonb rejects \\u0000; the stdlib would write NaN as bare ``NaN``)."""
-    stack: list[tuple[Any, str]] = [(value, where)]
+    stack: list[tuple[Any, str, int]] = [(value, where, 0)]
     while stack:
-        item, path = stack.pop()
+        item, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            # Also ends the walk of a payload that contains itself (a cycle).
+            raise InvalidJob(
+                f"{where} is nested more than {MAX_DEPTH} levels deep, or contains itself"
+            )
         if item is None or isinstance(item, bool | int):
             continue
         if isinstance(item, float):
@@ -128,7 +137,7 @@ def _check_json(value: Any, where: str) -> None:
                 raise InvalidJob(f"{path} contains a NUL character (\\u0000)")
             _check_unicode(item, path)
         elif isinstance(item, list | tuple):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item))
         elif isinstance(item, dict):
             for key, v in item.items():
                 if not isinstance(key, str):
@@ -136,7 +145,7 @@ def _check_json(value: Any, where: str) -> None:
                 if "\x00" in key:
                     raise InvalidJob(f"{path} has a key with a NUL character")
                 _check_unicode(key, f"{path} key {key!r}")
-                stack.append((v, f"{path}[{key!r}]"))
+                stack.append((v, f"{path}[{key!r}]", depth + 1))
         else:
             raise InvalidJob(f"{path} is a {type(item).__name__}, which is not JSON-serialisable")
 

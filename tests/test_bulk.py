@@ -472,3 +472,14 @@ def test_payload__fast_path_agrees_with_the_full_walk():
         except InvalidJob as exc:
             got = str(exc)
         assert got == expected, (args, kwargs)
+
+
+@pytest.mark.django_db
+def test_bulk_enqueue__task_object_brings_its_run_after():
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    Job.objects.bulk_enqueue(
+        [{"task": demo.add.using(run_after=later), "args": [1, 2]}, {"task": demo.add}]
+    )
+    rows = sorted(Job.objects.values_list("status", "run_at"), key=lambda r: r[0])
+    assert rows[0][0] == "pending"
+    assert rows[1] == ("scheduled", later)

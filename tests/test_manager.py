@@ -780,3 +780,19 @@ def test_release__by_non_owner_changes_nothing(job_factory):
 def test_claim__rejects_a_bad_limit_before_any_query(limit, django_assert_num_queries):
     with django_assert_num_queries(0), pytest.raises(ValueError, match="claim limit"):
         Job.objects.claim("w", limit=limit)
+
+
+@pytest.mark.django_db
+def test_enqueue__rejects_a_payload_that_contains_itself(django_assert_num_queries):
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    with django_assert_num_queries(0), pytest.raises(InvalidJob, match="contains itself"):
+        Job.objects.enqueue(tasks.add, cyclic)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_enqueue__accepts_a_shared_non_cyclic_value():
+    shared = {"a": 1}
+    job = Job.objects.enqueue(tasks.add, [[shared, shared]])
+    assert Job.objects.get(pk=job.pk).args == [[{"a": 1}, {"a": 1}]]
