@@ -557,7 +557,16 @@ class Worker:
                         },
                     )
                     return None
-                time.sleep(backoff_delay(failures))
+                delay = backoff_delay(failures)
+                logger.warning(
+                    "job %s: could not record %s (%s); retrying in %.1fs",
+                    job.id,
+                    outcome,
+                    first_line(exc),
+                    delay,
+                    extra={"action": outcome, "job_id": job.id, "worker_id": self.worker_id},
+                )
+                time.sleep(delay)
         if written in (None, False):
             self.stats.lost += 1
             logger.warning(

@@ -467,6 +467,25 @@ def test_worker__survives_terminated_backends(manage: Callable[..., ManagedProce
     assert worker.wait() == 0
 
 
+@pytest.mark.slow
+def test_complete__retried_after_the_runner_connection_is_cut(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C19: the runner's connection dies while its task runs (no query of its own), so
+    the completion meets a dead connection: it reconnects and retries while the lease
+    holds; one success, no failure charged."""
+    enqueued = Job.objects.enqueue("testproject.demo.tasks.slow", [1.5])
+    worker = manage("pgqueue_worker", "--lease-seconds", "3", "--poll-interval", "0.1")
+    wait_for(lambda: job(enqueued.id).status == "running")
+    terminate(wait_for(lambda: backends("pgqueue runner")))
+    wait_for(lambda: job(enqueued.id).status == "done")
+    done = job(enqueued.id)
+    assert (done.attempts, done.errors, done.result) == (1, [], 1.5)
+    assert "could not record complete" in worker.output()  # it met the dead connection
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
 # --- graceful shutdown --------------------------------------------------------------
 
 
