@@ -18,6 +18,7 @@ from django.tasks import Task
 
 from . import bulk, sql, validation
 from .conf import settings
+from .tasks import task_option
 
 if TYPE_CHECKING:
     from .models import Job
@@ -148,6 +149,8 @@ class JobManager(models.Manager["Job"]):
             queue = task.queue_name if queue is None else queue
             priority = task.priority if priority is None else priority
             run_at = task.run_after if run_at is None else run_at
+            if max_attempts is None:  # @task(max_attempts=...) of PgQueueTask
+                max_attempts = task_option(task, "max_attempts")  # type: ignore[assignment]
         params = {
             "backend": backend,
             "task": path,

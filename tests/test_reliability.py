@@ -83,6 +83,8 @@ def test_task_options__kept_by_using_and_stored_on_the_job() -> None:
     assert (moved.transactional, moved.priority, moved.queue_name) == (True, 7, "other")
     result = fault_tasks.poison.enqueue()
     assert job(int(result.id)).max_attempts == 3  # @task(max_attempts=3)
+    assert Job.objects.enqueue(fault_tasks.poison).max_attempts == 3  # the manager too
+    assert Job.objects.enqueue(fault_tasks.poison, max_attempts=7).max_attempts == 7
 
 
 def test_current_job__exposes_id_attempt_and_idempotency_key() -> None:
