@@ -501,6 +501,7 @@ def test_shutdown__heartbeat_keeps_leases_until_task_finishes(
     running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [3.0])
     worker = manage("pgqueue_worker", *FAST)
     wait_for(lambda: job(running.id).status == "running")
+    wait_for(lambda: backends("pgqueue runner"))  # the task started (not just claimed)
     worker.signal(signal.SIGTERM)
     wait_for(lambda: in_log(worker, "SIGTERM received"))
     later = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
@@ -531,6 +532,7 @@ def test_shutdown__grace_expiry_leaves_job_to_its_lease(
     worker = manage("pgqueue_worker", *FAST, "--grace-seconds", "0.5", "--batch-size", "2")
     wait_for(lambda: job(running.id).status == "running")
     wait_for(lambda: job(queued.id).status == "running")  # prefetched, not started
+    wait_for(lambda: backends("pgqueue runner"))  # the first task started
     worker.signal(signal.SIGTERM)
     assert worker.wait(10) == 0
     assert "still running after the grace period" in worker.output()
