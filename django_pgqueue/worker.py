@@ -383,6 +383,18 @@ class Worker:
         with self._lock:
             held = self._held[job.id]
             held.started = time.monotonic()
+            lost = held.lost
+        if lost:
+            # A prefetched job whose lease the heartbeat already found taken back (the
+            # process was paused): another worker runs it; running it here too would
+            # only duplicate its effects.
+            self.stats.lost += 1
+            logger.warning(
+                "job %s: lease lost before the task started; not running it",
+                job.id,
+                extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
+            )
+            return
         try:
             task = load_task(job.task)
         except ValueError as exc:

@@ -216,6 +216,7 @@ def test_lease_lost__zombie_completion_is_fenced(
     enqueued = Job.objects.enqueue(f"testproject.demo.fault_tasks.{task}", [1.5])
     zombie = manage("pgqueue_worker", *FAST, "--worker-id", "zombie")
     wait_for(lambda: job(enqueued.id).status == "running")
+    wait_for(lambda: backends("pgqueue runner"))  # the task started (not just claimed)
     zombie.signal(signal.SIGSTOP)
     sweep_until(lambda: job(enqueued.id).status == "pending")
     rescuer = manage("pgqueue_worker", *FAST, "--worker-id", "rescuer")
@@ -232,6 +233,27 @@ def test_lease_lost__zombie_completion_is_fenced(
     for proc in (zombie, rescuer):
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0
+
+
+@pytest.mark.slow
+def test_lease_lost__prefetched_job_is_not_run_by_the_paused_worker(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C2: a worker paused past its leases holds a prefetched job it has not started;
+    once resumed, its heartbeat finds both leases gone, so it does not run that job
+    on the stale attempt (no duplicate effect); it claims it afresh instead."""
+    # Still sleeping when resumed, so the heartbeat surely runs before the runner frees.
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [5.0])
+    prefetched = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
+    worker = manage("pgqueue_worker", *FAST, "--batch-size", "2")
+    wait_for(lambda: job(prefetched.id).status == "running")
+    wait_for(lambda: backends("pgqueue runner"))
+    worker.signal(signal.SIGSTOP)
+    sweep_until(lambda: job(running.id).status == job(prefetched.id).status == "pending")
+    worker.signal(signal.SIGCONT)
+    wait_for(lambda: in_log(worker, "lease lost before the task started"))
+    wait_for(lambda: job(prefetched.id).status == "done")
+    assert ledger(prefetched.id) == [("plain", 2)]  # only the fresh attempt ran
 
 
 # --- lease safety -------------------------------------------------------------------
