@@ -244,10 +244,11 @@ def test_lease_lost__prefetched_job_is_not_run_by_the_paused_worker(
     on the stale attempt (no duplicate effect); it claims it afresh instead."""
     # Still sleeping when resumed, so the heartbeat surely runs before the runner frees.
     running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [5.0])
-    prefetched = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1])
     worker = manage("pgqueue_worker", *FAST, "--batch-size", "2")
-    wait_for(lambda: job(prefetched.id).status == "running")
     wait_for(lambda: backends("pgqueue runner"))
+    # Higher priority: after the pause it is claimed (and run) before the slow job.
+    prefetched = Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [1], priority=10)
+    wait_for(lambda: job(prefetched.id).status == "running")
     worker.signal(signal.SIGSTOP)
     sweep_until(lambda: job(running.id).status == job(prefetched.id).status == "pending")
     worker.signal(signal.SIGCONT)
