@@ -40,78 +40,24 @@ from django.utils.json import normalize_json
 from . import validation
 from .backend import load_task, to_task_result
 from .conf import settings
+from .dbconn import (
+    backoff_delay,
+    close_connection,
+    configure_session,
+    discard_connection,
+    first_line,
+    recycle_connections,
+)
 from .exceptions import LeaseLost, PgQueueError, TaskNotFound
 from .models import Job
 from .tasks import CurrentJob, _current, task_option
 
 logger = logging.getLogger(__name__)
 
-#: Longest wait between reconnection attempts after a database error.
-MAX_BACKOFF = 30.0
-
 
 def default_worker_id() -> str:
     """host:pid:random, unique per process start, readable in the admin and logs."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def backoff_delay(failures: int) -> float:
-    """Exponential backoff with jitter for reconnect loops: 0.5 s, 1 s, 2 s ... 30 s."""
-    return min(MAX_BACKOFF, 0.5 * 2 ** min(failures - 1, 10)) * random.uniform(0.8, 1.2)
-
-
-def first_line(exc: BaseException) -> str:
-    """A database error's first line: enough for a log line without traceback spam."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def recycle_connections() -> None:
-    """Between jobs: drop this thread's connections that broke or outlived CONN_MAX_AGE.
-
-    Unlike ``close_old_connections()``, a connection is kept when CONN_MAX_AGE is 0:
-    a worker is one long "request", and reconnecting per job would cost more than
-    most jobs (measured: about 125 jobs/s with a reconnect per job)."""
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None:
-            continue
-        if conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
-                continue
-        if conn.settings_dict["CONN_MAX_AGE"] and conn.close_at is not None:
-            if time.monotonic() >= conn.close_at:
-                conn.close()
-
-
-def close_connection(alias: str) -> None:
-    """Drop this thread's connection so the next query reconnects."""
-    try:
-        connections[alias].close()
-    except DatabaseError:
-        pass
-
-
-def discard_connection(alias: str) -> None:
-    """Throw away this thread's connection even if a task left an ``atomic`` block open
-    on it: the server rolls the transaction back when the socket closes, and the next
-    query starts on a fresh connection with clean transaction state."""
-    wrapper = connections[alias]
-    try:
-        if wrapper.connection is not None:
-            wrapper.connection.close()
-    except Exception:  # noqa: BLE001, S110 - it is being thrown away
-        pass
-    # Django refuses to forget a connection inside atomic(); reset its bookkeeping.
-    wrapper.connection = None
-    wrapper.in_atomic_block = False
-    wrapper.atomic_blocks = []
-    wrapper.savepoint_ids = []
-    wrapper.needs_rollback = False
-    wrapper.closed_in_transaction = False
-    wrapper.run_on_commit = []
 
 
 class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
@@ -247,21 +193,6 @@ class Worker:
         self.stop()
         return False
 
-    def _configure_session(self, role: str, statement_timeout: float | None = None) -> None:
-        """Label (and bound) this thread's connection once per physical connection."""
-        wrapper = connections[self.alias]
-        raw = wrapper.connection
-        if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
-            return
-        wrapper.ensure_connection()
-        Job.objects.db_manager(self.alias).configure_session(
-            f"pgqueue {role} {self.worker_id}",
-            statement_timeout_ms=None
-            if statement_timeout is None
-            else int(statement_timeout * 1000),
-        )
-        wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
-
     def _claim_loop(self) -> None:
         failures = 0
         last_promote = 0.0
@@ -280,7 +211,9 @@ class Worker:
             try:
                 # A claim or promote that hangs on a lock would stall the worker;
                 # bound them (they use SKIP LOCKED, so this is a backstop).
-                self._configure_session("claim", max(1.0, self.lease_seconds / 2))
+                configure_session(
+                    self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
+                )
                 jobs = Job.objects.db_manager(self.alias).claim(
                     self.worker_id,
                     limit=min(free, self.batch_size),
@@ -439,7 +372,7 @@ class Worker:
         started = time.perf_counter()
         completed_in_tx = False
         try:
-            self._configure_session("runner")
+            configure_session(self.alias, "runner", self.worker_id)
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
@@ -651,7 +584,9 @@ class Worker:
             self._heartbeat_ok_at = now
             return
         # A lease extension blocked on a lock must fail well before the lease runs out.
-        self._configure_session("heartbeat", max(0.5, self.lease_seconds / 3))
+        configure_session(
+            self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)
+        )
         owned = Job.objects.db_manager(self.alias).extend_leases(
             self.worker_id, held, lease_seconds=self.lease_seconds
         )
