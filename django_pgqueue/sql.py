@@ -446,3 +446,16 @@ SELECT set_config('application_name', %(application_name)s, false),
                   coalesce(%(statement_timeout)s, current_setting('statement_timeout')),
                   false)
 """
+
+# Subscribe the listener's connection to the wake-up channel. A template, not a query
+# with parameters: LISTEN takes an identifier, so the caller fills {channel} in with
+# psycopg.sql.Identifier(settings.NOTIFY_CHANNEL). No table.
+SESSION_LISTEN = """
+LISTEN {channel}
+"""
+
+# Prove an idle LISTEN connection is still alive: a socket can die silently while the
+# listener only waits for notifications, and a cheap query raises if it did. No table.
+SESSION_PING = """
+SELECT 1
+"""

@@ -49,6 +49,7 @@ from .dbconn import (
     recycle_connections,
 )
 from .exceptions import LeaseLost, PgQueueError, TaskNotFound
+from .listener import Listener
 from .models import Job
 from .tasks import CurrentJob, _current, task_option
 
@@ -125,6 +126,13 @@ class Worker:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._heartbeat_ok_at = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._listener = Listener(
+            alias=self.alias,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            wakeup=self._wakeup,
+            done=self._done,
+        )
 
     # --- public ---------------------------------------------------------------------
 
@@ -606,56 +614,10 @@ class Worker:
                     },
                 )
 
-    # --- listener thread ------------------------------------------------------------
-
-    def _listen(self) -> None:
-        """Hold a dedicated LISTEN connection; a notification wakes the claim loop.
-
-        NOTIFY is only a latency hint: if this connection dies, the poll interval still
-        guarantees pickup, and after every reconnect the loop is woken to poll at once."""
-        import psycopg
-        from psycopg import sql as pgsql
-
-        params = connections[self.alias].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        failures = 0
-        while not self._done.is_set():
-            try:
-                with psycopg.connect(
-                    **{**params, "application_name": f"pgqueue listen {self.worker_id}"[:63]},
-                    autocommit=True,
-                ) as conn:
-                    conn.execute(
-                        pgsql.SQL("LISTEN {}").format(pgsql.Identifier(settings.NOTIFY_CHANNEL))
-                    )
-                    failures = 0
-                    self._wakeup.set()  # poll at once: a NOTIFY may have been missed
-                    checked = time.monotonic()
-                    while not self._done.is_set():
-                        # Short waits so the thread (and its connection) ends soon after
-                        # shutdown; it would otherwise outlive run() by up to a wait.
-                        for notify in conn.notifies(timeout=0.25):
-                            if self.queues is None or notify.payload in self.queues:
-                                self._wakeup.set()
-                        if time.monotonic() - checked >= 2.0:
-                            # An idle socket can die silently; a cheap query proves it alive.
-                            conn.execute("SELECT 1")
-                            checked = time.monotonic()
-            except psycopg.Error as exc:
-                failures += 1
-                logger.warning(
-                    "worker %s: LISTEN connection lost (%s); polling until it is back",
-                    self.worker_id,
-                    first_line(exc),
-                    extra={"action": "listen", "worker_id": self.worker_id},
-                )
-                self._done.wait(backoff_delay(failures))
-
     # --- lifecycle ------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        targets = [(self._heartbeat, "heartbeat"), (self._listen, "listener")]
+        targets = [(self._heartbeat, "heartbeat"), (self._listener.run, "listener")]
         targets += [(self._runner, f"runner-{i}") for i in range(self.concurrency)]
         for target, name in targets:
             thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)

@@ -1,0 +1,83 @@
+"""The listener thread: a dedicated LISTEN connection that wakes the claim loop.
+
+NOTIFY is only a latency hint. If this connection dies, the poll interval still
+guarantees pickup, and after every reconnect the claim loop is woken to poll at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+from django.db import connections
+from psycopg import sql as pgsql
+
+from . import sql
+from .conf import settings
+from .dbconn import backoff_delay, first_line
+
+# One logger for everything a worker does, whichever module holds the code: configuring
+# ``django_pgqueue.worker`` covers all of its threads.
+logger = logging.getLogger("django_pgqueue.worker")
+
+
+class Listener:
+    """Sets ``wakeup`` on a notification for one of ``queues`` (None: any queue), until
+    ``done`` is set. Its connection is labelled ``pgqueue listen <worker id>``."""
+
+    def __init__(
+        self,
+        *,
+        alias: str,
+        worker_id: str,
+        queues: list[str] | None,
+        wakeup: threading.Event,
+        done: threading.Event,
+    ) -> None:
+        self.alias = alias
+        self.worker_id = worker_id
+        self.queues = queues
+        self.wakeup = wakeup
+        self.done = done
+
+    def run(self) -> None:
+        """The thread's body: (re)connect, LISTEN, relay notifications, ping when idle."""
+        params = connections[self.alias].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        failures = 0
+        while not self.done.is_set():
+            try:
+                with psycopg.connect(
+                    **{**params, "application_name": f"pgqueue listen {self.worker_id}"[:63]},
+                    autocommit=True,
+                ) as conn:
+                    conn.execute(
+                        pgsql.SQL(sql.SESSION_LISTEN).format(
+                            channel=pgsql.Identifier(settings.NOTIFY_CHANNEL)
+                        )
+                    )
+                    failures = 0
+                    self.wakeup.set()  # poll at once: a NOTIFY may have been missed
+                    checked = time.monotonic()
+                    while not self.done.is_set():
+                        # Short waits so the thread (and its connection) ends soon after
+                        # shutdown; it would otherwise outlive run() by up to a wait.
+                        for notify in conn.notifies(timeout=0.25):
+                            if self.queues is None or notify.payload in self.queues:
+                                self.wakeup.set()
+                        if time.monotonic() - checked >= 2.0:
+                            # An idle socket can die silently; a cheap query proves it alive.
+                            conn.execute(sql.SESSION_PING)
+                            checked = time.monotonic()
+            except psycopg.Error as exc:
+                failures += 1
+                logger.warning(
+                    "worker %s: LISTEN connection lost (%s); polling until it is back",
+                    self.worker_id,
+                    first_line(exc),
+                    extra={"action": "listen", "worker_id": self.worker_id},
+                )
+                self.done.wait(backoff_delay(failures))
