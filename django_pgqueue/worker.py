@@ -49,6 +49,7 @@ from .dbconn import (
     recycle_connections,
 )
 from .exceptions import LeaseLost, PgQueueError, TaskNotFound
+from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import Job
 from .tasks import CurrentJob, _current, task_option
@@ -124,8 +125,15 @@ class Worker:
         self._lock = threading.Lock()
         self._held: dict[int, Held] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._heartbeat_ok_at = time.monotonic()
         self._threads: list[threading.Thread] = []
+        self._heartbeat = Heartbeat(
+            held=self._held,
+            lock=self._lock,
+            alias=self.alias,
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            done=self._done,
+        )
         self._listener = Listener(
             alias=self.alias,
             worker_id=self.worker_id,
@@ -181,11 +189,6 @@ class Worker:
         with self._lock:
             return max(self.concurrency, self.batch_size) - len(self._held)
 
-    def _heartbeat_healthy(self) -> bool:
-        """Claiming stops when the heartbeat has not succeeded for half a lease: jobs
-        claimed now would have leases nobody extends."""
-        return time.monotonic() - self._heartbeat_ok_at < self.lease_seconds / 2
-
     def _heartbeat_alive(self) -> bool:
         """A dead heartbeat thread means nobody extends leases: stop claiming, exit."""
         thread = next((t for t in self._threads if t.name == "pgqueue-heartbeat"), None)
@@ -213,7 +216,7 @@ class Worker:
                 free = min(free, self.max_jobs - self.stats.claimed)
                 if free <= 0 and not self._held:
                     break  # max_jobs reached and all finished
-            if free <= 0 or not self._heartbeat_healthy():
+            if free <= 0 or not self._heartbeat.healthy():
                 self._wait(self.poll_interval)
                 continue
             try:
@@ -538,86 +541,10 @@ class Worker:
             self.stats.failed += 1
         return written
 
-    # --- heartbeat thread -----------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        interval = max(0.05, self.lease_seconds / 3)
-        failures = 0
-        try:
-            while not self._done.wait(interval if not failures else backoff_delay(failures)):
-                try:
-                    self._beat()
-                except Exception as exc:  # noqa: BLE001 - a database error or a bug
-                    failures += 1
-                    logger.warning(
-                        "worker %s: heartbeat failed (%s); not claiming until it recovers",
-                        self.worker_id,
-                        first_line(exc),
-                        exc_info=not isinstance(exc, DatabaseError),
-                        extra={"action": "heartbeat", "worker_id": self.worker_id},
-                    )
-                    close_connection(self.alias)
-                else:
-                    failures = 0
-        finally:
-            close_connection(self.alias)
-
-    def _beat(self) -> None:
-        """Extend the leases of held jobs, fenced on (owner, attempt), except those
-        whose task ran past its timeout; mark leases found lost."""
-        now = time.monotonic()
-        default_timeout = settings.JOB_TIMEOUT_SECONDS
-        held: list[Job] = []
-        timed_out: list[tuple[Job, float]] = []
-        with self._lock:
-            for h in self._held.values():
-                limit = h.timeout if h.timeout is not None else default_timeout
-                if h.lost or h.timed_out:
-                    continue
-                if limit is not None and h.started is not None and now - h.started >= limit:
-                    h.timed_out = True
-                    timed_out.append((h.job, limit))
-                    continue
-                held.append(h.job)
-        for job, limit in timed_out:
-            logger.warning(
-                "job %s: still running after its %ss timeout; no longer extending its "
-                "lease (the sweeper will hand it to another worker, and this run's "
-                "completion will be fenced out)",
-                job.id,
-                limit,
-                extra={"action": "timeout", "job_id": job.id, "worker_id": self.worker_id},
-            )
-        if not held:
-            self._heartbeat_ok_at = now
-            return
-        # A lease extension blocked on a lock must fail well before the lease runs out.
-        configure_session(
-            self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)
-        )
-        owned = Job.objects.db_manager(self.alias).extend_leases(
-            self.worker_id, held, lease_seconds=self.lease_seconds
-        )
-        self._heartbeat_ok_at = now
-        for job in held:
-            if job.id not in owned:
-                with self._lock:
-                    if job.id in self._held:
-                        self._held[job.id].lost = True
-                logger.warning(
-                    "job %s: lease lost (expired and taken back)",
-                    job.id,
-                    extra={
-                        "action": "lease_lost",
-                        "job_id": job.id,
-                        "worker_id": self.worker_id,
-                    },
-                )
-
     # --- lifecycle ------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        targets = [(self._heartbeat, "heartbeat"), (self._listener.run, "listener")]
+        targets = [(self._heartbeat.run, "heartbeat"), (self._listener.run, "listener")]
         targets += [(self._runner, f"runner-{i}") for i in range(self.concurrency)]
         for target, name in targets:
             thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)

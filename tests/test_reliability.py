@@ -334,7 +334,7 @@ def test_heartbeat__thread_death_stops_worker(monkeypatch: pytest.MonkeyPatch) -
     def die() -> None:
         raise SystemExit("heartbeat crashed")
 
-    monkeypatch.setattr(worker, "_beat", die)
+    monkeypatch.setattr(worker._heartbeat, "beat", die)
     monkeypatch.setattr(threading, "excepthook", lambda args: None)
     done = threading.Event()
     runner = threading.Thread(target=lambda: (worker.run(), done.set()), daemon=True)

@@ -1,0 +1,133 @@
+"""The heartbeat thread: keeps the leases of the jobs a worker holds alive.
+
+It extends leases on its own connection, never inside a task's transaction, fenced on
+(owner, attempt). It stops extending a job whose task ran past its timeout, so the
+sweeper hands that job to another worker and the late completion is fenced out; and it
+marks jobs whose lease it found taken back, so a prefetched one is never started.
+While it fails, the worker claims nothing (see :meth:`Heartbeat.healthy`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError
+
+from .conf import settings
+from .dbconn import backoff_delay, close_connection, configure_session, first_line
+from .models import Job
+
+if TYPE_CHECKING:
+    from .worker import Held
+
+# One logger for everything a worker does, whichever module holds the code: configuring
+# ``django_pgqueue.worker`` covers all of its threads.
+logger = logging.getLogger("django_pgqueue.worker")
+
+
+class Heartbeat:
+    """Extends the leases in ``held`` (guarded by ``lock``) every third of a lease,
+    until ``done`` is set. It reads each entry's start time and timeout, and sets its
+    ``lost`` and ``timed_out`` flags; it never adds or removes entries."""
+
+    def __init__(
+        self,
+        *,
+        held: dict[int, Held],
+        lock: threading.Lock,
+        alias: str,
+        worker_id: str,
+        lease_seconds: float,
+        done: threading.Event,
+    ) -> None:
+        self.held = held
+        self.lock = lock
+        self.alias = alias
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.done = done
+        #: When a beat last succeeded (time.monotonic()).
+        self.ok_at = time.monotonic()
+
+    def healthy(self) -> bool:
+        """Claiming stops when the heartbeat has not succeeded for half a lease: jobs
+        claimed now would have leases nobody extends."""
+        return time.monotonic() - self.ok_at < self.lease_seconds / 2
+
+    def run(self) -> None:
+        """The thread's body: beat, and back off while beats fail."""
+        interval = max(0.05, self.lease_seconds / 3)
+        failures = 0
+        try:
+            while not self.done.wait(interval if not failures else backoff_delay(failures)):
+                try:
+                    self.beat()
+                except Exception as exc:  # noqa: BLE001 - a database error or a bug
+                    failures += 1
+                    logger.warning(
+                        "worker %s: heartbeat failed (%s); not claiming until it recovers",
+                        self.worker_id,
+                        first_line(exc),
+                        exc_info=not isinstance(exc, DatabaseError),
+                        extra={"action": "heartbeat", "worker_id": self.worker_id},
+                    )
+                    close_connection(self.alias)
+                else:
+                    failures = 0
+        finally:
+            close_connection(self.alias)
+
+    def beat(self) -> None:
+        """Extend the leases of held jobs, fenced on (owner, attempt), except those
+        whose task ran past its timeout; mark leases found lost."""
+        now = time.monotonic()
+        default_timeout = settings.JOB_TIMEOUT_SECONDS
+        held: list[Job] = []
+        timed_out: list[tuple[Job, float]] = []
+        with self.lock:
+            for h in self.held.values():
+                limit = h.timeout if h.timeout is not None else default_timeout
+                if h.lost or h.timed_out:
+                    continue
+                if limit is not None and h.started is not None and now - h.started >= limit:
+                    h.timed_out = True
+                    timed_out.append((h.job, limit))
+                    continue
+                held.append(h.job)
+        for job, limit in timed_out:
+            logger.warning(
+                "job %s: still running after its %ss timeout; no longer extending its "
+                "lease (the sweeper will hand it to another worker, and this run's "
+                "completion will be fenced out)",
+                job.id,
+                limit,
+                extra={"action": "timeout", "job_id": job.id, "worker_id": self.worker_id},
+            )
+        if not held:
+            self.ok_at = now
+            return
+        # A lease extension blocked on a lock must fail well before the lease runs out.
+        configure_session(
+            self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)
+        )
+        owned = Job.objects.db_manager(self.alias).extend_leases(
+            self.worker_id, held, lease_seconds=self.lease_seconds
+        )
+        self.ok_at = now
+        for job in held:
+            if job.id not in owned:
+                with self.lock:
+                    if job.id in self.held:
+                        self.held[job.id].lost = True
+                logger.warning(
+                    "job %s: lease lost (expired and taken back)",
+                    job.id,
+                    extra={
+                        "action": "lease_lost",
+                        "job_id": job.id,
+                        "worker_id": self.worker_id,
+                    },
+                )
