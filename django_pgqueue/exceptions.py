@@ -24,3 +24,8 @@ class LeaseExpired(PgQueueError):  # noqa: N818 - recorded as an error entry by 
 
 class TaskNotFound(PgQueueError):  # noqa: N818
     """A job's task path does not import to a ``django.tasks.Task``; the job is dead."""
+
+
+class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
+    """A task returned with a transaction still open on the jobs database; the worker
+    rolled it back by discarding the connection, and the attempt failed."""

@@ -1,22 +1,22 @@
 """The worker: claim -> run -> complete or fail, with leases kept alive by a heartbeat.
 
-Threads of one worker process:
+Threads of one worker process, each on its own database connection:
 
-* the main thread claims jobs (one statement per batch) while there are free slots,
-  and otherwise waits to be woken: by a NOTIFY, by a slot freeing, or by the poll
-  interval running out (polling, not NOTIFY, is what guarantees pickup);
-* ``concurrency`` runner threads execute the tasks, each on its own connection;
-* a heartbeat thread extends the leases of jobs this worker holds, on its own
-  connection, never inside a task's transaction, and stops extending a job that ran
-  past its timeout; while it fails, the main thread claims nothing;
-* a listener thread holds a dedicated LISTEN connection and sets the wake-up flag.
+* the main thread (here) claims jobs, one statement per batch, while there are free
+  slots, and otherwise waits to be woken: by a NOTIFY, by a slot freeing, or by the
+  poll interval running out (polling, not NOTIFY, is what guarantees pickup);
+* ``concurrency`` runner threads (here) take claimed jobs from a local queue and run
+  them with :class:`~django_pgqueue.runner.JobRunner`, which records each outcome
+  fenced on (owner, attempt);
+* a heartbeat thread (``heartbeat.py``) extends the leases of jobs this worker holds;
+  while it fails, the main thread claims nothing;
+* a listener thread (``listener.py``) holds a LISTEN connection and sets the wake-up
+  flag.
 
-Every write about a job is fenced on (owner, attempt): a worker that lost a lease
-changes nothing and says so in the log. A ``transactional`` task (see ``tasks.py``)
-runs in one transaction with its fenced completion, so its effects commit exactly once.
-
-Each connection is labelled ``pgqueue <role> <worker id>`` in
-``pg_stat_activity.application_name`` (roles: claim, heartbeat, runner, listen).
+They share the table of held jobs (:class:`Held`, under one lock) and a few events;
+``dbconn.py`` holds their connection helpers. Each connection is labelled
+``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name`` (roles: claim,
+heartbeat, runner, listen).
 """
 
 from __future__ import annotations
@@ -32,27 +32,24 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, connections, transaction
-from django.tasks import Task, TaskContext, TaskResultStatus
-from django.tasks.signals import task_finished, task_started
-from django.utils.json import normalize_json
+from django.db import DatabaseError
 
-from . import validation
-from .backend import load_task, to_task_result
 from .conf import settings
 from .dbconn import (
     backoff_delay,
     close_connection,
     configure_session,
-    discard_connection,
     first_line,
     recycle_connections,
 )
-from .exceptions import LeaseLost, PgQueueError, TaskNotFound
+
+# Re-exported: error entries written before TransactionLeak moved to exceptions.py name
+# it django_pgqueue.worker.TransactionLeak, and TaskError.exception_class imports that.
+from .exceptions import TransactionLeak as TransactionLeak
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import Job
-from .tasks import CurrentJob, _current, task_option
+from .runner import JobRunner
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +57,6 @@ logger = logging.getLogger(__name__)
 def default_worker_id() -> str:
     """host:pid:random, unique per process start, readable in the admin and logs."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
-    """A task returned with a transaction still open on the jobs database."""
 
 
 @dataclass
@@ -126,6 +119,16 @@ class Worker:
         self._held: dict[int, Held] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._runner = JobRunner(
+            held=self._held,
+            lock=self._lock,
+            alias=self.alias,
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            stats=self.stats,
+            done=self._done,
+            sender=type(self),
+        )
         self._heartbeat = Heartbeat(
             held=self._held,
             lock=self._lock,
@@ -269,7 +272,7 @@ class Worker:
 
     # --- runner threads -------------------------------------------------------------
 
-    def _runner(self) -> None:
+    def _runner_thread(self) -> None:
         try:
             while True:
                 job = self._jobs.get()
@@ -277,9 +280,9 @@ class Worker:
                     return
                 try:
                     if self._stopping.is_set():
-                        self._release(job)
+                        self._runner.release(job)
                     else:
-                        self._execute(job)
+                        self._runner.execute(job)
                 except Exception:
                     # A bug or an unexpected error of ours must not cost the slot: the
                     # job is dropped from the heartbeat, so its lease expires and the
@@ -297,255 +300,11 @@ class Worker:
         finally:
             close_connection(self.alias)
 
-    def _release(self, job: Job) -> None:
-        try:
-            if Job.objects.db_manager(self.alias).release(job, self.worker_id):
-                self.stats.released += 1
-                logger.info(
-                    "job %s released (shutdown before start)",
-                    job.id,
-                    extra={
-                        "action": "release",
-                        "job_id": job.id,
-                        "worker_id": self.worker_id,
-                    },
-                )
-        except DatabaseError:
-            logger.warning(
-                "job %s: could not release; its lease will expire",
-                job.id,
-                extra={
-                    "action": "release",
-                    "job_id": job.id,
-                    "worker_id": self.worker_id,
-                },
-            )
-            close_connection(self.alias)
-
-    def _execute(self, job: Job) -> None:
-        recycle_connections()
-        with self._lock:
-            held = self._held[job.id]
-            held.started = time.monotonic()
-            lost = held.lost
-        if lost:
-            # A prefetched job whose lease the heartbeat already found taken back (the
-            # process was paused): another worker runs it; running it here too would
-            # only duplicate its effects.
-            self.stats.lost += 1
-            logger.warning(
-                "job %s: lease lost before the task started; not running it",
-                job.id,
-                extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
-            )
-            return
-        try:
-            task = load_task(job.task)
-        except ValueError as exc:
-            # Never retried: the code is gone or the path is not a Task.
-            self._record(job, "fail", error=TaskNotFound(str(exc)), retry=False)
-            return
-        timeout = task_option(task, "timeout")
-        transactional = bool(task_option(task, "transactional"))
-        with self._lock:
-            held.timeout = float(timeout) if isinstance(timeout, int | float) else None
-        token = _current.set(
-            CurrentJob(
-                id=job.id,
-                attempt=job.attempts,
-                max_attempts=job.max_attempts,
-                idempotency_key=job.idempotency_key,
-                queue=job.queue,
-                worker_id=self.worker_id,
-                transactional=transactional,
-            )
-        )
-        try:
-            self._run(job, task, transactional=transactional)
-        finally:
-            _current.reset(token)
-
-    def _call(self, job: Job, task: Task, task_result: object) -> object:
-        """Call the task; return its JSON-safe value (a bad value raises here)."""
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
-        else:
-            value = task.call(*job.args, **job.kwargs)
-        value = normalize_json(value)
-        validation.result_json(value)  # a bad return value fails the job here
-        return value
-
-    def _run(self, job: Job, task: Task, *, transactional: bool) -> None:
-        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        task_result = to_task_result(job, task)
-        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-        task_started.send(type(self), task_result=task_result)
-        started = time.perf_counter()
-        completed_in_tx = False
-        try:
-            configure_session(self.alias, "runner", self.worker_id)
-            if transactional:
-                # The task's effects and the fenced completion commit together or not
-                # at all: a lost lease raises inside the block and rolls them back.
-                with transaction.atomic(using=self.alias):
-                    value = self._call(job, task, task_result)
-                    if not Job.objects.db_manager(self.alias).complete(
-                        job, self.worker_id, result=value
-                    ):
-                        raise LeaseLost(
-                            f"job {job.id}: lease lost before completion; "
-                            "the task's effects were rolled back"
-                        )
-                    completed_in_tx = True
-            else:
-                value = self._call(job, task, task_result)
-                wrapper = connections[self.alias]
-                if wrapper.in_atomic_block or not wrapper.get_autocommit():
-                    discard_connection(self.alias)
-                    raise TransactionLeak(
-                        "the task returned with a transaction still open; it was "
-                        "rolled back and the connection discarded"
-                    )
-        except LeaseLost:
-            self.stats.lost += 1
-            logger.warning(
-                "job %s: lease lost while running (transactional: effects rolled back, "
-                "nothing recorded); another worker owns it now",
-                job.id,
-                extra={"action": "lease_lost", **log_extra},
-            )
-            return
-        except BaseException as exc:
-            # BaseException too: a task's SystemExit or KeyboardInterrupt (or an
-            # asyncio.CancelledError) is its own failure; signals reach the main thread
-            # only. Swallowing nothing here would wedge the slot with the job held.
-            elapsed = time.perf_counter() - started
-            if (
-                completed_in_tx
-                and not isinstance(exc, DatabaseError)
-                and not connections[self.alias].in_atomic_block
-            ):
-                # Committed: only an on_commit callback raised after the commit.
-                self.stats.done += 1
-                logger.error(
-                    "job %s %s done (transactional), but an on_commit callback raised",
-                    job.id,
-                    job.task,
-                    exc_info=exc,
-                    extra={"action": "done", **log_extra},
-                )
-                return
-            if connections[self.alias].in_atomic_block:
-                discard_connection(self.alias)  # a task that leaked atomic() and raised
-            status = self._record(job, "fail", error=exc)
-            if status is not None:
-                logger.error(
-                    "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
-                    job.id,
-                    job.task,
-                    elapsed,
-                    job.attempts,
-                    job.max_attempts,
-                    status,
-                    exc_info=exc,
-                    extra={"action": "fail", **log_extra},
-                )
-                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                task_finished.send(type(self), task_result=task_result)
-            return
-        elapsed = time.perf_counter() - started
-        if transactional:
-            self.stats.done += 1
-            recorded = True
-        else:
-            recorded = bool(self._record(job, "complete", result=value))
-        if recorded:
-            logger.info(
-                "job %s %s done in %.3fs (attempt %d%s)",
-                job.id,
-                job.task,
-                elapsed,
-                job.attempts,
-                ", transactional" if transactional else "",
-                extra={"action": "done", **log_extra},
-            )
-            object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
-            object.__setattr__(task_result, "_return_value", value)
-            task_finished.send(type(self), task_result=task_result)
-
-    def _record(
-        self,
-        job: Job,
-        outcome: str,
-        *,
-        result: object = None,
-        error: BaseException | None = None,
-        retry: bool = True,
-    ) -> str | bool | None:
-        """Write a job's outcome, fenced; retry through database errors for about one
-        lease, then give up and let the lease expire (the sweeper recovers the job)."""
-        manager = Job.objects.db_manager(self.alias)
-        deadline = time.monotonic() + self.lease_seconds
-        failures = 0
-        while True:
-            try:
-                if outcome == "complete":
-                    written: str | bool | None = manager.complete(
-                        job, self.worker_id, result=result
-                    )
-                else:
-                    assert error is not None
-                    written = manager.fail(job, self.worker_id, error, retry=retry)
-                break
-            except DatabaseError as exc:
-                failures += 1
-                close_connection(self.alias)
-                if time.monotonic() > deadline or self._done.is_set():
-                    logger.error(
-                        "job %s: could not record %s (%s); its lease will expire",
-                        job.id,
-                        outcome,
-                        exc,
-                        extra={
-                            "action": outcome,
-                            "job_id": job.id,
-                            "worker_id": self.worker_id,
-                        },
-                    )
-                    return None
-                delay = backoff_delay(failures)
-                logger.warning(
-                    "job %s: could not record %s (%s); retrying in %.1fs",
-                    job.id,
-                    outcome,
-                    first_line(exc),
-                    delay,
-                    extra={"action": outcome, "job_id": job.id, "worker_id": self.worker_id},
-                )
-                time.sleep(delay)
-        if written in (None, False):
-            self.stats.lost += 1
-            logger.warning(
-                "job %s: lease lost before %s was recorded; another worker owns it now",
-                job.id,
-                outcome,
-                extra={
-                    "action": "lease_lost",
-                    "job_id": job.id,
-                    "worker_id": self.worker_id,
-                },
-            )
-        elif outcome == "complete":
-            self.stats.done += 1
-        else:
-            self.stats.failed += 1
-        return written
-
     # --- lifecycle ------------------------------------------------------------------
 
     def _start_threads(self) -> None:
         targets = [(self._heartbeat.run, "heartbeat"), (self._listener.run, "listener")]
-        targets += [(self._runner, f"runner-{i}") for i in range(self.concurrency)]
+        targets += [(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)]
         for target, name in targets:
             thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
             thread.start()
@@ -562,7 +321,7 @@ class Worker:
             except queue.Empty:
                 break
             if unstarted is not None:
-                self._release(unstarted)
+                self._runner.release(unstarted)
                 with self._lock:
                     self._held.pop(unstarted.id, None)
         for _ in range(self.concurrency):

@@ -1,0 +1,320 @@
+"""Running one claimed job: call its task, then record the outcome, fenced.
+
+Every outcome is written fenced on (owner, attempt), so a worker that lost the lease
+changes nothing and says so in the log. A ``transactional`` task (see ``tasks.py``) runs
+in one transaction with its fenced completion, so its effects commit exactly once; any
+other task runs in autocommit, and one that returns with a transaction still open fails
+with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections, transaction
+from django.tasks import Task, TaskContext, TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils.json import normalize_json
+
+from . import validation
+from .backend import load_task, to_task_result
+from .dbconn import (
+    backoff_delay,
+    close_connection,
+    configure_session,
+    discard_connection,
+    first_line,
+    recycle_connections,
+)
+from .exceptions import LeaseLost, TaskNotFound, TransactionLeak
+from .models import Job
+from .tasks import CurrentJob, _current, task_option
+
+if TYPE_CHECKING:
+    from .worker import Held, WorkerStats
+
+# One logger for everything a worker does, whichever module holds the code: configuring
+# ``django_pgqueue.worker`` covers all of its threads.
+logger = logging.getLogger("django_pgqueue.worker")
+
+
+class JobRunner:
+    """Runs claimed jobs for one worker; its runner threads share one instance.
+
+    ``held`` (guarded by ``lock``) is the worker's table of held jobs: a job's entry
+    gets its start time and its task's timeout here, and a job the heartbeat already
+    found lost is not started. Outcomes are counted in ``stats``; ``done`` cuts short
+    the retries of an outcome that cannot be written; ``sender`` is the sender of
+    Django's ``task_started`` and ``task_finished`` signals (the worker's class)."""
+
+    def __init__(
+        self,
+        *,
+        held: dict[int, Held],
+        lock: threading.Lock,
+        alias: str,
+        worker_id: str,
+        lease_seconds: float,
+        stats: WorkerStats,
+        done: threading.Event,
+        sender: type,
+    ) -> None:
+        self.held = held
+        self.lock = lock
+        self.alias = alias
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.stats = stats
+        self.done = done
+        self.sender = sender
+
+    def release(self, job: Job) -> None:
+        """Give back a job claimed but not started (shutdown): pending again, with its
+        attempt not charged. If that fails, its lease expires instead."""
+        try:
+            if Job.objects.db_manager(self.alias).release(job, self.worker_id):
+                self.stats.released += 1
+                logger.info(
+                    "job %s released (shutdown before start)",
+                    job.id,
+                    extra={
+                        "action": "release",
+                        "job_id": job.id,
+                        "worker_id": self.worker_id,
+                    },
+                )
+        except DatabaseError:
+            logger.warning(
+                "job %s: could not release; its lease will expire",
+                job.id,
+                extra={
+                    "action": "release",
+                    "job_id": job.id,
+                    "worker_id": self.worker_id,
+                },
+            )
+            close_connection(self.alias)
+
+    def execute(self, job: Job) -> None:
+        """Run one held job on this thread's connection and record its outcome; the
+        caller removes it from ``held`` afterwards."""
+        recycle_connections()
+        with self.lock:
+            held = self.held[job.id]
+            held.started = time.monotonic()
+            lost = held.lost
+        if lost:
+            # A prefetched job whose lease the heartbeat already found taken back (the
+            # process was paused): another worker runs it; running it here too would
+            # only duplicate its effects.
+            self.stats.lost += 1
+            logger.warning(
+                "job %s: lease lost before the task started; not running it",
+                job.id,
+                extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
+            )
+            return
+        try:
+            task = load_task(job.task)
+        except ValueError as exc:
+            # Never retried: the code is gone or the path is not a Task.
+            self._record(job, "fail", error=TaskNotFound(str(exc)), retry=False)
+            return
+        timeout = task_option(task, "timeout")
+        transactional = bool(task_option(task, "transactional"))
+        with self.lock:
+            held.timeout = float(timeout) if isinstance(timeout, int | float) else None
+        token = _current.set(
+            CurrentJob(
+                id=job.id,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                idempotency_key=job.idempotency_key,
+                queue=job.queue,
+                worker_id=self.worker_id,
+                transactional=transactional,
+            )
+        )
+        try:
+            self._run(job, task, transactional=transactional)
+        finally:
+            _current.reset(token)
+
+    def _call(self, job: Job, task: Task, task_result: object) -> object:
+        """Call the task; return its JSON-safe value (a bad value raises here)."""
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+        else:
+            value = task.call(*job.args, **job.kwargs)
+        value = normalize_json(value)
+        validation.result_json(value)  # a bad return value fails the job here
+        return value
+
+    def _run(self, job: Job, task: Task, *, transactional: bool) -> None:
+        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
+        task_result = to_task_result(job, task)
+        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+        task_started.send(self.sender, task_result=task_result)
+        started = time.perf_counter()
+        completed_in_tx = False
+        try:
+            configure_session(self.alias, "runner", self.worker_id)
+            if transactional:
+                # The task's effects and the fenced completion commit together or not
+                # at all: a lost lease raises inside the block and rolls them back.
+                with transaction.atomic(using=self.alias):
+                    value = self._call(job, task, task_result)
+                    if not Job.objects.db_manager(self.alias).complete(
+                        job, self.worker_id, result=value
+                    ):
+                        raise LeaseLost(
+                            f"job {job.id}: lease lost before completion; "
+                            "the task's effects were rolled back"
+                        )
+                    completed_in_tx = True
+            else:
+                value = self._call(job, task, task_result)
+                wrapper = connections[self.alias]
+                if wrapper.in_atomic_block or not wrapper.get_autocommit():
+                    discard_connection(self.alias)
+                    raise TransactionLeak(
+                        "the task returned with a transaction still open; it was "
+                        "rolled back and the connection discarded"
+                    )
+        except LeaseLost:
+            self.stats.lost += 1
+            logger.warning(
+                "job %s: lease lost while running (transactional: effects rolled back, "
+                "nothing recorded); another worker owns it now",
+                job.id,
+                extra={"action": "lease_lost", **log_extra},
+            )
+            return
+        except BaseException as exc:
+            # BaseException too: a task's SystemExit or KeyboardInterrupt (or an
+            # asyncio.CancelledError) is its own failure; signals reach the main thread
+            # only. Swallowing nothing here would wedge the slot with the job held.
+            elapsed = time.perf_counter() - started
+            if (
+                completed_in_tx
+                and not isinstance(exc, DatabaseError)
+                and not connections[self.alias].in_atomic_block
+            ):
+                # Committed: only an on_commit callback raised after the commit.
+                self.stats.done += 1
+                logger.error(
+                    "job %s %s done (transactional), but an on_commit callback raised",
+                    job.id,
+                    job.task,
+                    exc_info=exc,
+                    extra={"action": "done", **log_extra},
+                )
+                return
+            if connections[self.alias].in_atomic_block:
+                discard_connection(self.alias)  # a task that leaked atomic() and raised
+            status = self._record(job, "fail", error=exc)
+            if status is not None:
+                logger.error(
+                    "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
+                    job.id,
+                    job.task,
+                    elapsed,
+                    job.attempts,
+                    job.max_attempts,
+                    status,
+                    exc_info=exc,
+                    extra={"action": "fail", **log_extra},
+                )
+                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                task_finished.send(self.sender, task_result=task_result)
+            return
+        elapsed = time.perf_counter() - started
+        if transactional:
+            self.stats.done += 1
+            recorded = True
+        else:
+            recorded = bool(self._record(job, "complete", result=value))
+        if recorded:
+            logger.info(
+                "job %s %s done in %.3fs (attempt %d%s)",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                ", transactional" if transactional else "",
+                extra={"action": "done", **log_extra},
+            )
+            object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(task_result, "_return_value", value)
+            task_finished.send(self.sender, task_result=task_result)
+
+    def _record(
+        self,
+        job: Job,
+        outcome: str,
+        *,
+        result: object = None,
+        error: BaseException | None = None,
+        retry: bool = True,
+    ) -> str | bool | None:
+        """Write a job's outcome, fenced; retry through database errors for about one
+        lease, then give up and let the lease expire (the sweeper recovers the job)."""
+        manager = Job.objects.db_manager(self.alias)
+        deadline = time.monotonic() + self.lease_seconds
+        failures = 0
+        while True:
+            try:
+                if outcome == "complete":
+                    written: str | bool | None = manager.complete(
+                        job, self.worker_id, result=result
+                    )
+                else:
+                    assert error is not None
+                    written = manager.fail(job, self.worker_id, error, retry=retry)
+                break
+            except DatabaseError as exc:
+                failures += 1
+                close_connection(self.alias)
+                if time.monotonic() > deadline or self.done.is_set():
+                    logger.error(
+                        "job %s: could not record %s (%s); its lease will expire",
+                        job.id,
+                        outcome,
+                        exc,
+                        extra={
+                            "action": outcome,
+                            "job_id": job.id,
+                            "worker_id": self.worker_id,
+                        },
+                    )
+                    return None
+                delay = backoff_delay(failures)
+                logger.warning(
+                    "job %s: could not record %s (%s); retrying in %.1fs",
+                    job.id,
+                    outcome,
+                    first_line(exc),
+                    delay,
+                    extra={"action": outcome, "job_id": job.id, "worker_id": self.worker_id},
+                )
+                time.sleep(delay)
+        if written in (None, False):
+            self.stats.lost += 1
+            logger.warning(
+                "job %s: lease lost before %s was recorded; another worker owns it now",
+                job.id,
+                outcome,
+                extra={
+                    "action": "lease_lost",
+                    "job_id": job.id,
+                    "worker_id": self.worker_id,
+                },
+            )
+        elif outcome == "complete":
+            self.stats.done += 1
+        else:
+            self.stats.failed += 1
+        return written
