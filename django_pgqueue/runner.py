@@ -15,7 +15,8 @@ import time
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
-from django.tasks import Task, TaskContext, TaskResultStatus
+from django.dispatch import Signal
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
@@ -48,7 +49,8 @@ class JobRunner:
     gets its start time and its task's timeout here, and a job the heartbeat already
     found lost is not started. Outcomes are counted in ``stats``; ``done`` cuts short
     the retries of an outcome that cannot be written; ``sender`` is the sender of
-    Django's ``task_started`` and ``task_finished`` signals (the worker's class)."""
+    Django's ``task_started`` and ``task_finished`` signals (the backend class, as
+    Django's own backends send them)."""
 
     def __init__(
         self,
@@ -76,7 +78,7 @@ class JobRunner:
         attempt not charged. If that fails, its lease expires instead."""
         try:
             if Job.objects.db_manager(self.alias).release(job, self.worker_id):
-                self.stats.released += 1
+                self.stats.count("released")
                 logger.info(
                     "job %s released (shutdown before start)",
                     job.id,
@@ -110,7 +112,7 @@ class JobRunner:
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused): another worker runs it; running it here too would
             # only duplicate its effects.
-            self.stats.lost += 1
+            self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost before the task started; not running it",
                 job.id,
@@ -122,6 +124,11 @@ class JobRunner:
         except ValueError as exc:
             # Never retried: the code is gone or the path is not a Task.
             self._record(job, "fail", error=TaskNotFound(str(exc)), retry=False)
+            return
+        except BaseException as exc:  # noqa: BLE001 - the task's module raised on import
+            # Recorded like a task error (and retried: it may be a deploy in progress),
+            # rather than lost to a lease expiry with no reason kept.
+            self._record(job, "fail", error=exc)
             return
         timeout = task_option(task, "timeout")
         transactional = bool(task_option(task, "transactional"))
@@ -143,6 +150,18 @@ class JobRunner:
         finally:
             _current.reset(token)
 
+    def _signal(self, signal: Signal, task_result: TaskResult) -> None:
+        """Send a Django task signal; a failing receiver is logged, never fatal to the
+        job (it would otherwise lose the job to a lease expiry with no error kept)."""
+        for receiver, response in signal.send_robust(self.sender, task_result=task_result):
+            if isinstance(response, Exception):
+                logger.error(
+                    "signal receiver %r raised; the job goes on",
+                    receiver,
+                    exc_info=response,
+                    extra={"action": "signal", "job_id": task_result.id},
+                )
+
     def _call(self, job: Job, task: Task, task_result: object) -> object:
         """Call the task; return its JSON-safe value (a bad value raises here)."""
         if task.takes_context:
@@ -157,7 +176,7 @@ class JobRunner:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         task_result = to_task_result(job, task)
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-        task_started.send(self.sender, task_result=task_result)
+        self._signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
         try:
@@ -185,7 +204,7 @@ class JobRunner:
                         "rolled back and the connection discarded"
                     )
         except LeaseLost:
-            self.stats.lost += 1
+            self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
                 "nothing recorded); another worker owns it now",
@@ -204,7 +223,7 @@ class JobRunner:
                 and not connections[self.alias].in_atomic_block
             ):
                 # Committed: only an on_commit callback raised after the commit.
-                self.stats.done += 1
+                self.stats.count("done")
                 logger.error(
                     "job %s %s done (transactional), but an on_commit callback raised",
                     job.id,
@@ -229,11 +248,11 @@ class JobRunner:
                     extra={"action": "fail", **log_extra},
                 )
                 object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                task_finished.send(self.sender, task_result=task_result)
+                self._signal(task_finished, task_result)
             return
         elapsed = time.perf_counter() - started
         if transactional:
-            self.stats.done += 1
+            self.stats.count("done")
             recorded = True
         else:
             recorded = bool(self._record(job, "complete", result=value))
@@ -249,7 +268,7 @@ class JobRunner:
             )
             object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
             object.__setattr__(task_result, "_return_value", value)
-            task_finished.send(self.sender, task_result=task_result)
+            self._signal(task_finished, task_result)
 
     def _record(
         self,
@@ -302,7 +321,7 @@ class JobRunner:
                 )
                 time.sleep(delay)
         if written in (None, False):
-            self.stats.lost += 1
+            self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost before %s was recorded; another worker owns it now",
                 job.id,
@@ -314,7 +333,7 @@ class JobRunner:
                 },
             )
         elif outcome == "complete":
-            self.stats.done += 1
+            self.stats.count("done")
         else:
-            self.stats.failed += 1
+            self.stats.count("failed")
         return written

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError
 
+from .backend import PgQueueBackend
 from .conf import settings
 from .dbconn import (
     backoff_delay,
@@ -72,12 +73,18 @@ class Held:
 
 @dataclass
 class WorkerStats:
+    """What a worker did; runner threads count concurrently, hence ``count()``."""
+
     claimed: int = 0
     done: int = 0
     failed: int = 0
     lost: int = 0
     released: int = 0
-    errors: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
 
 
 class Worker:
@@ -127,7 +134,7 @@ class Worker:
             lease_seconds=self.lease_seconds,
             stats=self.stats,
             done=self._done,
-            sender=type(self),
+            sender=PgQueueBackend,
         )
         self._heartbeat = Heartbeat(
             held=self._held,
@@ -256,7 +263,7 @@ class Worker:
             for job in jobs:
                 with self._lock:
                     self._held[job.id] = Held(job)
-                self.stats.claimed += 1
+                self.stats.count("claimed")
                 self._jobs.put(job)
             if jobs or promoted:
                 continue
@@ -283,10 +290,10 @@ class Worker:
                         self._runner.release(job)
                     else:
                         self._runner.execute(job)
-                except Exception:
-                    # A bug or an unexpected error of ours must not cost the slot: the
-                    # job is dropped from the heartbeat, so its lease expires and the
-                    # sweeper hands it out again.
+                except BaseException:
+                    # A bug or an unexpected error of ours (even a SystemExit) must not
+                    # cost the slot: the job is dropped from the heartbeat, so its lease
+                    # expires and the sweeper hands it out again.
                     logger.exception(
                         "job %s: internal error in the worker; its lease will expire",
                         job.id,

@@ -186,3 +186,41 @@ def test_worker__stop_lets_the_running_job_finish(job_factory, tmp_path):
     assert fresh(job).status == "done"
     # Claiming stopped: the second job was never taken.
     assert (fresh(waiting).status, fresh(waiting).attempts) == ("pending", 0)
+
+
+def test_worker__task_module_raising_on_import_fails_the_job_and_keeps_the_slot(
+    job_factory, run_worker
+):
+    broken = Job.objects.create(
+        task="tests.broken_at_import.some_task", max_attempts=1, args=[], kwargs={}
+    )
+    after = job_factory(args=[2, 3])
+    worker = run_worker(concurrency=1)
+    broken = fresh(broken)
+    assert broken.status == "dead"
+    assert broken.errors[-1]["exception_class_path"] == "builtins.SystemExit"
+    assert "broken at import" in broken.errors[-1]["traceback"]
+    # The only runner thread survived and ran the next job.
+    assert fresh(after).status == "done"
+    assert worker.stats.done == 1
+
+
+def test_worker__failing_task_signal_receiver_does_not_lose_the_job(job_factory, run_worker):
+    from django.tasks.signals import task_started
+
+    from django_pgqueue.backend import PgQueueBackend
+
+    senders = []
+
+    def receiver(sender, task_result, **kwargs):
+        senders.append(sender)
+        raise RuntimeError("receiver bug")
+
+    task_started.connect(receiver)
+    try:
+        job = job_factory(args=[1, 1])
+        run_worker()
+    finally:
+        task_started.disconnect(receiver)
+    assert (fresh(job).status, fresh(job).result) == ("done", 2)
+    assert senders == [PgQueueBackend]
