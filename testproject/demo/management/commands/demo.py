@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.db.models import Count, Q
@@ -44,6 +45,7 @@ class Command(BaseCommand):
         if workers < 2:
             raise CommandError("--workers must be at least 2 (one of them gets killed)")
         out = self.stdout.write
+        call_command("migrate", verbosity=0)  # a fresh machine starts with an empty server
         Job.objects.all().delete()
         Delivery.objects.all().delete()
 
