@@ -21,6 +21,8 @@ from .exceptions import InvalidJob
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_LENGTH = 255
+#: Largest value of an ``integer`` column (max_attempts).
+MAX_INT4 = 2**31 - 1
 
 
 def task_path(task: Any) -> str:
@@ -65,6 +67,8 @@ def priority(value: Any) -> int:
 def max_attempts(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidJob(f"max_attempts must be an int >= 1, not {value!r}")
+    if value > MAX_INT4:
+        raise InvalidJob(f"max_attempts {value} is over the largest allowed, {MAX_INT4}")
     return value
 
 

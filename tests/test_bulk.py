@@ -209,6 +209,8 @@ def test_bulk_enqueue__bad_job_in_10000_leaves_the_table_unchanged(job_factory):
         ({"task": ADD, "queue": ["q"]}, "queue name ['q'] is invalid"),
         ({"task": ADD, "run_at": dt.datetime(2030, 1, 1)}, "run_at 2030-01-01T00:00:00 is naive"),
         ({"task": ADD, "max_attempts": 0}, "max_attempts must be an int >= 1, not 0"),
+        # Binary COPY wrapped it around to a negative (or, at 2**32 + 3, to 3).
+        ({"task": ADD, "max_attempts": 2**31}, "max_attempts 2147483648 is over the largest"),
         ({"task": ADD, "idempotency_key": ""}, "idempotency_key must be a non-empty str"),
         ({"task": ADD, "backend": 3}, "backend must be a Tasks backend alias"),
         ({"task": ADD, "queue_name": "q"}, "unknown key 'queue_name'"),

@@ -305,6 +305,11 @@ BAD_INPUTS = {
     "max_attempts_zero": ({"max_attempts": 0}, "max_attempts must be an int >= 1, not 0"),
     "max_attempts_negative": ({"max_attempts": -2}, "max_attempts must be an int >= 1, not -2"),
     "max_attempts_bool": ({"max_attempts": True}, "max_attempts must be an int >= 1, not True"),
+    # Over the integer column: a DataError that aborted the caller's transaction.
+    "max_attempts_over_int4": (
+        {"max_attempts": 2**31},
+        "max_attempts 2147483648 is over the largest allowed, 2147483647",
+    ),
     "key_too_long": ({"idempotency_key": "k" * 256}, "at most 255 characters"),
     "key_empty": ({"idempotency_key": ""}, "idempotency_key must be a non-empty str"),
     "key_not_str": ({"idempotency_key": 5}, "idempotency_key must be a non-empty str"),
