@@ -37,6 +37,7 @@ from psycopg.pq import Format
 from . import sql, validation
 from .conf import settings
 from .exceptions import InvalidJob
+from .tasks import task_option
 
 logger = logging.getLogger(__name__)
 
@@ -159,12 +160,17 @@ class _RowMaker:
             if path is None:
                 path = self.task_paths[task] = validation.task_path(task)
         elif isinstance(task, Task):
-            # As enqueue(): a Task object brings its own queue and priority defaults.
+            # As enqueue(): a Task object brings its own queue, priority, run_after and
+            # max_attempts defaults.
             path = task.module_path
             queue = task.queue_name if queue is None else queue
             priority = task.priority if priority is None else priority
             if job.get("run_at") is None and task.run_after is not None:
                 job = {**job, "run_at": task.run_after}
+                get = job.get
+            own_attempts = task_option(task, "max_attempts")  # PgQueueTask's option
+            if job.get("max_attempts") is None and own_attempts is not None:
+                job = {**job, "max_attempts": own_attempts}
                 get = job.get
         elif task is None:
             raise InvalidJob("task is required")
@@ -417,7 +423,6 @@ def enqueue_many(
     from django.tasks.exceptions import InvalidTask
 
     from .backend import PgQueueBackend
-    from .tasks import task_option
 
     if not isinstance(task, Task):
         raise InvalidTask(f"enqueue_many needs a django.tasks.Task, not {type(task).__name__}")

@@ -404,6 +404,15 @@ def test_enqueue_many__uses_the_tasks_own_max_attempts():
 
 
 @pytest.mark.django_db
+def test_bulk_enqueue__task_object_brings_its_own_max_attempts():
+    """As enqueue(): a PgQueueTask's max_attempts is the default for its jobs."""
+    Job.objects.bulk_enqueue([{"task": fault_tasks.poison}, {"task": fault_tasks.poison}])
+    Job.objects.bulk_enqueue([{"task": fault_tasks.poison, "max_attempts": 7}])
+    assert sorted(Job.objects.values_list("max_attempts", flat=True)) == [3, 3, 7]
+    assert Job.objects.enqueue(fault_tasks.poison).max_attempts == 3
+
+
+@pytest.mark.django_db
 def test_enqueue_many__bad_call_names_its_position():
     with pytest.raises(InvalidJob, match=r"^job #2: expected an \(args, kwargs\) pair"):
         enqueue_many(demo.add, [((1, 2), {}), ((3, 4), {}), (5, 6, 7)])
