@@ -92,6 +92,7 @@ def idempotency_key(value: Any) -> str | None:
         )
     if "\x00" in value:
         raise InvalidJob("idempotency_key contains a NUL character (\\u0000)")
+    _check_unicode(value, "idempotency_key")
     return value
 
 

@@ -314,6 +314,11 @@ BAD_INPUTS = {
     "key_empty": ({"idempotency_key": ""}, "idempotency_key must be a non-empty str"),
     "key_not_str": ({"idempotency_key": 5}, "idempotency_key must be a non-empty str"),
     "key_nul": ({"idempotency_key": "a\x00"}, "idempotency_key contains a NUL character"),
+    # psycopg raised a bare UnicodeEncodeError while sending it.
+    "key_lone_surrogate": (
+        {"idempotency_key": "a\ud800"},
+        "idempotency_key contains a lone surrogate '\\ud800'",
+    ),
 }
 
 
