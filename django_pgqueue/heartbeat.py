@@ -120,8 +120,9 @@ class Heartbeat:
         for job in held:
             if job.id not in owned:
                 with self.lock:
-                    if job.id in self.held:
-                        self.held[job.id].lost = True
+                    entry = self.held.get(job.id)
+                    if entry is not None and entry.job is job:  # not a newer claim
+                        entry.lost = True
                 logger.warning(
                     "job %s: lease lost (expired and taken back)",
                     job.id,

@@ -105,13 +105,16 @@ class JobRunner:
         caller removes it from ``held`` afterwards."""
         recycle_connections()
         with self.lock:
-            held = self.held[job.id]
-            held.started = time.monotonic()
-            lost = held.lost
-        if lost:
+            held = self.held.get(job.id)
+            # Another entry: this worker claimed the job again (a newer attempt) after
+            # this copy's lease was taken back; this copy is stale.
+            lost = held is None or held.job is not job or held.lost
+            if held is not None and not lost:
+                held.started = time.monotonic()
+        if lost or held is None:
             # A prefetched job whose lease the heartbeat already found taken back (the
-            # process was paused): another worker runs it; running it here too would
-            # only duplicate its effects.
+            # process was paused), or that was claimed again: another run owns it;
+            # running it here too would only duplicate its effects.
             self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost before the task started; not running it",

@@ -262,6 +262,9 @@ class Worker:
             failures = 0
             for job in jobs:
                 with self._lock:
+                    # Replaces the entry of an older attempt this worker still runs
+                    # (its lease was taken back): only the newest is extended, and
+                    # the old run, once over, removes only its own entry.
                     self._held[job.id] = Held(job)
                 self.stats.count("claimed")
                 self._jobs.put(job)
@@ -301,11 +304,18 @@ class Worker:
                     )
                     close_connection(self.alias)
                 finally:
-                    with self._lock:
-                        self._held.pop(job.id, None)
+                    self._forget(job)
                     self._wakeup.set()
         finally:
             close_connection(self.alias)
+
+    def _forget(self, job: Job) -> None:
+        """Drop ``job``'s entry from the held table, unless a newer claim of the same
+        job (another attempt) has replaced it."""
+        with self._lock:
+            entry = self._held.get(job.id)
+            if entry is not None and entry.job is job:
+                del self._held[job.id]
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -329,8 +339,7 @@ class Worker:
                 break
             if unstarted is not None:
                 self._runner.release(unstarted)
-                with self._lock:
-                    self._held.pop(unstarted.id, None)
+                self._forget(unstarted)
         for _ in range(self.concurrency):
             self._jobs.put(None)
         grace = self.grace_seconds

@@ -11,6 +11,7 @@ from django.tasks import task
 from django_pgqueue.models import Job
 from django_pgqueue.worker import Worker
 from testproject.demo import tasks
+from tests import tasks as test_tasks
 from tests.conftest import wait_for
 from tests.tasks import sleep_after_marking
 
@@ -224,3 +225,63 @@ def test_worker__failing_task_signal_receiver_does_not_lose_the_job(job_factory,
         task_started.disconnect(receiver)
     assert (fresh(job).status, fresh(job).result) == ("done", 2)
     assert senders == [PgQueueBackend]
+
+
+def rescue_all_leases() -> None:
+    """Take back every running job, as a sweeper would once the leases ran out."""
+    Job.objects.sweep(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+
+
+def test_worker__stale_run_ending_keeps_the_reclaimed_attempt_leased(job_factory):
+    """Attempt 1 still runs when its lease is taken back and this same worker claims
+    the job again (attempt 2). When attempt 1 ends (fenced out), the worker must keep
+    extending attempt 2's lease: dropping it would hand the job to a third run."""
+    job = job_factory(task=test_tasks.gated, args=["reclaim"])
+    worker = Worker(concurrency=2, lease_seconds=1.0, poll_interval=0.05, worker_id="w-re")
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(test_tasks.STARTED["reclaim", 1].is_set, timeout=10)
+        rescue_all_leases()
+        wait_for(test_tasks.STARTED["reclaim", 2].is_set, timeout=10)
+        test_tasks.GATES["reclaim", 1].set()
+        wait_for(lambda: worker.stats.lost == 1, timeout=10)  # attempt 1 fenced out
+        before = fresh(job).lease_expires_at
+        wait_for(lambda: fresh(job).lease_expires_at > before, timeout=5)
+        assert job.id in worker._held
+        test_tasks.GATES["reclaim", 2].set()
+        wait_for(lambda: fresh(job).status == "done", timeout=10)
+    finally:
+        for gate in ("reclaim", 1), ("reclaim", 2):
+            test_tasks.GATES[gate].set()
+        worker.stop()
+        thread.join(10)
+    assert (fresh(job).attempts, fresh(job).result) == (2, 2)
+
+
+def test_worker__stale_prefetched_copy_of_a_reclaimed_job_is_not_run(job_factory):
+    """A prefetched job (attempt 1, not started) is taken back and claimed again by
+    this same worker (attempt 2) before a runner frees up. The stale copy must not run
+    (it would run the task on an attempt the worker no longer owns), and attempt 2
+    must still run."""
+    for gate in ("busy", 2), ("prefetched", 1), ("prefetched", 2):
+        test_tasks.GATES[gate].set()  # only attempt 1 of "busy" waits for the test
+    busy = job_factory(task=test_tasks.gated, args=["busy"])
+    worker = Worker(concurrency=1, batch_size=3, lease_seconds=1.0, poll_interval=0.05)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(test_tasks.STARTED["busy", 1].is_set, timeout=10)
+        prefetched = job_factory(task=test_tasks.gated, args=["prefetched"], priority=10)
+        wait_for(lambda: fresh(prefetched).status == "running", timeout=10)
+        rescue_all_leases()
+        wait_for(lambda: fresh(prefetched).attempts == 2, timeout=10)  # claimed again
+        test_tasks.GATES["busy", 1].set()
+        wait_for(lambda: fresh(prefetched).status == "done", timeout=10)
+        wait_for(lambda: fresh(busy).status == "done", timeout=10)
+    finally:
+        test_tasks.GATES["busy", 1].set()
+        worker.stop()
+        thread.join(10)
+    assert [run for run in test_tasks.RUNS if run[0] == "prefetched"] == [("prefetched", 2)]
+    assert (fresh(prefetched).attempts, fresh(prefetched).result) == (2, 2)
