@@ -162,7 +162,9 @@ class _RowMaker:
         elif isinstance(task, Task):
             # As enqueue(): a Task object brings its own queue, priority, run_after and
             # max_attempts defaults.
-            path = task.module_path
+            path = self.task_paths.get(task.module_path)
+            if path is None:
+                path = self.task_paths[task.module_path] = validation.task_path(task)
             queue = task.queue_name if queue is None else queue
             priority = task.priority if priority is None else priority
             if job.get("run_at") is None and task.run_after is not None:

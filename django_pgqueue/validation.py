@@ -29,9 +29,11 @@ def task_path(task: Any) -> str:
     """Return the dotted path of a Django ``Task`` given as an object or a path.
 
     A path must import to a ``Task`` now, so a typo fails at enqueue, not in a worker.
+    So must a ``Task``'s own path, which is how a worker loads it: a Task assigned to
+    another name than its function's (``job = task()(_job)``) would never run.
     """
     if isinstance(task, Task):
-        return task.module_path
+        task = task.module_path
     if isinstance(task, str):
         try:
             obj = import_string(task)

@@ -20,6 +20,7 @@ from django_pgqueue.conf import settings
 from django_pgqueue.models import Job
 from testproject.demo import fault_tasks
 from testproject.demo import tasks as demo
+from tests.tasks import renamed
 
 ADD = "testproject.demo.tasks.add"
 
@@ -205,6 +206,7 @@ def test_bulk_enqueue__bad_job_in_10000_leaves_the_table_unchanged(job_factory):
             {"task": "testproject.demo.tasks.not_a_task"},
             "task 'testproject.demo.tasks.not_a_task' is a function",
         ),
+        ({"task": renamed}, "task 'tests.tasks._renamed' is a function, not a django"),
         ({"task": ADD, "queue": "bad queue"}, "queue name 'bad queue' is invalid"),
         ({"task": ADD, "queue": ["q"]}, "queue name ['q'] is invalid"),
         ({"task": ADD, "run_at": dt.datetime(2030, 1, 1)}, "run_at 2030-01-01T00:00:00 is naive"),

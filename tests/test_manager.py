@@ -19,6 +19,7 @@ from django_pgqueue import sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
 from testproject.demo import tasks
+from tests import tasks as test_tasks
 from tests.conftest import wait_for
 
 S = dt.timedelta(seconds=1)
@@ -264,6 +265,11 @@ BAD_INPUTS = {
     "task_plain_function_path": (
         {"task": NOT_A_TASK},
         f"task '{NOT_A_TASK}' is a function, not a django.tasks.Task",
+    ),
+    # A worker loads a task by its module path; this one's path names a plain function.
+    "task_object_path_not_a_task": (
+        {"task": test_tasks.renamed},
+        "task 'tests.tasks._renamed' is a function, not a django.tasks.Task",
     ),
     "args_dict": ({"args": {"a": 1}}, "args must be a list or tuple, not dict"),
     "args_object": ({"args": [object()]}, "args[0] is a object, which is not JSON"),
