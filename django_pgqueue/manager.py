@@ -242,18 +242,26 @@ class JobManager(models.Manager["Job"]):
     ) -> set[int]:
         """Extend the leases ``worker_id`` still holds; return the ids it still owns.
 
-        Give ``Job`` objects to fence on the attempt as well as the owner; plain ids
-        fence on the owner only. An id missing from the result is a lost lease.
+        Give ``Job`` objects (as ``claim`` returned them) to fence on the attempt and its
+        claim time as well as the owner; plain ids fence on the owner only. An id missing
+        from the result is a lost lease.
         """
-        pairs = sorted((j, None) if isinstance(j, int) else (j.id, j.attempts) for j in jobs)
-        if not pairs:
+        owned = sorted(
+            (
+                (j, None, None) if isinstance(j, int) else (j.id, j.attempts, j.last_attempted_at)
+                for j in jobs
+            ),
+            key=lambda o: o[0],  # ascending ids: a stable lock order
+        )
+        if not owned:
             return set()
         rows = self._rows(
             sql.JOB_EXTEND_LEASES,
             {
                 "worker_id": worker_id,
-                "ids": [p[0] for p in pairs],
-                "attempts": [p[1] for p in pairs],
+                "ids": [o[0] for o in owned],
+                "attempts": [o[1] for o in owned],
+                "claimed_at": [o[2] for o in owned],
                 "lease_seconds": settings.LEASE_SECONDS
                 if lease_seconds is None
                 else lease_seconds,
@@ -278,6 +286,7 @@ class JobManager(models.Manager["Job"]):
                     "id": job.id,
                     "worker_id": worker_id,
                     "attempt": job.attempts,
+                    "claimed_at": job.last_attempted_at,
                     "result": validation.result_json(result),
                     "now": now,
                 },
@@ -302,6 +311,7 @@ class JobManager(models.Manager["Job"]):
                 "id": job.id,
                 "worker_id": worker_id,
                 "attempt": job.attempts,
+                "claimed_at": job.last_attempted_at,
                 "retry": retry,
                 "backoff_base": float(settings.RETRY_BACKOFF_BASE),
                 "backoff_max": float(settings.RETRY_BACKOFF_MAX),
@@ -317,7 +327,12 @@ class JobManager(models.Manager["Job"]):
         return bool(
             self._rows(
                 sql.JOB_RELEASE,
-                {"id": job.id, "worker_id": worker_id, "attempt": job.attempts},
+                {
+                    "id": job.id,
+                    "worker_id": worker_id,
+                    "attempt": job.attempts,
+                    "claimed_at": job.last_attempted_at,
+                },
             )
         )
 

@@ -8,9 +8,10 @@ Rules kept by every statement here:
   ``clock_timestamp()`` rather than ``now()`` because ``now()`` is frozen at transaction
   start and may be stale after waiting on a lock.
 * Every state change is one statement, so it is atomic without an explicit transaction.
-* Worker writes are *fenced* on ``(id, status = 'running', lease_owner, attempts)``: a
-  worker whose lease was taken back updates zero rows instead of overwriting a newer
-  attempt.
+* Worker writes are *fenced* on ``(id, status = 'running', lease_owner, attempts,
+  last_attempted_at)``: a worker whose lease was taken back updates zero rows instead of
+  overwriting a newer attempt. The claim time is part of the fence because a requeue
+  resets attempts, so the same worker may claim the job again at the same attempt.
 * Multi-row maintenance uses ``FOR UPDATE SKIP LOCKED`` with a ``LIMIT`` so it never
   waits on, or deadlocks with, workers, and never runs unbounded.
 
@@ -108,6 +109,7 @@ WHERE id = %(id)s
   AND status = 'running'
   AND lease_owner = %(worker_id)s
   AND attempts = %(attempt)s
+  AND last_attempted_at = %(claimed_at)s
 RETURNING id
 """
 
@@ -194,17 +196,20 @@ RETURNING j.*, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
 # Push the lease of jobs this worker still owns further into the future.
-# Primary-key lookups via unnest; fenced on owner and attempt so a worker can never
-# extend a lease it lost. Returns the ids still owned, so a lost lease is visible.
+# Primary-key lookups via unnest; fenced on owner and attempt (and its claim time) so a
+# worker can never extend a lease it lost. Returns the ids still owned, so a lost lease
+# is visible.
 JOB_EXTEND_LEASES = """
 UPDATE pgqueue_job AS j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
                        + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS owned(id, attempt)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamptz[])
+     AS owned(id, attempt, claimed_at)
 WHERE j.id = owned.id
   AND j.status = 'running'
   AND j.lease_owner = %(worker_id)s
-  AND (owned.attempt IS NULL OR j.attempts = owned.attempt)
+  AND (owned.attempt IS NULL
+       OR (j.attempts = owned.attempt AND j.last_attempted_at = owned.claimed_at))
 RETURNING j.id
 """
 
@@ -238,6 +243,7 @@ WHERE j.id = %(id)s
   AND j.status = 'running'
   AND j.lease_owner = %(worker_id)s
   AND j.attempts = %(attempt)s
+  AND j.last_attempted_at = %(claimed_at)s
 RETURNING j.status
 """
 
@@ -350,6 +356,7 @@ WHERE id = %(id)s
   AND status = 'running'
   AND lease_owner = %(worker_id)s
   AND attempts = %(attempt)s
+  AND last_attempted_at = %(claimed_at)s
 RETURNING id
 """
 

@@ -625,6 +625,30 @@ def test_complete__same_worker_older_attempt_is_fenced_out(job_factory, now):
 
 
 @pytest.mark.django_db
+def test_complete__same_worker_run_before_a_requeue_is_fenced_out(job_factory, now):
+    """Requeue resets attempts, so the same worker claiming the job again holds the
+    same (owner, attempt) as its run that died: that run, finishing late, must still
+    change nothing."""
+    job_factory(max_attempts=1)
+    stale = claim_one("A", lease_seconds=10, now=now)
+    assert Job.objects.sweep(now=now + 11 * S).dead == 1
+    assert Job.objects.requeue_dead([stale.id], now=now + 12 * S) == [stale.id]
+    current = claim_one("A", lease_seconds=10, now=now + 13 * S)
+    assert (current.lease_owner, current.attempts) == (stale.lease_owner, stale.attempts)
+    before = row_snapshot(current)
+
+    assert Job.objects.complete(stale, "A", result="late") is False
+    assert Job.objects.fail(stale, "A", boom()) is None
+    assert Job.objects.release(stale, "A") is False
+    assert Job.objects.extend_leases("A", [stale], now=now + 14 * S) == set()
+    assert row_snapshot(current) == before
+
+    assert Job.objects.extend_leases("A", [current], now=now + 14 * S) == {current.id}
+    assert Job.objects.complete(current, "A", result="on time") is True
+    assert fresh(current).result == "on time"
+
+
+@pytest.mark.django_db
 def test_complete__rejects_a_non_json_result_without_writing(job_factory):
     job_factory()
     job = claim_one()

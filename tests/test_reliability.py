@@ -368,7 +368,14 @@ def test_sweep__skips_a_job_whose_completion_is_committing(
     completing = other_connection()
     completing.execute(
         sql.JOB_COMPLETE,
-        {"id": claimed.id, "worker_id": "w1", "attempt": 1, "result": "1", "now": None},
+        {
+            "id": claimed.id,
+            "worker_id": "w1",
+            "attempt": 1,
+            "claimed_at": claimed.last_attempted_at,
+            "result": "1",
+            "now": None,
+        },
     )  # inside an open transaction: the row is locked, not yet done
     assert Job.objects.sweep().recovered == 0  # SKIP LOCKED: no wait, no rescue
     completing.commit()
