@@ -11,7 +11,10 @@ Rules kept by every statement here:
 * Worker writes are *fenced* on ``(id, status = 'running', lease_owner, attempts,
   last_attempted_at)``: a worker whose lease was taken back updates zero rows instead of
   overwriting a newer attempt. The claim time is part of the fence because a requeue
-  resets attempts, so the same worker may claim the job again at the same attempt.
+  resets attempts, so the same worker may claim the job again at the same attempt. It
+  is compared as the session's wall-clock ``timestamp``: with ``USE_TZ = False`` Django
+  hands back naive local times, which would be ambiguous as ``timestamptz`` in the
+  repeated hour of a DST change.
 * Multi-row maintenance uses ``FOR UPDATE SKIP LOCKED`` with a ``LIMIT`` so it never
   waits on, or deadlocks with, workers, and never runs unbounded.
 
@@ -109,7 +112,7 @@ WHERE id = %(id)s
   AND status = 'running'
   AND lease_owner = %(worker_id)s
   AND attempts = %(attempt)s
-  AND last_attempted_at = %(claimed_at)s
+  AND last_attempted_at::timestamp = %(claimed_at)s::timestamp
 RETURNING id
 """
 
@@ -203,13 +206,14 @@ JOB_EXTEND_LEASES = """
 UPDATE pgqueue_job AS j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
                        + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamptz[])
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[])
      AS owned(id, attempt, claimed_at)
 WHERE j.id = owned.id
   AND j.status = 'running'
   AND j.lease_owner = %(worker_id)s
   AND (owned.attempt IS NULL
-       OR (j.attempts = owned.attempt AND j.last_attempted_at = owned.claimed_at))
+       OR (j.attempts = owned.attempt
+           AND j.last_attempted_at::timestamp = owned.claimed_at))
 RETURNING j.id
 """
 
@@ -243,7 +247,7 @@ WHERE j.id = %(id)s
   AND j.status = 'running'
   AND j.lease_owner = %(worker_id)s
   AND j.attempts = %(attempt)s
-  AND j.last_attempted_at = %(claimed_at)s
+  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
 RETURNING j.status
 """
 
@@ -356,7 +360,7 @@ WHERE id = %(id)s
   AND status = 'running'
   AND lease_owner = %(worker_id)s
   AND attempts = %(attempt)s
-  AND last_attempted_at = %(claimed_at)s
+  AND last_attempted_at::timestamp = %(claimed_at)s::timestamp
 RETURNING id
 """
 
