@@ -73,6 +73,16 @@ BAD_ARGUMENTS = {
         ["--poll-interval", "0"],
         "argument --poll-interval: '0' must be a positive number",
     ),
+    "worker_id_too_long": (
+        "pgqueue_worker",
+        ["--worker-id", "w" * 256],
+        "is not a valid worker id (1-255 printable characters)",
+    ),
+    "worker_id_control_char": (
+        "pgqueue_worker",
+        ["--worker-id", "w\n1"],
+        "is not a valid worker id",
+    ),
     "sweep_interval_zero": (
         "pgqueue_sweep",
         ["--loop", "--interval", "0"],

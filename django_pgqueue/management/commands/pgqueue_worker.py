@@ -52,6 +52,15 @@ def queue_name(value: str) -> str:
     return value
 
 
+def worker_id(value: str) -> str:
+    """A lease owner name: it is stored in lease_owner (255 characters at most)."""
+    if not value or len(value) > 255 or not value.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{value[:40]!r} is not a valid worker id (1-255 printable characters)"
+        )
+    return value
+
+
 def configure_logging(verbosity: int) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger = logging.getLogger("django_pgqueue")
@@ -104,6 +113,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--worker-id",
+            type=worker_id,
             default=None,
             help="Lease owner name (default: host:pid:random)",
         )
