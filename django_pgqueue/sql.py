@@ -145,13 +145,24 @@ ORDER BY status, queue
 """
 
 # Discard dead letters by id (admin). Primary-key lookups; guarded by status = 'dead',
-# so a job requeued by someone else in the meantime is never deleted. Returns the ids
-# actually deleted, so the admin reports how many rows changed.
+# so a job requeued by someone else in the meantime is never deleted. Rows are locked
+# in id order, as JOB_REQUEUE_DEAD locks them, so two operators discarding and
+# requeueing overlapping selections wait for each other instead of deadlocking.
+# Returns the ids actually deleted, so the admin reports how many rows changed.
 JOB_DELETE_DEAD = """
-DELETE FROM pgqueue_job
-WHERE id = ANY(%(ids)s::bigint[])
-  AND status = 'dead'
-RETURNING id
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status = 'dead'
+    ORDER BY id
+    FOR UPDATE
+)
+DELETE FROM pgqueue_job AS j
+USING locked
+WHERE j.id = locked.id
+  AND j.status = 'dead'
+RETURNING j.id
 """
 
 # Delete done jobs that finished before the retention horizon, one bounded batch.
@@ -372,7 +383,9 @@ RETURNING id
 # whose idempotency key a live job in the target queue already holds is skipped, as
 # is all but the newest of several selected jobs sharing one key (the partial unique
 # index pgqueue_job_idempotency_uniq answers the NOT EXISTS). pg_notify in RETURNING
-# wakes workers at commit (PostgreSQL folds duplicate notifications).
+# wakes workers at commit (PostgreSQL folds duplicate notifications). Rows are locked
+# in id order first (like JOB_DELETE_DEAD), so concurrent requeues and discards of
+# overlapping selections cannot deadlock.
 JOB_REQUEUE_DEAD = """
 WITH picked AS (
     SELECT DISTINCT ON (target_queue, idempotency_key,
@@ -381,7 +394,9 @@ WITH picked AS (
     FROM (SELECT id, idempotency_key, coalesce(%(queue)s::text, queue) AS target_queue
           FROM pgqueue_job
           WHERE id = ANY(%(ids)s::bigint[])
-            AND status = 'dead') AS dead
+            AND status = 'dead'
+          ORDER BY id
+          FOR UPDATE) AS dead
     ORDER BY target_queue, idempotency_key,
              CASE WHEN idempotency_key IS NULL THEN id END, id DESC
 )

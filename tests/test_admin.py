@@ -667,3 +667,44 @@ def test_dead_letter_admin__proxy_and_json_details(admin_client, dead_factory):
     assert escape(json.dumps({"to": "ann@example.com"}, indent=2)) in content
     dead_letter_page = reverse("admin:django_pgqueue_deadletter_change", args=[job.pk])
     assert f'Dead (<a href="{dead_letter_page}">requeue or discard it</a>)' in content
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+def test_requeue_and_discard__overlapping_selections_do_not_deadlock(
+    dead_factory, other_connection
+):
+    # Requeue orders its work by queue; a lock order following that would take b
+    # ("aaa") before a ("zzz") and deadlock against a discard holding a, wanting b.
+    a = dead_factory(queue="zzz")
+    b = dead_factory(queue="aaa")
+    first = other_connection()
+    first.execute("SELECT id FROM pgqueue_job WHERE id = %s FOR UPDATE", [a.pk])
+    result: dict[str, Any] = {}
+
+    def operator_2() -> None:
+        try:
+            result["ids"] = Job.objects.requeue_dead([a.pk, b.pk])
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator_2)
+    thread.start()
+    watcher = other_connection(autocommit=True)
+    wait_for(
+        lambda: watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s",
+            ["%pgqueue_job%"],
+        ).fetchone()[0]
+    )
+    # Operator 1 now discards b: the requeue waits on a without holding b, so this goes
+    # through at once instead of deadlocking (lock_timeout turns a wait into an error).
+    first.execute("SET LOCAL lock_timeout = '2s'")
+    deleted = first.execute(sql.JOB_DELETE_DEAD, {"ids": [b.pk]}).fetchall()
+    first.commit()
+    thread.join(10)
+    assert deleted == [(b.pk,)]
+    assert result["ids"] == [a.pk]
+    a.refresh_from_db()
+    assert a.status == "pending"
