@@ -323,6 +323,29 @@ def test_requeue_action__select_all_takes_the_filtered_list(admin_client, dead_f
     assert status_of(*mail, other) == ["pending", "pending", "dead"]
 
 
+def requeue_until_blocked(ids: list[int], watcher: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start ``Job.objects.requeue_dead(ids)`` in a thread (operator 2) and return once
+    it waits on a row lock; its result lands in the returned dict under "ids"."""
+    result: dict[str, Any] = {}
+
+    def operator_2() -> None:
+        try:
+            result["ids"] = Job.objects.requeue_dead(ids)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=operator_2)
+    thread.start()
+    wait_for(
+        lambda: watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s",
+            ["%pgqueue_job%"],
+        ).fetchone()[0]
+    )
+    return thread, result
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.concurrency
 def test_requeue_dead__racing_requeue_waits_then_changes_nothing(dead_factory, other_connection):
@@ -338,24 +361,7 @@ def test_requeue_dead__racing_requeue_waits_then_changes_nothing(dead_factory, o
             "channel": settings.NOTIFY_CHANNEL,
         },
     )
-    result: dict[str, Any] = {}
-
-    def operator_2() -> None:
-        try:
-            result["ids"] = Job.objects.requeue_dead([job.pk])
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=operator_2)
-    thread.start()
-    watcher = other_connection(autocommit=True)
-    wait_for(
-        lambda: watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s",
-            ["%pgqueue_job%"],
-        ).fetchone()[0]
-    )
+    thread, result = requeue_until_blocked([job.pk], other_connection(autocommit=True))
     first.commit()
     thread.join(10)
     assert result["ids"] == []  # re-checked the guard after the lock: no double requeue
@@ -680,24 +686,7 @@ def test_requeue_and_discard__overlapping_selections_do_not_deadlock(
     b = dead_factory(queue="aaa")
     first = other_connection()
     first.execute("SELECT id FROM pgqueue_job WHERE id = %s FOR UPDATE", [a.pk])
-    result: dict[str, Any] = {}
-
-    def operator_2() -> None:
-        try:
-            result["ids"] = Job.objects.requeue_dead([a.pk, b.pk])
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=operator_2)
-    thread.start()
-    watcher = other_connection(autocommit=True)
-    wait_for(
-        lambda: watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s",
-            ["%pgqueue_job%"],
-        ).fetchone()[0]
-    )
+    thread, result = requeue_until_blocked([a.pk, b.pk], other_connection(autocommit=True))
     # Operator 1 now discards b: the requeue waits on a without holding b, so this goes
     # through at once instead of deadlocking (lock_timeout turns a wait into an error).
     first.execute("SET LOCAL lock_timeout = '2s'")
