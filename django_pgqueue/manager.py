@@ -293,6 +293,38 @@ class JobManager(models.Manager["Job"]):
             )
         )
 
+    def complete_many(
+        self,
+        completions: Sequence[tuple[Job, Any]],
+        worker_id: str,
+        *,
+        now: dt.datetime | None = None,
+    ) -> list[bool]:
+        """Mark many ``(job, result)`` done in one statement, each fenced like
+        ``complete()``; return, in input order, whether each was recorded (False: that
+        lease was lost, and the job is unchanged). Results must be JSON-safe
+        (``validation.result_json`` is applied to each)."""
+        if not completions:
+            return []
+        # Ascending ids: the lock order of the heartbeat's JOB_EXTEND_LEASES.
+        order = sorted(range(len(completions)), key=lambda i: completions[i][0].id)
+        jobs = [completions[i][0] for i in order]
+        rows = self._rows(
+            sql.JOB_COMPLETE_MANY,
+            {
+                "worker_id": worker_id,
+                "ids": [job.id for job in jobs],
+                "attempts": [job.attempts for job in jobs],
+                "claimed_at": [job.last_attempted_at for job in jobs],
+                "results": [validation.result_json(completions[i][1]) for i in order],
+                "now": now,
+            },
+        )
+        recorded = [False] * len(completions)
+        for (ord_,) in rows:
+            recorded[order[ord_ - 1]] = True
+        return recorded
+
     def fail(
         self,
         job: Job,
