@@ -216,8 +216,12 @@ class Worker:
         (claimed jobs wait locally, their leases kept alive by the heartbeat)."""
         with self._lock:
             # Jobs waiting for their batched completion hold no slot (they stay held
-            # only so that the heartbeat keeps extending their leases).
-            busy = sum(1 for h in self._held.values() if not h.completing)
+            # only so that the heartbeat keeps extending their leases), unless more
+            # than a full batch of them waits: then the completer is behind, and
+            # claiming slows down until it catches up (back-pressure).
+            completing = sum(1 for h in self._held.values() if h.completing)
+            busy = len(self._held) - completing
+            busy += max(0, completing - self._completer.max_batch)
             return max(self.concurrency, self.batch_size) - busy
 
     def _heartbeat_alive(self) -> bool:

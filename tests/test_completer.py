@@ -186,3 +186,16 @@ def test_completer__sigterm_flushes_pending_completions_before_exit(
         sorted(ids)
     )
     assert worker.output().count(" done in ") == 6  # one INFO line per job, at the flush
+
+
+def test_completer__waiting_jobs_free_their_slots_up_to_one_batch(settings):
+    """Finished jobs waiting for their flush do not count against the claim's free
+    slots, except the part of the backlog beyond one full batch (back-pressure)."""
+    settings.PGQUEUE_COMPLETION_BATCH_SIZE = 10
+    worker = Worker(concurrency=4, batch_size=8)
+    worker._held.update({i: Held(Job(id=i)) for i in range(2)})  # running
+    assert worker._free_slots() == 6
+    worker._held.update({i: Held(Job(id=i), completing=True) for i in range(2, 12)})
+    assert worker._free_slots() == 6  # one batch waits: no slot taken
+    worker._held.update({i: Held(Job(id=i), completing=True) for i in range(12, 15)})
+    assert worker._free_slots() == 3  # three beyond the batch take three slots
