@@ -1,8 +1,9 @@
 """Helpers for the database connection of one worker or sweeper thread.
 
-Every worker thread (claim, heartbeat, runners) uses its own Django connection to the
-jobs database. These helpers label it, recycle it between jobs, drop it after an error,
-throw it away when a task left a transaction open on it, and pace reconnect loops.
+Every worker thread (claim, heartbeat, runners, completer) uses its own Django
+connection to the jobs database. These helpers label it, recycle it between jobs, drop
+it after an error, throw it away when a task left a transaction open on it, and pace
+reconnect loops.
 """
 
 from __future__ import annotations

@@ -92,7 +92,14 @@ class Heartbeat:
                 limit = h.timeout if h.timeout is not None else default_timeout
                 if h.lost or h.timed_out:
                     continue
-                if limit is not None and h.started is not None and now - h.started >= limit:
+                # A job waiting for its batched completion has finished running: its
+                # lease is extended until the completer writes it, whatever its timeout.
+                if (
+                    limit is not None
+                    and h.started is not None
+                    and not h.completing
+                    and now - h.started >= limit
+                ):
                     h.timed_out = True
                     timed_out.append((h.job, limit))
                     continue

@@ -106,8 +106,45 @@ class JobManager(models.Manager["Job"]):
         return self._db or settings.DATABASE
 
     def _jobs(self, query: str, params: dict[str, Any]) -> list[Job]:
-        """Run a statement that returns job rows; materialise them as ``Job``s."""
-        return list(self.model.objects.db_manager(self.alias).raw(query, params))
+        """Run a statement that returns job rows; materialise them as ``Job``s.
+
+        What ``RawQuerySet`` would do (fields matched by column name, the fields' own
+        database converters, extra columns set as attributes), without its per-query
+        machinery: on the claim path that cost ten times the statement itself."""
+        alias = self.alias
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            cursor.execute(query, params)
+            columns = tuple(column.name for column in cursor.description)
+            rows = cursor.fetchall()
+        if not rows:
+            return []
+        opts = self.model._meta
+        position = {name: i for i, name in enumerate(columns)}
+        fields = opts.concrete_fields
+        if any(f.column not in position for f in fields):
+            # Not every column (never the case for the statements of sql.py).
+            return list(self.model.objects.db_manager(alias).raw(query, params))
+        order = [position[f.column] for f in fields]
+        converters = [
+            (position[f.column], f.get_db_converters(connection))
+            for f in fields
+            if f.get_db_converters(connection)
+        ]
+        known = {f.column for f in fields}
+        extra = [(name, i) for i, name in enumerate(columns) if name not in known]
+        names = [f.attname for f in fields]
+        jobs = []
+        for row in rows:
+            values = list(row)
+            for i, funcs in converters:
+                for func in funcs:
+                    values[i] = func(values[i], None, connection)
+            job = self.model.from_db(alias, names, [values[i] for i in order])
+            for name, i in extra:
+                setattr(job, name, values[i])
+            jobs.append(job)
+        return jobs
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with connections[self.alias].cursor() as cursor:
@@ -292,6 +329,38 @@ class JobManager(models.Manager["Job"]):
                 },
             )
         )
+
+    def complete_many(
+        self,
+        completions: Sequence[tuple[Job, Any]],
+        worker_id: str,
+        *,
+        now: dt.datetime | None = None,
+    ) -> list[bool]:
+        """Mark many ``(job, result)`` done in one statement, each fenced like
+        ``complete()``; return, in input order, whether each was recorded (False: that
+        lease was lost, and the job is unchanged). Results must be JSON-safe
+        (``validation.result_json`` is applied to each)."""
+        if not completions:
+            return []
+        # Ascending ids: the lock order of the heartbeat's JOB_EXTEND_LEASES.
+        order = sorted(range(len(completions)), key=lambda i: completions[i][0].id)
+        jobs = [completions[i][0] for i in order]
+        rows = self._rows(
+            sql.JOB_COMPLETE_MANY,
+            {
+                "worker_id": worker_id,
+                "ids": [job.id for job in jobs],
+                "attempts": [job.attempts for job in jobs],
+                "claimed_at": [job.last_attempted_at for job in jobs],
+                "results": [validation.result_json(completions[i][1]) for i in order],
+                "now": now,
+            },
+        )
+        recorded = [False] * len(completions)
+        for (ord_,) in rows:
+            recorded[order[ord_ - 1]] = True
+        return recorded
 
     def fail(
         self,

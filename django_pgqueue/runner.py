@@ -22,6 +22,7 @@ from django.utils.json import normalize_json
 
 from . import validation
 from .backend import load_task, to_task_result
+from .completer import Completer, Completion
 from .dbconn import (
     backoff_delay,
     close_connection,
@@ -50,7 +51,8 @@ class JobRunner:
     found lost is not started. Outcomes are counted in ``stats``; ``done`` cuts short
     the retries of an outcome that cannot be written; ``sender`` is the sender of
     Django's ``task_started`` and ``task_finished`` signals (the backend class, as
-    Django's own backends send them)."""
+    Django's own backends send them). With a ``completer``, successful ordinary jobs
+    are handed to it to be recorded in batches; without one, each is recorded here."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class JobRunner:
         stats: WorkerStats,
         done: threading.Event,
         sender: type,
+        completer: Completer | None = None,
     ) -> None:
         self.held = held
         self.lock = lock
@@ -72,6 +75,7 @@ class JobRunner:
         self.stats = stats
         self.done = done
         self.sender = sender
+        self.completer = completer
 
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
@@ -100,9 +104,10 @@ class JobRunner:
             )
             close_connection(self.alias)
 
-    def execute(self, job: Job) -> None:
-        """Run one held job on this thread's connection and record its outcome; the
-        caller removes it from ``held`` afterwards."""
+    def execute(self, job: Job) -> bool:
+        """Run one held job on this thread's connection and record its outcome. Return
+        True if the job went to the completer, which removes it from ``held`` once its
+        completion is written; otherwise the caller removes it afterwards."""
         recycle_connections()
         with self.lock:
             held = self.held.get(job.id)
@@ -121,18 +126,18 @@ class JobRunner:
                 job.id,
                 extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
-            return
+            return False
         try:
             task = load_task(job.task)
         except ValueError as exc:
             # Never retried: the code is gone or the path is not a Task.
             self._record(job, "fail", error=TaskNotFound(str(exc)), retry=False)
-            return
+            return False
         except BaseException as exc:  # noqa: BLE001 - the task's module raised on import
             # Recorded like a task error (and retried: it may be a deploy in progress),
             # rather than lost to a lease expiry with no reason kept.
             self._record(job, "fail", error=exc)
-            return
+            return False
         timeout = task_option(task, "timeout")
         transactional = bool(task_option(task, "transactional"))
         with self.lock:
@@ -149,7 +154,7 @@ class JobRunner:
             )
         )
         try:
-            self._run(job, task, transactional=transactional)
+            return self._run(job, task, transactional=transactional)
         finally:
             _current.reset(token)
 
@@ -175,7 +180,7 @@ class JobRunner:
         validation.result_json(value)  # a bad return value fails the job here
         return value
 
-    def _run(self, job: Job, task: Task, *, transactional: bool) -> None:
+    def _run(self, job: Job, task: Task, *, transactional: bool) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         task_result = to_task_result(job, task)
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
@@ -214,7 +219,7 @@ class JobRunner:
                 job.id,
                 extra={"action": "lease_lost", **log_extra},
             )
-            return
+            return False
         except BaseException as exc:
             # BaseException too: a task's SystemExit or KeyboardInterrupt (or an
             # asyncio.CancelledError) is its own failure; signals reach the main thread
@@ -234,7 +239,7 @@ class JobRunner:
                     exc_info=exc,
                     extra={"action": "done", **log_extra},
                 )
-                return
+                return False
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             status = self._record(job, "fail", error=exc)
@@ -252,26 +257,63 @@ class JobRunner:
                 )
                 object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
                 self._signal(task_finished, task_result)
-            return
+            return False
         elapsed = time.perf_counter() - started
         if transactional:
             self.stats.count("done")
             recorded = True
+        elif self.completer is not None:
+            # Recorded in a batch by the completer thread, which logs it and sends
+            # task_finished once the fenced write succeeded; the job stays held (its
+            # lease extended) until then.
+            with self.lock:
+                held = self.held.get(job.id)
+                if held is not None and held.job is job:
+                    held.completing = True
+            self.completer.submit(Completion(job, value, elapsed, task_result, _current.get()))
+            return True
         else:
             recorded = bool(self._record(job, "complete", result=value))
         if recorded:
-            logger.info(
-                "job %s %s done in %.3fs (attempt %d%s)",
-                job.id,
-                job.task,
-                elapsed,
-                job.attempts,
-                ", transactional" if transactional else "",
-                extra={"action": "done", **log_extra},
+            self._report_done(job, value, elapsed, task_result, transactional=transactional)
+        return False
+
+    def finished(self, completion: Completion) -> None:
+        """Report a completion the completer recorded: the "done" line and Django's
+        ``task_finished``, with ``current_job()`` set as it was while the task ran."""
+        token = _current.set(completion.current)
+        try:
+            self._report_done(
+                completion.job,
+                completion.value,
+                completion.elapsed,
+                completion.task_result,
+                transactional=False,
             )
-            object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
-            object.__setattr__(task_result, "_return_value", value)
-            self._signal(task_finished, task_result)
+        finally:
+            _current.reset(token)
+
+    def _report_done(
+        self,
+        job: Job,
+        value: object,
+        elapsed: float,
+        task_result: TaskResult,
+        *,
+        transactional: bool,
+    ) -> None:
+        logger.info(
+            "job %s %s done in %.3fs (attempt %d%s)",
+            job.id,
+            job.task,
+            elapsed,
+            job.attempts,
+            ", transactional" if transactional else "",
+            extra={"action": "done", "job_id": job.id, "worker_id": self.worker_id},
+        )
+        object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(task_result, "_return_value", value)
+        self._signal(task_finished, task_result)
 
     def _record(
         self,

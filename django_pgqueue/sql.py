@@ -116,6 +116,28 @@ WHERE id = %(id)s
 RETURNING id
 """
 
+# Mark many jobs done with their results in one statement (the worker's batched
+# completion), each only while this worker still owns that attempt: the fence of
+# JOB_COMPLETE, row by row. Primary-key lookups via unnest; the caller sorts the input
+# by id so rows are locked in the order JOB_EXTEND_LEASES locks them (no deadlock with
+# the heartbeat). Returns the input position (1-based) of every row it changed: a
+# position missing from the result is a lost lease, and that job is left alone.
+JOB_COMPLETE_MANY = """
+UPDATE pgqueue_job AS j
+SET status = 'done',
+    result = c.result,
+    finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
+            %(results)s::jsonb[]) WITH ORDINALITY AS c(id, attempt, claimed_at, result, ord)
+WHERE j.id = c.id
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND j.attempts = c.attempt
+  AND j.last_attempted_at::timestamp = c.claimed_at
+RETURNING c.ord
+"""
+
 # Admin summary: live jobs (pending, scheduled, running) per status and queue, each
 # status capped at %(cap)s rows. Each branch reads only its own partial index (claim,
 # scheduled, lease) and stops at the LIMIT, so the cost is bounded however large the
@@ -463,9 +485,10 @@ RETURNING j.id, j.status
 """
 
 # Label a worker's connection and bound its statements: application_name shows which
-# worker and role (claim, heartbeat, runner) a backend serves in pg_stat_activity, so an
-# operator or a test can terminate exactly one; a NULL statement_timeout keeps the
-# current one (task code on runner connections keeps the project's own). No table.
+# worker and role (claim, heartbeat, runner, completer) a backend serves in
+# pg_stat_activity, so an operator or a test can terminate exactly one; a NULL
+# statement_timeout keeps the current one (task code on runner connections keeps the
+# project's own). No table.
 SESSION_CONFIGURE = """
 SELECT set_config('application_name', %(application_name)s, false),
        set_config('statement_timeout',

@@ -6,9 +6,12 @@ Threads of one worker process, each on its own database connection:
   slots, and otherwise waits to be woken: by a NOTIFY, by a slot freeing, or by the
   poll interval running out (polling, not NOTIFY, is what guarantees pickup);
 * ``concurrency`` runner threads (here) take claimed jobs from a local queue and run
-  them with :class:`~django_pgqueue.runner.JobRunner`, which records each outcome
-  fenced on (owner, attempt);
-* a heartbeat thread (``heartbeat.py``) extends the leases of jobs this worker holds;
+  them with :class:`~django_pgqueue.runner.JobRunner`, which records failures and
+  transactional completions fenced on (owner, attempt);
+* a completer thread (``completer.py``) records the runners' successful ordinary jobs
+  in batches, one fenced statement per batch;
+* a heartbeat thread (``heartbeat.py``) extends the leases of jobs this worker holds
+  (including finished ones waiting for the completer);
   while it fails, the main thread claims nothing;
 * a listener thread (``listener.py``) holds a LISTEN connection and sets the wake-up
   flag.
@@ -16,7 +19,7 @@ Threads of one worker process, each on its own database connection:
 They share the table of held jobs (:class:`Held`, under one lock) and a few events;
 ``dbconn.py`` holds their connection helpers. Each connection is labelled
 ``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name`` (roles: claim,
-heartbeat, runner, listen).
+heartbeat, runner, completer, listen).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from django.db import DatabaseError
 
 from .backend import PgQueueBackend
+from .completer import Completer
 from .conf import settings
 from .dbconn import (
     backoff_delay,
@@ -69,6 +73,7 @@ class Held:
     lost: bool = False
     timeout: float | None = None  # the task's own timeout option, once it is loaded
     timed_out: bool = False
+    completing: bool = False  # finished; waiting for the completer to record it
 
 
 @dataclass
@@ -136,6 +141,19 @@ class Worker:
             done=self._done,
             sender=PgQueueBackend,
         )
+        self._completer = Completer(
+            held=self._held,
+            lock=self._lock,
+            alias=self.alias,
+            worker_id=self.worker_id,
+            lease_seconds=self.lease_seconds,
+            stats=self.stats,
+            wakeup=self._wakeup,
+            runner=self._runner,
+            interval=float(settings.COMPLETION_FLUSH_INTERVAL),
+            max_batch=max(1, int(settings.COMPLETION_BATCH_SIZE)),
+        )
+        self._runner.completer = self._completer
         self._heartbeat = Heartbeat(
             held=self._held,
             lock=self._lock,
@@ -197,7 +215,14 @@ class Worker:
         """How many more jobs to claim: a batch size above the concurrency prefetches
         (claimed jobs wait locally, their leases kept alive by the heartbeat)."""
         with self._lock:
-            return max(self.concurrency, self.batch_size) - len(self._held)
+            # Jobs waiting for their batched completion hold no slot (they stay held
+            # only so that the heartbeat keeps extending their leases), unless more
+            # than a full batch of them waits: then the completer is behind, and
+            # claiming slows down until it catches up (back-pressure).
+            completing = sum(1 for h in self._held.values() if h.completing)
+            busy = len(self._held) - completing
+            busy += max(0, completing - self._completer.max_batch)
+            return max(self.concurrency, self.batch_size) - busy
 
     def _heartbeat_alive(self) -> bool:
         """A dead heartbeat thread means nobody extends leases: stop claiming, exit."""
@@ -288,11 +313,12 @@ class Worker:
                 job = self._jobs.get()
                 if job is None:
                     return
+                handed_off = False
                 try:
                     if self._stopping.is_set():
                         self._runner.release(job)
                     else:
-                        self._runner.execute(job)
+                        handed_off = self._runner.execute(job)
                 except BaseException:
                     # A bug or an unexpected error of ours (even a SystemExit) must not
                     # cost the slot: the job is dropped from the heartbeat, so its lease
@@ -304,7 +330,8 @@ class Worker:
                     )
                     close_connection(self.alias)
                 finally:
-                    self._forget(job)
+                    if not handed_off:  # else the completer forgets it once written
+                        self._forget(job)
                     self._wakeup.set()
         finally:
             close_connection(self.alias)
@@ -321,6 +348,7 @@ class Worker:
 
     def _start_threads(self) -> None:
         targets = [(self._heartbeat.run, "heartbeat"), (self._listener.run, "listener")]
+        targets.append((self._completer.run, "completer"))
         targets += [(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)]
         for target, name in targets:
             thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
@@ -357,6 +385,23 @@ class Worker:
                 len(unfinished),
                 extra={"action": "exit", "worker_id": self.worker_id},
             )
+        # Write the completions still pending (the heartbeat still runs meanwhile); a
+        # runner still busy past the grace period may hand over one more, which then
+        # waits for its lease to expire like the job of a worker that died.
+        self._completer.stop()
+        for thread in self._threads:
+            if thread.name != "pgqueue-completer":
+                continue
+            # At least a few seconds: a flush is one statement, even with no grace.
+            thread.join(None if deadline is None else max(5.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                unfinished.append(thread)
+                logger.warning(
+                    "worker %s: completions still unwritten at exit; those jobs' leases "
+                    "will expire and the sweeper will recover them",
+                    self.worker_id,
+                    extra={"action": "exit", "worker_id": self.worker_id},
+                )
         self._done.set()
         for thread in self._threads:
             # The listener notices _done within a quarter second; wait that long so its

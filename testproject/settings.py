@@ -58,6 +58,7 @@ DATABASES["default"]["TEST"] = {"NAME": env("PGQUEUE_TEST_DB", default=None)}
 # A few queue settings may come from the environment (the demo shortens backoff).
 PGQUEUE_RETRY_BACKOFF_BASE = env.float("PGQUEUE_RETRY_BACKOFF_BASE", default=2.0)
 PGQUEUE_RETRY_BACKOFF_MAX = env.float("PGQUEUE_RETRY_BACKOFF_MAX", default=3600.0)
+PGQUEUE_COMPLETION_FLUSH_INTERVAL = env.float("PGQUEUE_COMPLETION_FLUSH_INTERVAL", default=0.01)
 
 TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
 

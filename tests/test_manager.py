@@ -373,6 +373,28 @@ def test_claim__is_one_query(job_factory, django_assert_num_queries):
 
 
 @pytest.mark.django_db
+def test_claim__jobs_are_the_rows_the_orm_reads(job_factory):
+    """Claimed jobs are built without RawQuerySet: every field must still come back as
+    the ORM reads it (JSON decoded once, times aware, the instance bound to its db)."""
+    job_factory(args=[{"a": [1, 2]}, "x"], kwargs={"k": None}, idempotency_key="key-1")
+    (claimed,) = Job.objects.claim("w1", limit=1)
+    row = Job.objects.get(pk=claimed.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(claimed, field.attname) == getattr(row, field.attname), field.name
+    assert claimed.args == [{"a": [1, 2]}, "x"]
+    assert claimed.kwargs == {"k": None}
+    assert claimed.last_attempted_at.tzinfo is not None
+    assert (claimed._state.adding, claimed._state.db) == (False, "default")
+
+
+@pytest.mark.django_db
+def test_enqueue__extra_returned_columns_become_attributes(db):
+    job = Job.objects.enqueue(tasks.add, [1, 2])
+    assert job.notified == ""  # pg_notify() returns void, as text: the empty string
+    assert (job.args, job.errors) == ([1, 2], [])
+
+
+@pytest.mark.django_db
 def test_claim__empty_queue_returns_nothing(db):
     assert Job.objects.claim("w1", limit=5) == []
 

@@ -505,11 +505,13 @@ def test_complete__retried_after_the_runner_connection_is_cut(
 ) -> None:
     """C19: the runner's connection dies while its task runs (no query of its own), so
     the completion meets a dead connection: it reconnects and retries while the lease
-    holds; one success, no failure charged."""
+    holds; one success, no failure charged. An ordinary task's completion is written
+    by the completer thread, so its connection is cut too."""
     enqueued = Job.objects.enqueue("testproject.demo.tasks.slow", [1.5])
     worker = manage("pgqueue_worker", "--lease-seconds", "3", "--poll-interval", "0.1")
     wait_for(lambda: job(enqueued.id).status == "running")
     terminate(wait_for(lambda: backends("pgqueue runner")))
+    terminate(wait_for(lambda: backends("pgqueue completer")))
     wait_for(lambda: job(enqueued.id).status == "done")
     done = job(enqueued.id)
     assert (done.attempts, done.errors, done.result) == (1, [], 1.5)

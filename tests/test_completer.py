@@ -1,0 +1,201 @@
+"""The completer: successful ordinary jobs recorded in batches, fenced row by row."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test.utils import CaptureQueriesContext
+
+from django_pgqueue.backend import load_task, to_task_result
+from django_pgqueue.completer import Completion
+from django_pgqueue.models import Job
+from django_pgqueue.worker import Held, Worker
+from testproject.demo.models import Execution
+
+from .conftest import ManagedProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def in_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on a thread of its own (its own connection, closed afterwards), as the
+    completer thread does; return its result."""
+    out: list[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(fn())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    assert out, "the thread failed"
+    return out[0]
+
+
+def claimed_completions(worker: Worker, job_factory: Callable[..., Job], n: int) -> list:
+    """Claim ``n`` add jobs for ``worker`` and hold them as the runners would after
+    their tasks returned: one Completion each, value a + b."""
+    for i in range(n):
+        job_factory(args=[i, i])
+    claimed = Job.objects.claim(worker.worker_id, limit=n, lease_seconds=60)
+    assert len(claimed) == n
+    batch = []
+    for job in claimed:
+        worker._held[job.id] = Held(job, started=0.0, completing=True)
+        task_result = to_task_result(job, load_task(job.task))
+        batch.append(Completion(job, sum(job.args), 0.001, task_result, None))
+    return batch
+
+
+def test_completer__flush_completes_many_jobs_in_one_statement(job_factory):
+    worker = Worker(worker_id="w-batch")
+    batch = claimed_completions(worker, job_factory, 25)
+
+    def flush() -> list[str]:
+        with CaptureQueriesContext(connections["default"]) as ctx:
+            worker._completer.flush(batch)
+        return [q["sql"] for q in ctx.captured_queries if "pgqueue_job" in q["sql"]]
+
+    statements = in_thread(flush)
+    assert len(statements) == 1
+    assert statements[0].lstrip().startswith("UPDATE pgqueue_job")
+    assert worker._completer.flushes == 1
+    assert (worker.stats.done, worker.stats.lost) == (25, 0)
+    rows = [fresh(c.job) for c in batch]
+    assert {r.status for r in rows} == {"done"}
+    assert [r.result for r in rows] == [sum(c.job.args) for c in batch]
+    assert {r.lease_expires_at for r in rows} == {None}
+    assert all(r.finished_at is not None for r in rows)
+    assert worker._held == {}  # the slots and the heartbeat's entries are freed
+
+
+def test_completer__lost_lease_is_not_marked_done_the_others_are(job_factory, caplog):
+    worker = Worker(worker_id="w-fenced")
+    batch = claimed_completions(worker, job_factory, 3)
+    lost = batch[1].job
+    # Between the run and the flush the lease was taken back and claimed elsewhere.
+    Job.objects.filter(pk=lost.pk).update(lease_owner="someone-else")
+    with caplog.at_level(logging.INFO, logger="django_pgqueue.worker"):
+        in_thread(lambda: worker._completer.flush(batch))
+    assert (worker.stats.done, worker.stats.lost) == (2, 1)
+    row = fresh(lost)
+    assert (row.status, row.lease_owner, row.result, row.finished_at) == (
+        "running",
+        "someone-else",
+        None,
+        None,
+    )
+    assert [fresh(c.job).status for c in (batch[0], batch[2])] == ["done", "done"]
+    lost_lines = [r for r in caplog.records if getattr(r, "action", None) == "lease_lost"]
+    assert [(r.job_id, r.worker_id) for r in lost_lines] == [(lost.id, "w-fenced")]
+    assert "lease lost before complete was recorded" in lost_lines[0].getMessage()
+    done_lines = [r for r in caplog.records if getattr(r, "action", None) == "done"]
+    assert sorted(r.job_id for r in done_lines) == sorted([batch[0].job.id, batch[2].job.id])
+    assert worker._held == {}
+
+
+def test_completer__complete_many_answers_in_input_order(job_factory):
+    jobs = [job_factory(args=[n, 0]) for n in range(4)]
+    claimed = {j.id: j for j in Job.objects.claim("w-order", limit=4)}
+    ordered = [claimed[j.id] for j in reversed(jobs)]  # descending ids
+    Job.objects.filter(pk=jobs[0].pk).update(attempts=7)  # a newer attempt: fenced out
+    recorded = Job.objects.complete_many([(j, j.args[0]) for j in ordered], "w-order")
+    assert recorded == [True, True, True, False]
+    assert [fresh(j).result for j in jobs] == [None, 1, 2, 3]
+    assert Job.objects.complete_many([], "w-order") == []
+
+
+def test_completer__heartbeat_extends_a_job_waiting_for_its_flush(job_factory, settings):
+    """A finished job whose completion is not written yet keeps its lease: the sweeper
+    finds nothing to take back long after the first lease ran out, and the job is done
+    (attempt 1) once the stopping worker flushes."""
+    settings.PGQUEUE_COMPLETION_FLUSH_INTERVAL = 600.0  # only the shutdown flushes
+    job = job_factory(args=[20, 22])
+    worker = Worker(lease_seconds=0.6, poll_interval=0.05, worker_id="w-waiting")
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+
+        def completing() -> bool:
+            with worker._lock:
+                held = worker._held.get(job.id)
+                return held is not None and held.completing
+
+        wait_for(completing, timeout=10)
+        first_lease = fresh(job).lease_expires_at
+        wait_for(lambda: fresh(job).lease_expires_at > first_lease, timeout=10)
+        with connections["default"].cursor() as cursor:
+
+            def first_lease_ran_out() -> bool:
+                cursor.execute("SELECT clock_timestamp() > %s", [first_lease])
+                return bool(cursor.fetchone()[0])
+
+            wait_for(first_lease_ran_out, timeout=10)
+        assert Job.objects.sweep().recovered == 0
+        row = fresh(job)
+        assert (row.status, row.attempts, row.lease_owner) == ("running", 1, "w-waiting")
+        assert worker._completer.flushes == 0
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    row = fresh(job)
+    assert (row.status, row.result, row.attempts, row.errors) == ("done", 42, 1, [])
+    assert (worker.stats.done, worker.stats.lost) == (1, 0)
+
+
+@pytest.mark.slow
+def test_completer__sigterm_flushes_pending_completions_before_exit(
+    job_factory, manage: Callable[..., ManagedProcess]
+):
+    """A worker process told to stop writes the completions it still holds, then
+    exits 0: every job ran once and is done, none is left to its lease."""
+    jobs = [
+        Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [n]) for n in range(6)
+    ]
+    worker = manage(
+        "pgqueue_worker",
+        "--concurrency",
+        "3",
+        "--poll-interval",
+        "0.1",
+        env={"PGQUEUE_COMPLETION_FLUSH_INTERVAL": "600"},  # only the shutdown flushes
+    )
+    ids = [j.id for j in jobs]
+    wait_for(lambda: Execution.objects.filter(job_id__in=ids).count() == 6, timeout=30)
+    # Every task ran; none is recorded yet (the flush interval has not run out).
+    assert Job.objects.filter(pk__in=ids, status="running").count() == 6
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.output()
+    rows = [fresh(j) for j in jobs]
+    assert [(r.status, r.result, r.attempts) for r in rows] == [("done", n, 1) for n in range(6)]
+    assert sorted(Execution.objects.filter(job_id__in=ids).values_list("job_id", flat=True)) == (
+        sorted(ids)
+    )
+    assert worker.output().count(" done in ") == 6  # one INFO line per job, at the flush
+
+
+def test_completer__waiting_jobs_free_their_slots_up_to_one_batch(settings):
+    """Finished jobs waiting for their flush do not count against the claim's free
+    slots, except the part of the backlog beyond one full batch (back-pressure)."""
+    settings.PGQUEUE_COMPLETION_BATCH_SIZE = 10
+    worker = Worker(concurrency=4, batch_size=8)
+    worker._held.update({i: Held(Job(id=i)) for i in range(2)})  # running
+    assert worker._free_slots() == 6
+    worker._held.update({i: Held(Job(id=i), completing=True) for i in range(2, 12)})
+    assert worker._free_slots() == 6  # one batch waits: no slot taken
+    worker._held.update({i: Held(Job(id=i), completing=True) for i in range(12, 15)})
+    assert worker._free_slots() == 3  # three beyond the batch take three slots
