@@ -27,11 +27,11 @@ from django.tasks import TaskResult
 
 from .dbconn import backoff_delay, close_connection, configure_session, first_line
 from .models import Job
+from .state import WorkerPart, WorkerState
 from .tasks import CurrentJob
 
 if TYPE_CHECKING:
     from .runner import JobRunner
-    from .worker import Held, WorkerStats
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
@@ -50,7 +50,7 @@ class Completion:
     current: CurrentJob | None
 
 
-class Completer:
+class Completer(WorkerPart):
     """Batches the completions of one worker's runner threads; one thread runs ``run``.
 
     ``held`` (guarded by ``lock``) is the worker's table of held jobs: entries of
@@ -59,26 +59,9 @@ class Completer:
     reported through ``runner.finished``."""
 
     def __init__(
-        self,
-        *,
-        held: dict[int, Held],
-        lock: threading.Lock,
-        alias: str,
-        worker_id: str,
-        lease_seconds: float,
-        stats: WorkerStats,
-        wakeup: threading.Event,
-        runner: JobRunner,
-        interval: float,
-        max_batch: int,
+        self, state: WorkerState, *, runner: JobRunner, interval: float, max_batch: int
     ) -> None:
-        self.held = held
-        self.lock = lock
-        self.alias = alias
-        self.worker_id = worker_id
-        self.lease_seconds = lease_seconds
-        self.stats = stats
-        self.wakeup = wakeup
+        super().__init__(state)
         self.runner = runner
         self.interval = interval
         self.max_batch = max_batch

@@ -10,45 +10,27 @@ While it fails, the worker claims nothing (see :meth:`Heartbeat.healthy`).
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
 from .conf import settings
 from .dbconn import backoff_delay, close_connection, configure_session, first_line
 from .models import Job
-
-if TYPE_CHECKING:
-    from .worker import Held
+from .state import WorkerPart, WorkerState
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger("django_pgqueue.worker")
 
 
-class Heartbeat:
+class Heartbeat(WorkerPart):
     """Extends the leases in ``held`` (guarded by ``lock``) every third of a lease,
     until ``done`` is set. It reads each entry's start time and timeout, and sets its
     ``lost`` and ``timed_out`` flags; it never adds or removes entries."""
 
-    def __init__(
-        self,
-        *,
-        held: dict[int, Held],
-        lock: threading.Lock,
-        alias: str,
-        worker_id: str,
-        lease_seconds: float,
-        done: threading.Event,
-    ) -> None:
-        self.held = held
-        self.lock = lock
-        self.alias = alias
-        self.worker_id = worker_id
-        self.lease_seconds = lease_seconds
-        self.done = done
+    def __init__(self, state: WorkerState) -> None:
+        super().__init__(state)
         #: When a beat last succeeded (time.monotonic()).
         self.ok_at = time.monotonic()
 

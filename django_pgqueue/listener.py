@@ -7,7 +7,6 @@ guarantees pickup, and after every reconnect the claim loop is woken to poll at 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import psycopg
@@ -17,30 +16,20 @@ from psycopg import sql as pgsql
 from . import sql
 from .conf import settings
 from .dbconn import backoff_delay, first_line
+from .state import WorkerPart, WorkerState
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger("django_pgqueue.worker")
 
 
-class Listener:
+class Listener(WorkerPart):
     """Sets ``wakeup`` on a notification for one of ``queues`` (None: any queue), until
     ``done`` is set. Its connection is labelled ``pgqueue listen <worker id>``."""
 
-    def __init__(
-        self,
-        *,
-        alias: str,
-        worker_id: str,
-        queues: list[str] | None,
-        wakeup: threading.Event,
-        done: threading.Event,
-    ) -> None:
-        self.alias = alias
-        self.worker_id = worker_id
+    def __init__(self, state: WorkerState, *, queues: list[str] | None) -> None:
+        super().__init__(state)
         self.queues = queues
-        self.wakeup = wakeup
-        self.done = done
 
     def run(self) -> None:
         """The thread's body: (re)connect, LISTEN, relay notifications, ping when idle."""

@@ -10,9 +10,7 @@ with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
@@ -33,17 +31,15 @@ from .dbconn import (
 )
 from .exceptions import LeaseLost, TaskNotFound, TransactionLeak
 from .models import Job
+from .state import WorkerPart, WorkerState
 from .tasks import CurrentJob, _current, task_option
-
-if TYPE_CHECKING:
-    from .worker import Held, WorkerStats
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger("django_pgqueue.worker")
 
 
-class JobRunner:
+class JobRunner(WorkerPart):
     """Runs claimed jobs for one worker; its runner threads share one instance.
 
     ``held`` (guarded by ``lock``) is the worker's table of held jobs: a job's entry
@@ -55,25 +51,9 @@ class JobRunner:
     are handed to it to be recorded in batches; without one, each is recorded here."""
 
     def __init__(
-        self,
-        *,
-        held: dict[int, Held],
-        lock: threading.Lock,
-        alias: str,
-        worker_id: str,
-        lease_seconds: float,
-        stats: WorkerStats,
-        done: threading.Event,
-        sender: type,
-        completer: Completer | None = None,
+        self, state: WorkerState, *, sender: type, completer: Completer | None = None
     ) -> None:
-        self.held = held
-        self.lock = lock
-        self.alias = alias
-        self.worker_id = worker_id
-        self.lease_seconds = lease_seconds
-        self.stats = stats
-        self.done = done
+        super().__init__(state)
         self.sender = sender
         self.completer = completer
 

@@ -33,7 +33,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from django.db import DatabaseError
 
@@ -55,6 +54,8 @@ from .heartbeat import Heartbeat
 from .listener import Listener
 from .models import Job
 from .runner import JobRunner
+from .state import Held as Held
+from .state import WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
 
@@ -62,34 +63,6 @@ logger = logging.getLogger(__name__)
 def default_worker_id() -> str:
     """host:pid:random, unique per process start, readable in the admin and logs."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-@dataclass
-class Held:
-    """A job this worker holds, and when its task started (None: not started yet)."""
-
-    job: Job
-    started: float | None = None
-    lost: bool = False
-    timeout: float | None = None  # the task's own timeout option, once it is loaded
-    timed_out: bool = False
-    completing: bool = False  # finished; waiting for the completer to record it
-
-
-@dataclass
-class WorkerStats:
-    """What a worker did; runner threads count concurrently, hence ``count()``."""
-
-    claimed: int = 0
-    done: int = 0
-    failed: int = 0
-    lost: int = 0
-    released: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def count(self, name: str) -> None:
-        with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
 
 
 class Worker:
@@ -120,55 +93,30 @@ class Worker:
             settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
         )
         self.alias = settings.DATABASE
-        self.stats = WorkerStats()
+        state = WorkerState(
+            alias=self.alias, worker_id=self.worker_id, lease_seconds=self.lease_seconds
+        )
+        self.stats = state.stats
         #: Why the worker stopped on its own (None: it was asked to, or ran out of work).
         self.fatal: str | None = None
 
         self._stopping = threading.Event()  # no more claiming
-        self._wakeup = threading.Event()  # a NOTIFY came or a slot freed
-        self._done = threading.Event()  # background threads must exit
-        self._lock = threading.Lock()
-        self._held: dict[int, Held] = {}
+        self._wakeup = state.wakeup  # a NOTIFY came or a slot freed
+        self._done = state.done  # background threads must exit
+        self._lock = state.lock
+        self._held = state.held
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
-        self._runner = JobRunner(
-            held=self._held,
-            lock=self._lock,
-            alias=self.alias,
-            worker_id=self.worker_id,
-            lease_seconds=self.lease_seconds,
-            stats=self.stats,
-            done=self._done,
-            sender=PgQueueBackend,
-        )
+        self._runner = JobRunner(state, sender=PgQueueBackend)
         self._completer = Completer(
-            held=self._held,
-            lock=self._lock,
-            alias=self.alias,
-            worker_id=self.worker_id,
-            lease_seconds=self.lease_seconds,
-            stats=self.stats,
-            wakeup=self._wakeup,
+            state,
             runner=self._runner,
             interval=float(settings.COMPLETION_FLUSH_INTERVAL),
             max_batch=max(1, int(settings.COMPLETION_BATCH_SIZE)),
         )
         self._runner.completer = self._completer
-        self._heartbeat = Heartbeat(
-            held=self._held,
-            lock=self._lock,
-            alias=self.alias,
-            worker_id=self.worker_id,
-            lease_seconds=self.lease_seconds,
-            done=self._done,
-        )
-        self._listener = Listener(
-            alias=self.alias,
-            worker_id=self.worker_id,
-            queues=self.queues,
-            wakeup=self._wakeup,
-            done=self._done,
-        )
+        self._heartbeat = Heartbeat(state)
+        self._listener = Listener(state, queues=self.queues)
 
     # --- public ---------------------------------------------------------------------
 
