@@ -13,9 +13,9 @@ import threading
 from django.db import DatabaseError, close_old_connections
 
 from .conf import settings
-from .dbconn import backoff_delay, close_connection, first_line
 from .manager import SweepResult
 from .models import Job
+from .worker.connections import backoff_delay, close_connection, first_line
 
 logger = logging.getLogger(__name__)
 

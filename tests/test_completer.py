@@ -13,9 +13,10 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from django_pgqueue.backend import load_task, to_task_result
-from django_pgqueue.completer import Completion
 from django_pgqueue.models import Job
-from django_pgqueue.worker import Held, Worker
+from django_pgqueue.worker import Worker
+from django_pgqueue.worker.completer import Completion
+from django_pgqueue.worker.state import Held
 from testproject.demo.models import Execution
 
 from .conftest import ManagedProcess, wait_for

@@ -13,14 +13,14 @@ import psycopg
 from django.db import connections
 from psycopg import sql as pgsql
 
-from . import sql
-from .conf import settings
-from .dbconn import backoff_delay, first_line
+from .. import sql
+from ..conf import settings
+from .connections import backoff_delay, first_line
 from .state import WorkerPart, WorkerState
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
-logger = logging.getLogger("django_pgqueue.worker")
+logger = logging.getLogger(__name__)
 
 
 class Listener(WorkerPart):

@@ -13,7 +13,7 @@ import time
 
 from django.db import DatabaseError, connections
 
-from .models import Job
+from ..models import Job
 
 #: Longest wait between reconnection attempts after a database error.
 MAX_BACKOFF = 30.0

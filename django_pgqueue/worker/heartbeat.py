@@ -14,14 +14,14 @@ import time
 
 from django.db import DatabaseError
 
-from .conf import settings
-from .dbconn import backoff_delay, close_connection, configure_session, first_line
-from .models import Job
+from ..conf import settings
+from ..models import Job
+from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
-logger = logging.getLogger("django_pgqueue.worker")
+logger = logging.getLogger(__name__)
 
 
 class Heartbeat(WorkerPart):

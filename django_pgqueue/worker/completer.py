@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError
 from django.tasks import TaskResult
 
-from .dbconn import backoff_delay, close_connection, configure_session, first_line
-from .models import Job
+from ..models import Job
+from ..tasks import CurrentJob
+from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
-from .tasks import CurrentJob
 
 if TYPE_CHECKING:
     from .runner import JobRunner
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
-logger = logging.getLogger("django_pgqueue.worker")
+logger = logging.getLogger(__name__)
 
 
 @dataclass

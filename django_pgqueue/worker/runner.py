@@ -18,10 +18,13 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
-from . import validation
-from .backend import load_task, to_task_result
+from .. import validation
+from ..backend import load_task, to_task_result
+from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
+from ..models import Job
+from ..tasks import CurrentJob, _current, task_option
 from .completer import Completer, Completion
-from .dbconn import (
+from .connections import (
     backoff_delay,
     close_connection,
     configure_session,
@@ -29,14 +32,11 @@ from .dbconn import (
     first_line,
     recycle_connections,
 )
-from .exceptions import LeaseLost, TaskNotFound, TransactionLeak
-from .models import Job
 from .state import WorkerPart, WorkerState
-from .tasks import CurrentJob, _current, task_option
 
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
-logger = logging.getLogger("django_pgqueue.worker")
+logger = logging.getLogger(__name__)
 
 
 class JobRunner(WorkerPart):

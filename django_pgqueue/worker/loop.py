@@ -6,7 +6,7 @@ Threads of one worker process, each on its own database connection:
   slots, and otherwise waits to be woken: by a NOTIFY, by a slot freeing, or by the
   poll interval running out (polling, not NOTIFY, is what guarantees pickup);
 * ``concurrency`` runner threads (here) take claimed jobs from a local queue and run
-  them with :class:`~django_pgqueue.runner.JobRunner`, which records failures and
+  them with :class:`~django_pgqueue.worker.runner.JobRunner`, which records failures and
   transactional completions fenced on (owner, attempt);
 * a completer thread (``completer.py``) records the runners' successful ordinary jobs
   in batches, one fenced statement per batch;
@@ -17,7 +17,7 @@ Threads of one worker process, each on its own database connection:
   flag.
 
 They share the table of held jobs (:class:`Held`, under one lock) and a few events;
-``dbconn.py`` holds their connection helpers. Each connection is labelled
+``connections.py`` holds their connection helpers. Each connection is labelled
 ``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name`` (roles: claim,
 heartbeat, runner, completer, listen).
 """
@@ -36,26 +36,21 @@ from collections.abc import Iterable
 
 from django.db import DatabaseError
 
-from .backend import PgQueueBackend
+from ..backend import PgQueueBackend
+from ..conf import settings
+from ..models import Job
 from .completer import Completer
-from .conf import settings
-from .dbconn import (
+from .connections import (
     backoff_delay,
     close_connection,
     configure_session,
     first_line,
     recycle_connections,
 )
-
-# Re-exported: error entries written before TransactionLeak moved to exceptions.py name
-# it django_pgqueue.worker.TransactionLeak, and TaskError.exception_class imports that.
-from .exceptions import TransactionLeak as TransactionLeak
 from .heartbeat import Heartbeat
 from .listener import Listener
-from .models import Job
 from .runner import JobRunner
-from .state import Held as Held
-from .state import WorkerState, WorkerStats
+from .state import Held, WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
 
