@@ -32,11 +32,12 @@ from django.contrib.admin.views.main import ChangeList
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from .databases import backend_database, default_database, pgqueue_backend_aliases
 from .exceptions import InvalidJob
 from .models import DeadLetter, Job
 from .paginator import EstimatedCountPaginator
@@ -47,6 +48,54 @@ REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
 LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
+
+
+# --- which backend's jobs ----------------------------------------------------------------
+
+
+def request_backend(request: HttpRequest) -> str | None:
+    """The ``TASKS`` alias the page is about (the ``backend`` filter, also kept in the
+    ``_changelist_filters`` of change and delete pages); None: the default's database."""
+    value = request.GET.get("backend")
+    if value is None and request.GET.get("_changelist_filters"):
+        value = QueryDict(request.GET["_changelist_filters"]).get("backend")
+    return value if value in pgqueue_backend_aliases() else None
+
+
+def admin_database(request: HttpRequest) -> str:
+    """The jobs database the page reads and writes: the chosen backend's, else the
+    default backend's (each backend may keep its jobs in a database of its own)."""
+    alias = request_backend(request)
+    return backend_database(alias) if alias else default_database()
+
+
+def with_backend(url: str, request: HttpRequest) -> str:
+    """``url`` keeping the page's ``backend`` choice, for redirects after an action."""
+    alias = request_backend(request)
+    if alias is None:
+        return url
+    query = QueryDict(mutable=True)
+    query["backend"] = alias
+    return f"{url}?{query.urlencode()}"
+
+
+class BackendFilter(admin.SimpleListFilter):
+    """One choice per ``PgQueueBackend`` alias, shown when there are several: the list
+    then reads that backend's jobs database (and only jobs enqueued through it)."""
+
+    title = "backend"
+    parameter_name = "backend"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        aliases = pgqueue_backend_aliases()
+        if len(aliases) < 2:
+            return []
+        return [(alias, f"{alias} ({backend_database(alias)})") for alias in aliases]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        # get_queryset() already reads the chosen backend's database.
+        alias = request_backend(request)
+        return queryset.filter(backend=alias) if alias else queryset
 
 
 # --- display helpers -------------------------------------------------------------------
@@ -101,7 +150,7 @@ class CommonValueFilter(admin.SimpleListFilter):
     column = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = Job.objects.common_values(self.column)
+        values = Job.objects.db_manager(admin_database(request)).common_values(self.column)
         current = self.value()
         if current and current not in values:
             values = [current, *values]
@@ -211,7 +260,7 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         return IndexedOrderChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        queryset = super().get_queryset(request)
+        queryset = super().get_queryset(request).using(admin_database(request))
         match = request.resolver_match
         if match is not None and (match.url_name or "").endswith("_changelist"):
             # A list row needs only the newest traceback, not payloads of up to 1 MB.
@@ -313,7 +362,13 @@ class JobAdmin(ReadOnlyJobAdmin):
         "run_at",
         "last_error_line",
     )
-    list_filter = ("status", QueueFilter, TaskFilter, ("created_at", admin.DateFieldListFilter))
+    list_filter = (
+        BackendFilter,
+        "status",
+        QueueFilter,
+        TaskFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
     actions = None
     readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
     fieldsets = tuple(
@@ -347,7 +402,7 @@ class JobAdmin(ReadOnlyJobAdmin):
 
     def summary_context(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per status and queue, the longest wait and expired leases."""
-        summary = Job.objects.summary()
+        summary = Job.objects.db_manager(admin_database(request)).summary()
         totals = []
         for status, label in Job.Status.choices:
             total = summary.totals.get(status)
@@ -425,7 +480,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         "last_error_line",
         "died_at",
     )
-    list_filter = (TaskFilter, QueueFilter, ("finished_at", DiedFilter))
+    list_filter = (BackendFilter, TaskFilter, QueueFilter, ("finished_at", DiedFilter))
     action_form = RequeueActionForm
     actions = ("requeue", "delete_selected")
 
@@ -451,7 +506,9 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         try:
             queue, priority = requeue_options(request)
             ids = self.selected_ids(request, queryset)
-            requeued = Job.objects.requeue_dead(ids, queue=queue, priority=priority)
+            requeued = Job.objects.db_manager(admin_database(request)).requeue_dead(
+                ids, queue=queue, priority=priority
+            )
         except InvalidJob as exc:
             self.message_user(request, f"Nothing requeued: {exc}", messages.ERROR)
             return None
@@ -476,7 +533,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         if requeued:
             LogEntry.objects.log_actions(
                 user_id=request.user.pk,
-                queryset=Job.objects.filter(pk__in=requeued),
+                queryset=Job.objects.using(admin_database(request)).filter(pk__in=requeued),
                 action_flag=CHANGE,
                 change_message=f"Requeued from dead letters (queue={queue or 'same'}, "
                 f"priority={'same' if priority is None else priority}).",
@@ -488,17 +545,23 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
                 "django_pgqueue.view_job"
             ):
                 return HttpResponseRedirect(
-                    reverse(
-                        "admin:django_pgqueue_job_change",
-                        args=[requeued[0]],
-                        current_app=self.admin_site.name,
+                    with_backend(
+                        reverse(
+                            "admin:django_pgqueue_job_change",
+                            args=[requeued[0]],
+                            current_app=self.admin_site.name,
+                        ),
+                        request,
                     )
                 )
         if self.from_change_form(request):
             return HttpResponseRedirect(
-                reverse(
-                    "admin:django_pgqueue_deadletter_changelist",
-                    current_app=self.admin_site.name,
+                with_backend(
+                    reverse(
+                        "admin:django_pgqueue_deadletter_changelist",
+                        current_app=self.admin_site.name,
+                    ),
+                    request,
                 )
             )
         return None
@@ -528,11 +591,16 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         discarded = getattr(request, "_pgqueue_discarded", [])
         self.report(request, "Discarded", discarded, [obj_id], "discarded")
         return HttpResponseRedirect(
-            reverse("admin:django_pgqueue_deadletter_changelist", current_app=self.admin_site.name)
+            with_backend(
+                reverse(
+                    "admin:django_pgqueue_deadletter_changelist", current_app=self.admin_site.name
+                ),
+                request,
+            )
         )
 
     def discard(self, request: HttpRequest, ids: list[int], *, report: bool = True) -> list[int]:
-        deleted = Job.objects.discard_dead(ids)
+        deleted = Job.objects.db_manager(admin_database(request)).discard_dead(ids)
         logger.info(
             "%s discarded %d of %d selected dead letters: %s",
             request.user.get_username(),

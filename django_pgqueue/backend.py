@@ -10,14 +10,14 @@ from typing import Any
 
 from django.core import checks
 from django.db import connections
-from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
-from .conf import settings
+from .databases import listen_target, options_database
 from .tasks import PgQueueTask, task_option
 
 STATUS_MAP = {
@@ -32,7 +32,9 @@ STATUS_MAP = {
 class PgQueueBackend(BaseTaskBackend):
     """Stores tasks as rows of ``pgqueue_job``; ``manage.py pgqueue_worker`` runs them.
 
-    ``OPTIONS`` may hold ``DATABASE`` (alias of the jobs database) and ``MAX_ATTEMPTS``.
+    ``OPTIONS`` may hold ``DATABASE`` (alias of the jobs database, see
+    ``databases.py``), ``LISTEN_DATABASE`` (where workers LISTEN for wake-ups) and
+    ``MAX_ATTEMPTS``.
     ``QUEUES``, when given, restricts the queue names tasks may use.
     """
 
@@ -58,7 +60,9 @@ class PgQueueBackend(BaseTaskBackend):
 
     @property
     def database(self) -> str:
-        return self.options.get("DATABASE", settings.DATABASE)
+        """The jobs database: ``OPTIONS["DATABASE"]``, else ``PGQUEUE_DATABASE``, else
+        the routers' choice for ``Job`` (see ``databases.options_database``)."""
+        return options_database(self.options)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         from .models import Job
@@ -108,7 +112,7 @@ class PgQueueBackend(BaseTaskBackend):
             messages.append(
                 checks.Error(
                     f"Database alias {self.database!r} is not in DATABASES.",
-                    hint="Set PGQUEUE_DATABASE or OPTIONS['DATABASE'] to a configured alias.",
+                    hint="Set OPTIONS['DATABASE'] to a configured alias.",
                     obj=f"TASKS[{self.alias!r}]",
                     id="pgqueue.E002",
                 )
@@ -121,6 +125,60 @@ class PgQueueBackend(BaseTaskBackend):
                     hint="django-pgqueue needs PostgreSQL (SKIP LOCKED, jsonb, NOTIFY).",
                     obj=f"TASKS[{self.alias!r}]",
                     id="pgqueue.E003",
+                )
+            )
+        else:
+            messages += self._check_database()
+        return messages
+
+    def _check_database(self) -> list[checks.CheckMessage]:
+        """The jobs database agrees with PGQUEUE_DATABASE, the routers let the jobs
+        table be migrated there, and LISTEN_DATABASE names something reachable."""
+        from django.conf import settings as django_settings
+        from django.db import router
+
+        from .models import Job
+
+        obj = f"TASKS[{self.alias!r}]"
+        messages: list[checks.CheckMessage] = []
+        fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
+        if (
+            self.alias == DEFAULT_TASK_BACKEND_ALIAS
+            and fallback
+            and self.options.get("DATABASE")
+            and fallback != self.database
+        ):
+            messages.append(
+                checks.Error(
+                    f"OPTIONS['DATABASE'] is {self.database!r} but PGQUEUE_DATABASE is "
+                    f"{fallback!r}.",
+                    hint="Remove PGQUEUE_DATABASE: each backend's OPTIONS['DATABASE'] "
+                    "names its jobs database, for enqueue, workers, sweeper and admin.",
+                    obj=obj,
+                    id="pgqueue.E020",
+                )
+            )
+        if not router.allow_migrate_model(self.database, Job):
+            messages.append(
+                checks.Error(
+                    f"The database routers do not allow migrating django_pgqueue on "
+                    f"{self.database!r}, this backend's jobs database.",
+                    hint="Let allow_migrate() return True for app 'django_pgqueue' on "
+                    "that database, or point OPTIONS['DATABASE'] elsewhere.",
+                    obj=obj,
+                    id="pgqueue.E021",
+                )
+            )
+        try:
+            listen_target(self.database, self.options)
+        except ValueError as exc:
+            messages.append(
+                checks.Error(
+                    str(exc),
+                    hint="Name a DATABASES alias with a direct (session) connection, a "
+                    "libpq DSN, or None to poll.",
+                    obj=obj,
+                    id="pgqueue.E022",
                 )
             )
         return messages

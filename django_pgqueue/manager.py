@@ -103,7 +103,11 @@ class JobManager(models.Manager["Job"]):
 
     @property
     def alias(self) -> str:
-        return self._db or settings.DATABASE
+        """The database named with ``db_manager()``/``using()``, else the default
+        backend's jobs database (``databases.default_database``)."""
+        from .databases import default_database
+
+        return self._db or default_database()
 
     def _jobs(self, query: str, params: dict[str, Any]) -> list[Job]:
         """Run a statement that returns job rows; materialise them as ``Job``s.
@@ -579,4 +583,12 @@ class JobManager(models.Manager["Job"]):
                 if statement_timeout_ms is None
                 else f"{int(statement_timeout_ms)}ms",
             },
+        )
+
+    def bound_transaction(self, statement_timeout_ms: int) -> None:
+        """Bound the statements of the current transaction (``SET LOCAL``): the form
+        of ``configure_session``'s bound that a transaction pooler cannot leak."""
+        self._rows(
+            sql.SESSION_BOUND_TRANSACTION,
+            {"statement_timeout": f"{int(statement_timeout_ms)}ms"},
         )

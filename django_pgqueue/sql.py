@@ -484,11 +484,21 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status
 """
 
+# Bound the statements of the current transaction only (is_local = true): the form of
+# SESSION_CONFIGURE's statement_timeout for a database behind a transaction pooler,
+# where a session-level setting would stay on a server connection that the pooler then
+# hands to another client. No table.
+SESSION_BOUND_TRANSACTION = """
+SELECT set_config('statement_timeout', %(statement_timeout)s, true)
+"""
+
 # Label a worker's connection and bound its statements: application_name shows which
 # worker and role (claim, heartbeat, runner, completer) a backend serves in
 # pg_stat_activity, so an operator or a test can terminate exactly one; a NULL
 # statement_timeout keeps the current one (task code on runner connections keeps the
-# project's own). No table.
+# project's own). Behind a transaction pooler only application_name is set here (poolers
+# such as PgBouncer track it per client); bounds then use SESSION_BOUND_TRANSACTION.
+# No table.
 SESSION_CONFIGURE = """
 SELECT set_config('application_name', %(application_name)s, false),
        set_config('statement_timeout',

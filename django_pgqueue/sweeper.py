@@ -12,7 +12,7 @@ import threading
 
 from django.db import DatabaseError, close_old_connections
 
-from .conf import settings
+from .databases import backend_database
 from .manager import SweepResult
 from .models import Job
 from .worker.connections import backoff_delay, close_connection, first_line
@@ -21,9 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 class Sweeper:
-    def __init__(self, *, interval: float = 5.0) -> None:
+    def __init__(self, *, interval: float = 5.0, backend: str | None = None) -> None:
         self.interval = interval
-        self.alias = settings.DATABASE
+        #: The jobs database of ``TASKS[backend]`` (None: the default alias).
+        self.alias = backend_database(backend)
         self._stop = threading.Event()
 
     def stop(self) -> None:

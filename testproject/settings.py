@@ -54,13 +54,43 @@ DATABASES = {"default": env.db_url_config(database_url())}
 DATABASES["default"]["ENGINE"] = "django.db.backends.postgresql"
 # Parallel test runs on one server need distinct test databases.
 DATABASES["default"]["TEST"] = {"NAME": env("PGQUEUE_TEST_DB", default=None)}
+# DATABASE_POOLED=1: DATABASE_URL points at a transaction pooler (PgBouncer); Django's
+# marker for that also tells django-pgqueue to keep no session state there.
+if env.bool("DATABASE_POOLED", default=False):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+# A second jobs database on the same server, for the "second" Tasks backend: named after
+# the first (so a worker subprocess given the test database's URL finds the second
+# test database too); the router keeps every other app out of it.
+DATABASES["second"] = {
+    **DATABASES["default"],
+    "NAME": f"{DATABASES['default']['NAME']}_second",
+    "TEST": {
+        "NAME": f"{DATABASES['default']['TEST']['NAME'] or 'test_' + DATABASES['default']['NAME']}"
+        "_second"
+    },
+}
+DATABASE_ROUTERS = ["testproject.routers.JobsOnlyOnSecond"]
 
 # A few queue settings may come from the environment (the demo shortens backoff).
 PGQUEUE_RETRY_BACKOFF_BASE = env.float("PGQUEUE_RETRY_BACKOFF_BASE", default=2.0)
 PGQUEUE_RETRY_BACKOFF_MAX = env.float("PGQUEUE_RETRY_BACKOFF_MAX", default=3600.0)
 PGQUEUE_COMPLETION_FLUSH_INTERVAL = env.float("PGQUEUE_COMPLETION_FLUSH_INTERVAL", default=0.01)
 
-TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
+# PGQUEUE_LISTEN_DATABASE: a DSN of a direct connection for the worker's LISTEN, as a
+# deployment behind PgBouncer sets it ("none": poll only).
+LISTEN_DATABASE = env("PGQUEUE_LISTEN_DATABASE", default="")
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgqueue.backend.PgQueueBackend",
+        "OPTIONS": {"LISTEN_DATABASE": None if LISTEN_DATABASE == "none" else LISTEN_DATABASE}
+        if LISTEN_DATABASE
+        else {},
+    },
+    "second": {
+        "BACKEND": "django_pgqueue.backend.PgQueueBackend",
+        "OPTIONS": {"DATABASE": "second"},
+    },
+}
 
 USE_TZ = True
 TIME_ZONE = "UTC"

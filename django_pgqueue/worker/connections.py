@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
+from ..databases import is_pooled
 from ..models import Job
 
 #: Longest wait between reconnection attempts after a database error.
@@ -36,7 +39,10 @@ def configure_session(
     """Label (and bound) this thread's connection once per physical connection.
 
     The label is ``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name``;
-    ``statement_timeout`` is in seconds (None: keep the connection's own)."""
+    ``statement_timeout`` is in seconds (None: keep the connection's own). Behind a
+    transaction pooler the bound is not set here (use :func:`bounded`)."""
+    if statement_timeout is not None and is_pooled(alias):
+        statement_timeout = None
     wrapper = connections[alias]
     raw = wrapper.connection
     if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
@@ -47,6 +53,24 @@ def configure_session(
         statement_timeout_ms=None if statement_timeout is None else int(statement_timeout * 1000),
     )
     wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
+
+
+@contextmanager
+def bounded(alias: str, role: str, worker_id: str, statement_timeout: float) -> Iterator[None]:
+    """Run the block's statements with ``statement_timeout`` seconds as their bound.
+
+    On a direct connection the bound is a session setting, set once per connection
+    (no extra round trip per statement). Behind a transaction pooler a session setting
+    would outlive our transaction on a server connection the pooler hands to someone
+    else, so the block becomes one transaction with a ``SET LOCAL`` bound instead."""
+    if not is_pooled(alias):
+        configure_session(alias, role, worker_id, statement_timeout)
+        yield
+        return
+    configure_session(alias, role, worker_id)
+    with transaction.atomic(using=alias):
+        Job.objects.db_manager(alias).bound_transaction(int(statement_timeout * 1000))
+        yield
 
 
 def recycle_connections() -> None:

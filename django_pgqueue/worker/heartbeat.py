@@ -16,7 +16,7 @@ from django.db import DatabaseError
 
 from ..conf import settings
 from ..models import Job
-from .connections import backoff_delay, close_connection, configure_session, first_line
+from .connections import backoff_delay, bounded, close_connection, first_line
 from .state import WorkerPart, WorkerState
 
 # One logger for everything a worker does, whichever module holds the code: configuring
@@ -99,12 +99,10 @@ class Heartbeat(WorkerPart):
             self.ok_at = now
             return
         # A lease extension blocked on a lock must fail well before the lease runs out.
-        configure_session(
-            self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)
-        )
-        owned = Job.objects.db_manager(self.alias).extend_leases(
-            self.worker_id, held, lease_seconds=self.lease_seconds
-        )
+        with bounded(self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)):
+            owned = Job.objects.db_manager(self.alias).extend_leases(
+                self.worker_id, held, lease_seconds=self.lease_seconds
+            )
         self.ok_at = now
         for job in held:
             if job.id not in owned:

@@ -1,5 +1,8 @@
 """The listener thread: a dedicated LISTEN connection that wakes the claim loop.
 
+The connection is opened from ``databases.listen_target``: the jobs database itself,
+or ``OPTIONS["LISTEN_DATABASE"]`` when the jobs database is behind a transaction pooler.
+
 NOTIFY is only a latency hint. If this connection dies, the poll interval still
 guarantees pickup, and after every reconnect the claim loop is woken to poll at once.
 """
@@ -8,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import psycopg
-from django.db import connections
 from psycopg import sql as pgsql
 
 from .. import sql
@@ -27,15 +30,18 @@ class Listener(WorkerPart):
     """Sets ``wakeup`` on a notification for one of ``queues`` (None: any queue), until
     ``done`` is set. Its connection is labelled ``pgqueue listen <worker id>``."""
 
-    def __init__(self, state: WorkerState, *, queues: list[str] | None) -> None:
+    def __init__(
+        self, state: WorkerState, *, queues: list[str] | None, params: dict[str, Any]
+    ) -> None:
         super().__init__(state)
         self.queues = queues
+        #: ``psycopg.connect`` arguments of a direct (session) connection: LISTEN
+        #: through a transaction pooler would lose its subscription at commit.
+        self.params = params
 
     def run(self) -> None:
         """The thread's body: (re)connect, LISTEN, relay notifications, ping when idle."""
-        params = connections[self.alias].get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
+        params = self.params
         failures = 0
         while not self.done.is_set():
             try:

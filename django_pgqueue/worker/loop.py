@@ -35,15 +35,17 @@ import time
 from collections.abc import Iterable
 
 from django.db import DatabaseError
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 
 from ..backend import PgQueueBackend
 from ..conf import settings
+from ..databases import backend_database, listen_target
 from ..models import Job
 from .completer import Completer
 from .connections import (
     backoff_delay,
+    bounded,
     close_connection,
-    configure_session,
     first_line,
     recycle_connections,
 )
@@ -75,6 +77,7 @@ class Worker:
         worker_id: str | None = None,
         poll_interval: float | None = None,
         grace_seconds: float | None = None,
+        backend: str | None = None,
     ) -> None:
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
@@ -87,7 +90,11 @@ class Worker:
         self.grace_seconds = (
             settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
         )
-        self.alias = settings.DATABASE
+        #: The ``TASKS`` alias whose jobs database this worker works (None: default).
+        self.backend = backend
+        self.alias = backend_database(backend)
+        options = task_backends[backend or DEFAULT_TASK_BACKEND_ALIAS].options
+        self.listen = listen_target(self.alias, options)
         state = WorkerState(
             alias=self.alias, worker_id=self.worker_id, lease_seconds=self.lease_seconds
         )
@@ -111,7 +118,11 @@ class Worker:
         )
         self._runner.completer = self._completer
         self._heartbeat = Heartbeat(state)
-        self._listener = Listener(state, queues=self.queues)
+        self._listener = (
+            None
+            if self.listen.params is None
+            else Listener(state, queues=self.queues, params=self.listen.params)
+        )
 
     # --- public ---------------------------------------------------------------------
 
@@ -127,13 +138,31 @@ class Worker:
     def run(self) -> WorkerStats:
         """Work until stopped, ``max_jobs`` is reached, or (``burst``) no work is left."""
         logger.info(
-            "worker %s starting: queues=%s concurrency=%d lease=%ss",
+            "worker %s starting: database=%s queues=%s concurrency=%d lease=%ss",
             self.worker_id,
+            self.alias,
             ",".join(self.queues) if self.queues else "*",
             self.concurrency,
             self.lease_seconds,
             extra={"action": "start", "worker_id": self.worker_id},
         )
+        if self.listen.params is None:
+            logger.info(
+                "worker %s wake-ups: polling every %ss, so a job enqueued while every "
+                "worker is idle waits up to that long (LISTEN: %s)",
+                self.worker_id,
+                self.poll_interval,
+                self.listen.description,
+                extra={"action": "start", "worker_id": self.worker_id},
+            )
+        else:
+            logger.info(
+                "worker %s wake-ups: %s, and polling every %ss as a backstop",
+                self.worker_id,
+                self.listen.description,
+                self.poll_interval,
+                extra={"action": "start", "worker_id": self.worker_id},
+            )
         self._start_threads()
         try:
             # Jitter so a fleet restarted together does not claim in lock-step.
@@ -200,20 +229,23 @@ class Worker:
             try:
                 # A claim or promote that hangs on a lock would stall the worker;
                 # bound them (they use SKIP LOCKED, so this is a backstop).
-                configure_session(
+                with bounded(
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
-                )
-                jobs = Job.objects.db_manager(self.alias).claim(
-                    self.worker_id,
-                    limit=min(free, self.batch_size),
-                    queues=self.queues,
-                    lease_seconds=self.lease_seconds,
-                )
+                ):
+                    jobs = Job.objects.db_manager(self.alias).claim(
+                        self.worker_id,
+                        limit=min(free, self.batch_size),
+                        queues=self.queues,
+                        lease_seconds=self.lease_seconds,
+                    )
                 promoted = 0
                 if not jobs and time.monotonic() - last_promote >= self.poll_interval:
                     # Idle: move a bounded batch of due scheduled jobs to pending.
                     last_promote = time.monotonic()
-                    promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
+                    with bounded(
+                        self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
+                    ):
+                        promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
             except DatabaseError as exc:
                 failures += 1
                 delay = backoff_delay(failures)
@@ -290,7 +322,9 @@ class Worker:
     # --- lifecycle ------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        targets = [(self._heartbeat.run, "heartbeat"), (self._listener.run, "listener")]
+        targets = [(self._heartbeat.run, "heartbeat")]
+        if self._listener is not None:
+            targets.append((self._listener.run, "listener"))
         targets.append((self._completer.run, "completer"))
         targets += [(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)]
         for target, name in targets:

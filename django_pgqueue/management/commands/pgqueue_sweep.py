@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_pgqueue.management.commands.pgqueue_worker import (
+    add_backend_argument,
     configure_logging,
     positive_float,
 )
@@ -31,10 +32,19 @@ class Command(BaseCommand):
             default=5.0,
             help="Seconds between passes with --loop (default: %(default)r)",
         )
+        add_backend_argument(parser)
 
-    def handle(self, *, loop: bool, interval: float, verbosity: int, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        loop: bool,
+        interval: float,
+        backend: str | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
         configure_logging(verbosity)
-        sweeper = Sweeper(interval=interval)
+        sweeper = Sweeper(interval=interval, backend=backend)
         if not loop:
             result = sweeper.run_once()
             self.stdout.write(

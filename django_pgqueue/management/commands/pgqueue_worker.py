@@ -61,6 +61,26 @@ def worker_id(value: str) -> str:
     return value
 
 
+def backend_alias(value: str) -> str:
+    """A ``TASKS`` alias served by ``PgQueueBackend``: its jobs database is worked."""
+    from django_pgqueue.databases import backend_database
+
+    try:
+        backend_database(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        type=backend_alias,
+        default=None,
+        help="TASKS alias whose jobs database to work (default: the default alias)",
+    )
+
+
 def configure_logging(verbosity: int) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger = logging.getLogger("django_pgqueue")
@@ -124,6 +144,7 @@ class Command(BaseCommand):
             help="After SIGTERM, how long running jobs may take before the worker exits "
             "and leaves them to lease expiry (default: PGQUEUE_SHUTDOWN_GRACE_SECONDS)",
         )
+        add_backend_argument(parser)
         parser.add_argument(
             "--poll-interval",
             type=positive_float,
@@ -143,6 +164,7 @@ class Command(BaseCommand):
         worker_id: str | None,
         poll_interval: float | None,
         grace_seconds: float | None,
+        backend: str | None,
         verbosity: int,
         **options: Any,
     ) -> None:
@@ -157,6 +179,7 @@ class Command(BaseCommand):
             worker_id=worker_id,
             poll_interval=poll_interval,
             grace_seconds=grace_seconds,
+            backend=backend,
         )
         try:
             with on_stop(worker.stop):
