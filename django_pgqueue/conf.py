@@ -17,7 +17,10 @@ class Settings:
     these attributes and their docstrings)."""
 
     DATABASE: str = "default"
-    """Database alias that holds the jobs table."""
+    """Fallback only: the jobs database of a ``TASKS`` backend whose ``OPTIONS`` has no
+    ``DATABASE`` (unset: where the database routers send the ``Job`` model, "default"
+    without routers). Prefer ``OPTIONS["DATABASE"]``; a check (pgqueue.E020) reports a
+    default backend whose ``OPTIONS["DATABASE"]`` disagrees with it."""
 
     LEASE_SECONDS: float = 300.0
     """How long a claimed job stays leased before the sweeper may take it back.
