@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
-from django.tasks import Task
 
 from . import bulk, sql, validation
 from .conf import settings
+from .taskapi import Task
 from .tasks import task_option
 
 if TYPE_CHECKING:

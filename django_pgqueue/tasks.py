@@ -31,8 +31,7 @@ import contextvars
 import math
 from dataclasses import dataclass
 
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
+from .taskapi import InvalidTask, Task
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

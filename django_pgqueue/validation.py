@@ -13,11 +13,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.tasks import Task
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidJob
+from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_LENGTH = 255
@@ -41,12 +40,12 @@ def task_path(task: Any) -> str:
             raise InvalidJob(f"task {task!r} does not import: {exc}") from exc
         if not isinstance(obj, Task):
             raise InvalidJob(
-                f"task {task!r} is a {type(obj).__name__}, not a django.tasks.Task "
+                f"task {task!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task "
                 "(decorate the function with @task)"
             )
         return obj.module_path
     raise InvalidJob(
-        f"task must be a django.tasks.Task or its dotted path, not {type(task).__name__}"
+        f"task must be a {FRAMEWORK}.Task or its dotted path, not {type(task).__name__}"
     )
 
 

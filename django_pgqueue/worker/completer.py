@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
-from django.tasks import TaskResult
 
 from ..models import Job
+from ..taskapi import TaskResult
 from ..tasks import CurrentJob
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState

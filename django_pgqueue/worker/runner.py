@@ -14,14 +14,20 @@ import time
 
 from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
-from django.tasks.signals import task_finished, task_started
-from django.utils.json import normalize_json
 
 from .. import validation
 from ..backend import load_task, to_task_result
 from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
+from ..taskapi import (
+    Task,
+    TaskContext,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_finished,
+    task_started,
+)
 from ..tasks import CurrentJob, _current, task_option
 from .completer import Completer, Completion
 from .connections import (
