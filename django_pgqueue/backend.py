@@ -157,7 +157,7 @@ def to_task_result(job: Any, task: Task) -> TaskResult:
         worker_ids.append(job.lease_owner or "")
     if not job.attempts:
         worker_ids = []
-    result = TaskResult(
+    result: TaskResult = TaskResult(
         task=task,
         id=str(job.id),
         status=STATUS_MAP[job.status],

@@ -189,11 +189,10 @@ class _RowMaker:
             if len(self.names_ok) < 1000:
                 self.names_ok.add(names)
         priority = 0 if priority is None else validation.priority(priority)
-        run_at = get("run_at")
+        run_at = validation.run_at(get("run_at"))
         if run_at is None:
             run_at, status = self.now, "pending"
         else:
-            run_at = validation.run_at(run_at)
             status = "scheduled" if run_at > self.now else "pending"
         max_attempts = get("max_attempts")
         if max_attempts is None:

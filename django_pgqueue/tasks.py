@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextvars
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .taskapi import InvalidTask, Task
 
@@ -92,6 +93,6 @@ def current_job() -> CurrentJob | None:
     return _current.get()
 
 
-def task_option(task: Task, name: str) -> object:
+def task_option(task: Task, name: str) -> Any:
     """A django-pgqueue option of ``task``, or None for a plain Django ``Task``."""
     return getattr(task, name, None)

