@@ -65,6 +65,14 @@ if TYPE_CHECKING or BUILTIN:
     #: The module the framework is imported from (for messages).
     FRAMEWORK = "django.tasks"
 else:  # Django 5.2: the django-tasks backport
+    try:
+        import django_tasks  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"django-tasks-pgqueue on Django {django.get_version()} needs the django-tasks "
+            "backport of the Tasks framework (Django 6.0 has it built in): "
+            'pip install "django-tasks-pgqueue[django52]"'
+        ) from exc
     from django_tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
