@@ -13,11 +13,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from django.tasks import Task
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidJob
+from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_LENGTH = 255
@@ -41,12 +40,12 @@ def task_path(task: Any) -> str:
             raise InvalidJob(f"task {task!r} does not import: {exc}") from exc
         if not isinstance(obj, Task):
             raise InvalidJob(
-                f"task {task!r} is a {type(obj).__name__}, not a django.tasks.Task "
+                f"task {task!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task "
                 "(decorate the function with @task)"
             )
         return obj.module_path
     raise InvalidJob(
-        f"task must be a django.tasks.Task or its dotted path, not {type(task).__name__}"
+        f"task must be a {FRAMEWORK}.Task or its dotted path, not {type(task).__name__}"
     )
 
 
@@ -170,7 +169,8 @@ def _make_fast_encode() -> Callable[[Any], str]:
     (a shared markers dict could keep stale entries after an error), so a cycle raises
     RecursionError. Falls back to ``_ENCODE`` unless it gives identical text."""
     try:
-        from json.encoder import c_make_encoder, encode_basestring_ascii
+        from _json import encode_basestring_ascii
+        from _json import make_encoder as c_make_encoder
 
         chunks = c_make_encoder(
             None, json.JSONEncoder().default, encode_basestring_ascii, None,

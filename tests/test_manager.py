@@ -18,6 +18,7 @@ from django.db import connection, connections, transaction
 from django_pgqueue import sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK
 from testproject.demo import tasks
 from tests import tasks as test_tasks
 from tests.conftest import wait_for
@@ -252,7 +253,7 @@ def test_enqueue__racing_the_same_idempotency_key(other_connection, outcome):
 
 NOT_A_TASK = "testproject.demo.tasks.not_a_task"
 BAD_INPUTS = {
-    "task_object": ({"task": 42}, "task must be a django.tasks.Task or its dotted path, not int"),
+    "task_object": ({"task": 42}, f"task must be a {FRAMEWORK}.Task or its dotted path, not int"),
     "task_function": ({"task": tasks.not_a_task}, "not function"),
     "task_missing_attr": (
         {"task": "testproject.demo.tasks.nope"},
@@ -264,12 +265,12 @@ BAD_INPUTS = {
     ),
     "task_plain_function_path": (
         {"task": NOT_A_TASK},
-        f"task '{NOT_A_TASK}' is a function, not a django.tasks.Task",
+        f"task '{NOT_A_TASK}' is a function, not a {FRAMEWORK}.Task",
     ),
     # A worker loads a task by its module path; this one's path names a plain function.
     "task_object_path_not_a_task": (
         {"task": test_tasks.renamed},
-        "task 'tests.tasks._renamed' is a function, not a django.tasks.Task",
+        f"task 'tests.tasks._renamed' is a function, not a {FRAMEWORK}.Task",
     ),
     "args_dict": ({"args": {"a": 1}}, "args must be a list or tuple, not dict"),
     "args_object": ({"args": [object()]}, "args[0] is a object, which is not JSON"),

@@ -6,8 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.management.commands.pgqueue_worker import (
     configure_logging,
     positive_float,
@@ -16,7 +15,7 @@ from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.sweeper import Sweeper
 
 
-class Command(BaseCommand):
+class Command(PgQueueCommand):
     help = "Run one sweep pass (or --loop): recover, dead-letter, promote, prune."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -34,6 +33,7 @@ class Command(BaseCommand):
 
     def handle(self, *, loop: bool, interval: float, verbosity: int, **options: Any) -> None:
         configure_logging(verbosity)
+        self.check_server()
         sweeper = Sweeper(interval=interval)
         if not loop:
             result = sweeper.run_once()

@@ -7,8 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.validation import QUEUE_NAME_RE
 from django_pgqueue.worker import Worker
@@ -71,7 +70,7 @@ def configure_logging(verbosity: int) -> None:
         logger.addHandler(handler)
 
 
-class Command(BaseCommand):
+class Command(PgQueueCommand):
     help = "Run jobs from the pgqueue jobs table until stopped (SIGTERM/SIGINT)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -147,6 +146,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
+        self.check_server()
         worker = Worker(
             queues=queues,
             concurrency=concurrency,
