@@ -184,7 +184,7 @@ class _RowMaker:
         names = (queue, backend)
         if type(queue) is not str or type(backend) is not str or names not in self.names_ok:
             validation.queue_name(queue)  # (checked before hashing: a list is no name)
-            _backend(backend)
+            validation.backend_alias(backend)
             self.queues.add(queue)
             if len(self.names_ok) < 1000:
                 self.names_ok.add(names)
@@ -220,14 +220,6 @@ class _RowMaker:
             _ERRORS_EMPTY,
             key,
         )
-
-
-def _backend(value: Any) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 64:
-        raise InvalidJob(
-            f"backend must be a Tasks backend alias (1 to 64 characters), not {value!r}"
-        )
-    return value
 
 
 def bulk_enqueue(

@@ -189,7 +189,7 @@ class JobManager(models.Manager["Job"]):
             if max_attempts is None:  # @task(max_attempts=...) of PgQueueTask
                 max_attempts = task_option(task, "max_attempts")
         params: dict[str, Any] = {
-            "backend": backend,
+            "backend": validation.backend_alias(backend),
             "task": path,
             "queue": validation.queue_name("default" if queue is None else queue),
             "priority": validation.priority(0 if priority is None else priority),
