@@ -9,9 +9,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.validation import QUEUE_NAME_RE
-from django_pgqueue.worker import Worker
+from django_pgqueue.worker.supervisor import Supervisor, run_worker_process
 
 
 def positive_int(value: str) -> int:
@@ -76,6 +75,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            help="Worker processes under one supervisor, each with --concurrency "
+            "threads (default: %(default)r)",
+        )
+        parser.add_argument(
             "--queue",
             dest="queues",
             action="append",
@@ -134,6 +140,7 @@ class Command(BaseCommand):
     def handle(
         self,
         *,
+        processes: int,
         queues: list[str] | None,
         concurrency: int,
         batch_size: int | None,
@@ -147,24 +154,25 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
-        worker = Worker(
-            queues=queues,
-            concurrency=concurrency,
-            batch_size=batch_size,
-            lease_seconds=lease_seconds,
-            burst=burst,
-            max_jobs=max_jobs,
-            worker_id=worker_id,
-            poll_interval=poll_interval,
-            grace_seconds=grace_seconds,
-        )
-        try:
-            with on_stop(worker.stop):
-                worker.run()
-        except Abort:
-            # Second signal: leave at once; the sweeper recovers what was running.
-            sys.exit(1)
-        if worker.fatal:
-            # Exit non-zero so a supervisor restarts the worker.
-            self.stderr.write(f"pgqueue_worker: {worker.fatal}")
-            sys.exit(3)
+        worker_options = {
+            "queues": queues,
+            "concurrency": concurrency,
+            "batch_size": batch_size,
+            "lease_seconds": lease_seconds,
+            "burst": burst,
+            "max_jobs": max_jobs,
+            "worker_id": worker_id,
+            "poll_interval": poll_interval,
+            "grace_seconds": grace_seconds,
+        }
+        if processes == 1:
+            code = run_worker_process(worker_options, None)
+        else:
+            supervisor = Supervisor(
+                processes=processes,
+                run_child=lambda index: run_worker_process(worker_options, index),
+            )
+            code = supervisor.run()
+        if code:
+            # See ExitCode: 1 aborted, 3 fatal (restart me), 4 a child did not drain.
+            sys.exit(int(code))
