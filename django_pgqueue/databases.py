@@ -19,8 +19,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.db import connections, router
-from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
+
+from .taskapi import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
 
 _UNSET = object()
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 import pytest
 from django.core import checks
 from django.db import connections, transaction
-from django.tasks import task_backends
 from django.test import override_settings
 from django.urls import reverse
 
@@ -22,6 +21,7 @@ from django_pgqueue.bulk import enqueue_many
 from django_pgqueue.databases import backend_database, default_database, listen_target
 from django_pgqueue.models import Job
 from django_pgqueue.sweeper import Sweeper
+from django_pgqueue.taskapi import task_backends
 from testproject.demo.tasks import add
 
 from .conftest import ManagedProcess, wait_for
