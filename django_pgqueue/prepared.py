@@ -15,7 +15,11 @@ psycopg may prepare is the connection's ``prepare_threshold``:
 
 * given in the database's ``OPTIONS`` (``"prepare_threshold": None`` turns preparation
   off, for PgBouncer in transaction mode before 1.21, for example): respected as is;
-* not given (Django's default): these cursors prepare. Only they do: Django's own
+* not given, on a database behind a transaction pooler (``DISABLE_SERVER_SIDE_CURSORS``,
+  see ``databases.is_pooled``): nothing is prepared, since PgBouncer before 1.21 hands
+  the next transaction to a server connection that never saw the statement (give
+  ``prepare_threshold`` to prepare through a pooler that supports it);
+* not given otherwise (Django's default): these cursors prepare. Only they do: Django's own
   client-binding cursors never prepare, whatever the threshold (with
   ``server_side_binding`` on, they would, so then nothing is prepared unless
   ``prepare_threshold`` is given).
@@ -31,6 +35,8 @@ from typing import Any
 import psycopg
 from django.db import connections
 from django.db.backends.utils import CursorWrapper
+
+from .databases import is_pooled
 
 #: What psycopg is given as the threshold when the settings leave it to us: unused
 #: by ``prepare=True`` statements, and the number psycopg itself defaults to.
@@ -58,6 +64,8 @@ def prepares(alias: str) -> bool:
     options = connections[alias].settings_dict.get("OPTIONS") or {}
     if "prepare_threshold" in options:
         return options["prepare_threshold"] is not None
+    if is_pooled(alias):
+        return False
     # With server_side_binding, Django's own cursors would prepare too once the
     # connection has a threshold: leave such a connection as configured.
     return options.get("server_side_binding") is not True

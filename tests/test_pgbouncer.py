@@ -316,9 +316,10 @@ FLEET_JOBS = 4000
 def test_fleet__16_workers_through_8_server_connections_lose_nothing(
     pooled: Callable[..., ManagedProcess], bouncer: PrivateBouncer
 ) -> None:
-    """At least 16 worker processes share a pool of at most 8 server connections: every
-    job, by identity, ends done with at least one execution, none twice for a
-    transactional one, and the server never saw more than 8 connections from them."""
+    """16 worker processes (8 alone, 8 under two ``--processes 4`` supervisors) share a
+    pool of at most 8 server connections: every job, by identity, ends done with at
+    least one execution, none twice for a transactional one, and pgbouncer never held
+    more than 8 server connections."""
     run_python(
         pooled,
         "from django_pgqueue.models import Job\n"
@@ -341,20 +342,12 @@ def test_fleet__16_workers_through_8_server_connections_lose_nothing(
     began = time.monotonic()
     sampler.start()
     try:
-        workers = [
-            pooled(
-                "pgqueue_worker",
-                "--concurrency",
-                "2",
-                "--batch-size",
-                "10",
-                "--burst",
-                "--poll-interval",
-                "0.2",
-                "--lease-seconds",
-                "30",
-            )  # fmt: skip
-            for _ in range(FLEET_WORKERS)
+        # Half as single processes, half as children of two --processes supervisors.
+        each = ["--concurrency", "2", "--batch-size", "10", "--burst", "--poll-interval", "0.2"]
+        workers = [pooled("pgqueue_worker", *each) for _ in range(FLEET_WORKERS // 2)]
+        workers += [
+            pooled("pgqueue_worker", "--processes", str(FLEET_WORKERS // 4), *each)
+            for _ in range(2)
         ]
         wait_for(lambda: statuses() == {"done": FLEET_JOBS}, timeout=300, interval=0.2)
         elapsed = time.monotonic() - began
@@ -376,7 +369,7 @@ def test_fleet__16_workers_through_8_server_connections_lose_nothing(
     assert started == FLEET_WORKERS
     assert_nothing_prepared(*workers)
     print(
-        f"\nfleet: {FLEET_WORKERS} workers x concurrency 2 through pgbouncer (pool "
+        f"\nfleet: {FLEET_WORKERS} worker processes x concurrency 2 through pgbouncer (pool "
         f"{POOL_SIZE}): {FLEET_JOBS} jobs in {elapsed:.1f}s = {FLEET_JOBS / elapsed:.0f} "
         f"jobs/s (incl. process start-up); most server connections seen: {most[0]}"
     )
