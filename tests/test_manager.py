@@ -339,7 +339,7 @@ BAD_INPUTS = {
     # Accepted and stored before: its TaskResult could never be read back.
     "backend_unknown": (
         {"backend": "nope"},
-        "backend 'nope' is not an alias in settings.TASKS (configured: 'default')",
+        "backend 'nope' is not an alias in settings.TASKS (configured: 'default', 'second')",
     ),
     "backend_nul": ({"backend": "de\x00fault"}, "backend contains a NUL character"),
     "backend_lone_surrogate": ({"backend": "\udc80"}, "backend contains a lone surrogate"),
