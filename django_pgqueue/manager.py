@@ -41,9 +41,10 @@ class SweepResult:
     dead: int = 0  # expired leases on their last attempt, dead-lettered
     promoted: int = 0  # due scheduled jobs made pending
     pruned: int = 0  # done jobs past retention deleted
+    periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
 
     def __bool__(self) -> bool:
-        return any((self.recovered, self.dead, self.promoted, self.pruned))
+        return any((self.recovered, self.dead, self.promoted, self.pruned, self.periodic))
 
 
 @dataclass(frozen=True)

@@ -144,3 +144,32 @@ class DeadLetter(Job):
         proxy = True
         verbose_name = "dead letter"
         verbose_name_plural = "dead letters"
+
+
+class Schedule(models.Model):
+    """The state of one ``PGQUEUE_PERIODIC`` entry: the last tick enqueued for it.
+
+    Written only by the sweeper's two statements (``sql.SCHEDULE_SYNC`` and
+    ``sql.SCHEDULE_ENQUEUE_TICK``); the settings stay the source of the entry itself, so
+    a row whose entry was removed from the settings is left behind and ignored."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    task = models.CharField(max_length=255)
+    cron = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    enabled = models.BooleanField(default=True)
+    last_tick = models.DateTimeField(
+        help_text="The latest tick enqueued (or skipped: a new, changed or disabled entry)"
+    )
+    # Not a foreign key: done jobs are pruned, and the link may outlive its job.
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    updated_at = models.DateTimeField(db_default=ClockTimestamp())
+
+    class Meta:
+        db_table = "pgqueue_schedule"  # sql.py hard-codes this name too
+        ordering = ["name"]
+        verbose_name = "periodic schedule"
+
+    def __str__(self) -> str:
+        return f"Schedule {self.name} ({self.cron})"

@@ -484,6 +484,91 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status
 """
 
+# Enqueue one tick of a periodic entry, exactly once however many sweepers run: advance
+# the entry's row to the tick only if its last tick is older (and its cron and time zone
+# are the ones this tick was computed from), and insert the job from that same row, in one
+# statement. Primary-key lookup on pgqueue_schedule. SKIP LOCKED: a sweeper that finds
+# the row locked by another one skips it; the other enqueues the tick, or, if it rolls
+# back, the next pass does. The job's id is drawn in the UPDATE so the row links to the
+# job it enqueued; run_at is the tick, and the idempotency key periodic:<name>:<tick>
+# keeps it through retries. A live job already holding that key (enqueued by hand) is
+# that tick's job: the row advances and nothing is inserted (the partial unique index
+# pgqueue_job_idempotency_uniq is the arbiter). pg_notify in RETURNING wakes idle
+# workers at commit.
+SCHEDULE_ENQUEUE_TICK = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), due AS (
+    SELECT s.name
+    FROM pgqueue_schedule AS s, clock
+    WHERE s.name = %(name)s
+      AND s.last_tick < %(tick)s::timestamptz
+      AND s.cron = %(cron)s
+      AND s.timezone = %(timezone)s
+      AND %(tick)s::timestamptz <= clock.now
+    FOR UPDATE OF s SKIP LOCKED
+), advanced AS (
+    UPDATE pgqueue_schedule AS s
+    SET last_tick = %(tick)s::timestamptz,
+        last_job_id = nextval(pg_get_serial_sequence('pgqueue_job', 'id')),
+        updated_at = clock.now
+    FROM due, clock
+    WHERE s.name = due.name
+    RETURNING s.last_job_id
+)
+INSERT INTO pgqueue_job AS j (
+    id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+    run_at, idempotency_key, errors, created_at
+)
+SELECT advanced.last_job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
+       %(kwargs)s::jsonb, %(priority)s, 'pending', 0, %(max_attempts)s,
+       %(tick)s::timestamptz, %(idempotency_key)s, '[]'::jsonb, clock.now
+FROM advanced, clock
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
+"""
+
+# Make a periodic entry's row agree with the settings, taking no lock when it already
+# does. A new entry starts at its latest past tick (%(tick)s) without a job, so it first
+# runs at its next tick. A changed cron or time zone, or a disabled entry, moves the last
+# tick up to the latest past tick of the new cron (never back), so the change takes effect
+# at its next tick and no tick of the old cron is enqueued late. Primary-key lookup;
+# the UPDATE matches no row when nothing changed, and ON CONFLICT DO NOTHING (not DO
+# UPDATE, which would lock the row every pass) leaves an existing row alone.
+SCHEDULE_SYNC = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), changed AS (
+    UPDATE pgqueue_schedule AS s
+    SET task = %(task)s,
+        cron = %(cron)s,
+        timezone = %(timezone)s,
+        enabled = %(enabled)s,
+        last_tick = CASE WHEN s.cron <> %(cron)s OR s.timezone <> %(timezone)s
+                               OR NOT %(enabled)s
+                          THEN greatest(s.last_tick, %(tick)s::timestamptz)
+                          ELSE s.last_tick END,
+        updated_at = clock.now
+    FROM clock
+    WHERE s.name = %(name)s
+      AND (s.task <> %(task)s OR s.cron <> %(cron)s OR s.timezone <> %(timezone)s
+           OR s.enabled <> %(enabled)s
+           OR (NOT %(enabled)s AND s.last_tick < %(tick)s::timestamptz))
+    RETURNING s.name
+)
+INSERT INTO pgqueue_schedule (
+    name, task, cron, timezone, enabled, last_tick, created_at, updated_at
+)
+SELECT %(name)s, %(task)s, %(cron)s, %(timezone)s, %(enabled)s, %(tick)s::timestamptz,
+       clock.now, clock.now
+FROM clock
+WHERE NOT EXISTS (SELECT 1 FROM changed)
+ON CONFLICT (name) DO NOTHING
+"""
+
 # Label a worker's connection and bound its statements: application_name shows which
 # worker and role (claim, heartbeat, runner, completer) a backend serves in
 # pg_stat_activity, so an operator or a test can terminate exactly one; a NULL

@@ -28,6 +28,7 @@ with ``takes_context=True``, ``context.task_result.id`` and ``context.attempt``.
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import math
 from dataclasses import dataclass
 
@@ -78,6 +79,8 @@ class CurrentJob:
     queue: str
     worker_id: str
     transactional: bool
+    run_at: dt.datetime | None = None
+    """When the job was due: for a periodic job, the tick it was enqueued for."""
 
 
 _current: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar(

@@ -50,3 +50,11 @@ def _renamed(n: int = 0) -> int:
 
 
 renamed = task()(_renamed)
+
+
+@task()
+def record_tick(label: str) -> str | None:
+    """A periodic job's task: return the tick it serves (``current_job().run_at``)."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    return None if job.run_at is None else job.run_at.isoformat()

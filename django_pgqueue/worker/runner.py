@@ -131,6 +131,7 @@ class JobRunner(WorkerPart):
                 queue=job.queue,
                 worker_id=self.worker_id,
                 transactional=transactional,
+                run_at=job.run_at,
             )
         )
         try:
