@@ -29,3 +29,10 @@ class TaskNotFound(PgQueueError):  # noqa: N818
 class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
     """A task returned with a transaction still open on the jobs database; the worker
     rolled it back by discarding the connection, and the attempt failed."""
+
+
+class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
+    """Recorded in the ``errors`` of a job that was cancelled (``Job.objects.cancel``).
+
+    A transactional task whose cancellation is seen before it commits raises it inside
+    its transaction, so its effects roll back; a cooperative task may raise it too."""

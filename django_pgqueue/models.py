@@ -32,6 +32,7 @@ class Job(models.Model):
         RUNNING = "running", "Running"
         DONE = "done", "Done"
         DEAD = "dead", "Dead"
+        CANCELLED = "cancelled", "Cancelled"
 
     id = models.BigAutoField(primary_key=True)
     backend = models.CharField(max_length=64, default="default")
@@ -58,13 +59,18 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by Job.objects.cancel() on a running job: its worker stops it (see cancellation).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     objects = JobManager()
 
     class Meta:
         db_table = "pgqueue_job"  # sql.py hard-codes this name; a test checks they agree
         ordering = ["-id"]
-        permissions = [("requeue_job", "Can requeue dead jobs")]
+        permissions = [
+            ("requeue_job", "Can requeue dead jobs"),
+            ("cancel_job", "Can cancel jobs"),
+        ]
         indexes = [
             # The claim path: exactly JOB_CLAIM's predicate and ORDER BY. Built
             # CONCURRENTLY in its own migration (0002) so it never locks the table.
@@ -102,7 +108,9 @@ class Job(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "scheduled", "running", "done", "dead"]),
+                condition=Q(
+                    status__in=["pending", "scheduled", "running", "done", "dead", "cancelled"]
+                ),
                 name="pgqueue_job_status_valid",
             ),
             models.CheckConstraint(

@@ -9,9 +9,15 @@ with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable, Coroutine
+from inspect import iscoroutinefunction
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -20,7 +26,7 @@ from django.utils.json import normalize_json
 
 from .. import validation
 from ..backend import load_task, to_task_result
-from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
+from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
 from ..tasks import CurrentJob, _current, task_option
 from .completer import Completer, Completion
@@ -37,6 +43,28 @@ from .state import WorkerPart, WorkerState
 # One logger for everything a worker does, whichever module holds the code: configuring
 # ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger(__name__)
+
+CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effects rolled back"
+#: How often a running coroutine task's cancellation flag is checked, in seconds.
+ASYNC_CANCEL_POLL = 0.05
+
+
+async def cancellable(
+    func: Callable[..., Coroutine[Any, Any, Any]],
+    cancel: threading.Event,
+    /,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Await ``func(*args, **kwargs)``; cancel it (``asyncio.CancelledError`` raised at
+    its current ``await``) once ``cancel`` is set by the heartbeat thread."""
+    job = asyncio.ensure_future(func(*args, **kwargs))
+    while not job.done():
+        await asyncio.wait({job}, timeout=ASYNC_CANCEL_POLL)
+        if cancel.is_set() and not job.done():
+            job.cancel()
+            break
+    return await job
 
 
 class JobRunner(WorkerPart):
@@ -132,10 +160,11 @@ class JobRunner(WorkerPart):
                 worker_id=self.worker_id,
                 transactional=transactional,
                 run_at=job.run_at,
+                cancel=held.cancel,
             )
         )
         try:
-            return self._run(job, task, transactional=transactional)
+            return self._run(job, task, transactional=transactional, cancel=held.cancel)
         finally:
             _current.reset(token)
 
@@ -151,17 +180,22 @@ class JobRunner(WorkerPart):
                     extra={"action": "signal", "job_id": task_result.id},
                 )
 
-    def _call(self, job: Job, task: Task, task_result: object) -> object:
-        """Call the task; return its JSON-safe value (a bad value raises here)."""
+    def _call(self, job: Job, task: Task, task_result: object, cancel: threading.Event) -> object:
+        """Call the task; return its JSON-safe value (a bad value raises here). A
+        coroutine task is cancelled (``asyncio.CancelledError`` inside it) once
+        ``cancel`` is set."""
+        args = list(job.args)
         if task.takes_context:
-            value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+            args.insert(0, TaskContext(task_result=task_result))  # type: ignore[arg-type]
+        if iscoroutinefunction(task.func):
+            value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.call(*job.args, **job.kwargs)
+            value = task.call(*args, **job.kwargs)
         value = normalize_json(value)
         validation.result_json(value)  # a bad return value fails the job here
         return value
 
-    def _run(self, job: Job, task: Task, *, transactional: bool) -> bool:
+    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: threading.Event) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         task_result = to_task_result(job, task)
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
@@ -174,17 +208,22 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value = self._call(job, task, task_result)
-                    if not Job.objects.db_manager(self.alias).complete(
+                    value = self._call(job, task, task_result, cancel)
+                    if cancel.is_set():
+                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
+                    status = Job.objects.db_manager(self.alias).complete_status(
                         job, self.worker_id, result=value
-                    ):
+                    )
+                    if status is None:
                         raise LeaseLost(
                             f"job {job.id}: lease lost before completion; "
                             "the task's effects were rolled back"
                         )
+                    if status == "cancelled":  # requested since the last lease extension
+                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     completed_in_tx = True
             else:
-                value = self._call(job, task, task_result)
+                value = self._call(job, task, task_result, cancel)
                 wrapper = connections[self.alias]
                 if wrapper.in_atomic_block or not wrapper.get_autocommit():
                     discard_connection(self.alias)
@@ -224,7 +263,18 @@ class JobRunner(WorkerPart):
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             status = self._record(job, "fail", error=exc)
-            if status is not None:
+            if status == "cancelled":
+                logger.info(
+                    "job %s %s cancelled after %.3fs (%s)",
+                    job.id,
+                    job.task,
+                    elapsed,
+                    first_line(exc) or type(exc).__name__,
+                    extra={"action": "cancel", **log_extra},
+                )
+                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                self._signal(task_finished, task_result)
+            elif status is not None:
                 logger.error(
                     "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
                     job.id,
@@ -243,6 +293,18 @@ class JobRunner(WorkerPart):
         if transactional:
             self.stats.count("done")
             recorded = True
+        elif cancel.is_set():
+            # Cancelled and the task returned (a cooperative stop): written now, not in
+            # a batch; the statement ends the job 'cancelled'.
+            if self._record(job, "complete", result=value):
+                logger.info(
+                    "job %s %s cancelled after %.3fs (the task stopped)",
+                    job.id,
+                    job.task,
+                    elapsed,
+                    extra={"action": "cancel", **log_extra},
+                )
+            return False
         elif self.completer is not None:
             # Recorded in a batch by the completer thread, which logs it and sends
             # task_finished once the fenced write succeeded; the job stays held (its
