@@ -45,6 +45,9 @@ from .paginator import EstimatedCountPaginator
 logger = logging.getLogger(__name__)
 
 REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
+CANCEL_PERMISSION = "django_pgqueue.cancel_job"
+#: Jobs listed by name on the cancel confirmation page (all of them are posted back).
+CANCEL_SHOWN = 100
 LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
@@ -315,7 +318,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "last_error_line",
     )
     list_filter = ("status", QueueFilter, TaskFilter, ("created_at", admin.DateFieldListFilter))
-    actions = None
+    actions = ("cancel_selected",)
     readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
     fieldsets = tuple(
         (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
@@ -338,6 +341,75 @@ class JobAdmin(ReadOnlyJobAdmin):
         # Dead letters are discarded from their own page; other jobs are not deleted
         # by hand (done jobs are pruned by the sweeper).
         return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    @admin.action(permissions=["cancel"], description="Cancel selected jobs")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """A confirmation page first; then one guarded statement per batch
+        (``Job.objects.cancel``), and a message saying what changed and what did not."""
+        ids = DeadLetterAdmin.selected_ids(request, queryset)
+        if not request.POST.get("post"):
+            jobs = list(
+                Job.objects.filter(pk__in=ids).order_by("id").only("id", "task", "status", "queue")
+            )
+            return TemplateResponse(
+                request,
+                "admin/django_pgqueue/job/cancel_selected_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Cancel jobs",
+                    "opts": self.model._meta,
+                    "jobs": jobs,
+                    "shown": jobs[:CANCEL_SHOWN],
+                    "more": max(0, len(jobs) - CANCEL_SHOWN),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        result = Job.objects.cancel(ids)
+        logger.info(
+            "%s cancelled %d and requested cancellation of %d of %d selected jobs: %s %s",
+            request.user.get_username(),
+            len(result.cancelled),
+            len(result.requested),
+            len(ids),
+            result.cancelled,
+            result.requested,
+            extra={
+                "action": "cancel",
+                "job_ids": result.cancelled + result.requested,
+                **actor(request),
+            },
+        )
+        changed = result.cancelled + result.requested
+        if changed:
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=Job.objects.filter(pk__in=changed),
+                action_flag=CHANGE,
+                change_message="Cancelled from the admin.",
+            )
+        parts = [
+            f"Cancelled {len(result.cancelled)} job{'s' if len(result.cancelled) != 1 else ''}"
+        ]
+        if result.requested:
+            parts.append(
+                f"asked {len(result.requested)} running job"
+                f"{'s' if len(result.requested) != 1 else ''} to stop (job "
+                + ", ".join(str(i) for i in result.requested[:10])
+                + ")"
+            )
+        missed = len(ids) - len(changed)
+        if missed:
+            parts.append(
+                f"{missed} of {len(ids)} selected not cancelled: already finished (done, "
+                "dead or cancelled) or busy at that instant"
+            )
+        self.message_user(
+            request, "; ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
+        )
+        return None
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

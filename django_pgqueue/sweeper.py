@@ -52,12 +52,13 @@ class Sweeper:
         result = dataclasses.replace(result, periodic=len(ticks))
         if result:
             logger.info(
-                "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d",
+                "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d cancelled=%d",
                 result.recovered,
                 result.dead,
                 result.promoted,
                 result.pruned,
                 result.periodic,
+                result.cancelled,
                 extra={"action": "sweep"},
             )
         if self.now is not None and self.now_step:

@@ -560,7 +560,14 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
         ("running", "mail"): 1,
         ("scheduled", "mail"): 1,
     }
-    assert summary.totals == {"pending": 2, "scheduled": 1, "running": 1, "done": 0, "dead": 1}
+    assert summary.totals == {
+        "pending": 2,
+        "scheduled": 1,
+        "running": 1,
+        "done": 0,
+        "dead": 1,
+        "cancelled": 0,
+    }
     assert not summary.estimated and not summary.capped
     assert dt.timedelta(hours=2) <= summary.oldest_pending_wait < dt.timedelta(hours=2, minutes=5)
     assert summary.expired_leases == 1
@@ -589,7 +596,7 @@ def test_job_admin__summary_uses_planner_estimates_on_a_big_table(job_factory, d
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgqueue_job")
     summary = Job.objects.summary(cap=5)  # 8 rows > cap: estimate done/dead
-    assert summary.estimated == {"done", "dead"}
+    assert summary.estimated == {"done", "dead", "cancelled"}
     assert summary.totals["dead"] == 2 and summary.totals["done"] == 0
     assert Job.objects.common_values("queue") == ["default"]
 
@@ -697,3 +704,73 @@ def test_requeue_and_discard__overlapping_selections_do_not_deadlock(
     assert result["ids"] == [a.pk]
     a.refresh_from_db()
     assert a.status == "pending"
+
+
+# --- cancel action -------------------------------------------------------------------------
+
+
+def post_job_action(client: Client, action: str, ids: list[int], **extra: Any) -> Any:
+    data = {
+        "action": action,
+        "_selected_action": [str(i) for i in ids],
+        "index": "0",
+        "select_across": "0",
+        **extra,
+    }
+    return client.post(reverse(JOB_LIST), data)
+
+
+def test_cancel_action__needs_its_own_permission(staff, job_factory):
+    job = job_factory()
+    viewer = staff("view_job")
+    page = viewer.get(reverse(JOB_LIST)).content.decode()
+    assert "cancel_selected" not in page
+    post_job_action(viewer, "cancel_selected", [job.pk], post="yes")
+    assert status_of(job) == ["pending"]
+    operator = staff("view_job", "cancel_job")
+    assert "Cancel selected jobs" in operator.get(reverse(JOB_LIST)).content.decode()
+
+
+def test_cancel_action__confirms_first_with_escaped_job_data(staff, job_factory):
+    job = job_factory()
+    Job.objects.filter(pk=job.pk).update(task=XSS)
+    response = post_job_action(staff("view_job", "cancel_job"), "cancel_selected", [job.pk])
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert escape(XSS) in html and XSS not in html
+    assert 'name="post" value="yes"' in html
+    assert status_of(job) == ["pending"]  # nothing changes before the confirmation
+
+
+def test_cancel_action__cancels_requests_and_reports_what_did_not_change(
+    staff, job_factory, caplog
+):
+    job_factory()
+    (running,) = Job.objects.claim("w1", limit=1)
+    pending, done = job_factory(), job_factory()
+    Job.objects.filter(pk=done.pk).update(status="done", finished_at=Now())
+    caplog.set_level(logging.INFO, logger="django_pgqueue.admin")
+    response = post_job_action(
+        staff("view_job", "cancel_job"),
+        "cancel_selected",
+        [pending.pk, running.pk, done.pk],
+        post="yes",
+    )
+    assert status_of(pending, running, done) == ["cancelled", "running", "done"]
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    (message,) = texts(response)
+    assert message == (
+        f"Cancelled 1 job; asked 1 running job to stop (job {running.pk}); "
+        "1 of 3 selected not cancelled: already finished (done, dead or cancelled) or busy "
+        "at that instant."
+    )
+    assert "cancelled 1 and requested cancellation of 1 of 3 selected jobs" in caplog.text
+    assert LogEntry.objects.filter(change_message="Cancelled from the admin.").count() == 2
+    # A second click (a stale page, another operator) changes nothing and says so.
+    again = post_job_action(
+        staff("view_job", "cancel_job"), "cancel_selected", [pending.pk], post="yes"
+    )
+    assert texts(again) == [
+        "Cancelled 0 jobs; 1 of 1 selected not cancelled: already finished (done, dead or "
+        "cancelled) or busy at that instant."
+    ]

@@ -81,7 +81,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"recovered={result.recovered} dead={result.dead} "
                 f"promoted={result.promoted} pruned={result.pruned} "
-                f"periodic={result.periodic}"
+                f"periodic={result.periodic} cancelled={result.cancelled}"
             )
             return
         try:
