@@ -31,6 +31,11 @@ class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
     rolled it back by discarding the connection, and the attempt failed."""
 
 
+class UnsupportedServerError(PgQueueError):
+    """The database server is older than django-pgqueue supports (PostgreSQL 14); the
+    message names both versions. Raised before anything is written."""
+
+
 class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
     """Recorded in the ``errors`` of a job that was cancelled (``Job.objects.cancel``).
 

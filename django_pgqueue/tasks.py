@@ -32,9 +32,9 @@ import datetime as dt
 import math
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
+from .taskapi import InvalidTask, Task
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +106,6 @@ def current_job() -> CurrentJob | None:
     return _current.get()
 
 
-def task_option(task: Task, name: str) -> object:
+def task_option(task: Task, name: str) -> Any:
     """A django-pgqueue option of ``task``, or None for a plain Django ``Task``."""
     return getattr(task, name, None)

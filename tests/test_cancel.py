@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from django.tasks import TaskResultStatus, default_task_backend
 from django.test import override_settings
 
 from django_pgqueue.exceptions import JobCancelled
 from django_pgqueue.manager import CancelResult
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import TaskResultStatus, default_task_backend
 from testproject.demo.models import Delivery
 
 from .conftest import wait_for

@@ -81,7 +81,7 @@ def test_check_periodic__names_each_bad_entry():
         }
     ):
         errors = check_periodic()
-    assert [e.id for e in errors] == ["pgqueue.E020", "pgqueue.E020"]
+    assert [e.id for e in errors] == ["pgqueue.E030", "pgqueue.E030"]
     assert errors[0].msg.startswith("PGQUEUE_PERIODIC['bad-cron']: cron 'every day'")
     assert errors[1].msg.startswith("PGQUEUE_PERIODIC['bad-zone']: timezone 'Nowhere/Land'")
     with override_settings(PGQUEUE_PERIODIC={"good": entry()}):
@@ -301,13 +301,19 @@ def sweeper_env(**entries: dict[str, object]) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_pgqueue_sweep__two_sweepers_enqueue_each_of_100_ticks_once(transactional_db, manage):
-    """Two looping sweepers over the same pinned clock, 15 s further at each pass (four
-    passes per one-minute tick, each pass racing the other process)."""
+    """Two looping sweepers over the same pinned clock, 30 s further at each pass (two
+    passes per one-minute tick in each process, racing the other process)."""
     env = sweeper_env(e=entry())
-    args = ("pgqueue_sweep", "--loop", "--interval", "0.01", "--now", T0.isoformat())
-    sweepers = [manage(*args, "--now-step", "15", env=env) for _ in range(2)]
+    args = ("pgqueue_sweep", "--loop", "--interval", "0.1", "--now", T0.isoformat())
+    sweepers = [manage(*args, "--now-step", "30", env=env) for _ in range(2)]
     last = T0 + dt.timedelta(minutes=100)
-    wait_for(lambda: Job.objects.filter(run_at=last).exists(), timeout=120)
+
+    def finished() -> bool:
+        for proc in sweepers:
+            assert proc.popen.poll() is None, proc.output()  # a sweeper died: say why
+        return Job.objects.filter(run_at=last).exists()
+
+    wait_for(finished, timeout=180)
     for proc in sweepers:
         proc.signal(2)
         assert proc.wait() == 0, proc.output()

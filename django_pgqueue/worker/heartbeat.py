@@ -19,8 +19,6 @@ from ..models import Job
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
-# One logger for everything a worker does, whichever module holds the code: configuring
-# ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger(__name__)
 
 
@@ -111,8 +109,8 @@ class Heartbeat(WorkerPart):
                 self._request_cancel(job)
             if job.id not in owned:
                 with self.lock:
-                    entry = self.held.get(job.id)
-                    if entry is not None and entry.job is job:  # not a newer claim
+                    entry = self.state.entry(job)
+                    if entry is not None:  # not a newer claim
                         entry.lost = True
                 logger.warning(
                     "job %s: lease lost (expired and taken back)",
@@ -128,8 +126,8 @@ class Heartbeat(WorkerPart):
         """Tell the running task (``current_job().cancel_requested``; an async task's
         coroutine is cancelled by the runner) that its job was cancelled."""
         with self.lock:
-            entry = self.held.get(job.id)
-            if entry is None or entry.job is not job or entry.cancel.is_set():
+            entry = self.state.entry(job)
+            if entry is None or entry.cancel.is_set():
                 return
             entry.cancel.set()
         logger.info(

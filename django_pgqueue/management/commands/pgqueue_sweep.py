@@ -8,12 +8,11 @@ import datetime as dt
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from django_pgqueue.management.commands.pgqueue_worker import (
-    configure_logging,
-    positive_float,
-)
+from django_pgqueue import limits
+from django_pgqueue.management.base import PgQueueCommand
+from django_pgqueue.management.commands.pgqueue_worker import configure_logging
 from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.sweeper import Sweeper
 
@@ -29,7 +28,7 @@ def aware_datetime(value: str) -> dt.datetime:
     return parsed
 
 
-class Command(BaseCommand):
+class Command(PgQueueCommand):
     help = (
         "Run one sweep pass (or --loop): recover, dead-letter, promote, prune, and "
         "enqueue due periodic jobs."
@@ -43,9 +42,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--interval",
-            type=positive_float,
+            type=limits.SWEEP_INTERVAL.parse,
             default=5.0,
-            help="Seconds between passes with --loop (default: %(default)r)",
+            help="How long to wait between passes with --loop: "
+            f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
         )
         parser.add_argument(
             "--now",
@@ -56,10 +56,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--now-step",
-            type=positive_float,
+            type=limits.SWEEP_INTERVAL.parse,
             default=None,
-            help="For tests, with --now: move the pinned clock this many seconds forward "
-            "after each pass (default: %(default)r)",
+            help="For tests, with --now: move the pinned clock forward after each pass by "
+            f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
         )
 
     def handle(
@@ -75,6 +75,7 @@ class Command(BaseCommand):
         if now_step is not None and now is None:
             raise CommandError("--now-step needs --now")
         configure_logging(verbosity)
+        self.check_server()
         sweeper = Sweeper(interval=interval, now=now, now_step=now_step)
         if not loop:
             result = sweeper.run_once()
