@@ -196,6 +196,36 @@ def test_worker__cooperative_task_sees_cancel_requested(run_worker, tmp_path):
     assert len(cancel_errors(job)) == 1
 
 
+def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(
+    run_worker, tmp_path, caplog
+):
+    import threading
+
+    from django.db import connections
+
+    from tests.tasks import cooperative, sleep_after_marking
+
+    first_marker, second_marker = tmp_path / "first", tmp_path / "second"
+    first = Job.objects.enqueue(cooperative, [str(first_marker), 60])
+    second = Job.objects.enqueue(sleep_after_marking, [str(second_marker), 0])
+
+    def operator() -> None:
+        try:
+            wait_for(first_marker.exists, timeout=30)
+            assert Job.objects.cancel([second.id]).requested == [second.id]  # prefetched
+            wait_for(lambda: f"job {second.id}: cancellation requested" in caplog.text)
+            Job.objects.cancel([first.id])
+        finally:
+            connections.close_all()
+
+    threading.Thread(target=operator, daemon=True).start()
+    run_worker(concurrency=1, batch_size=2, lease_seconds=0.6, timeout=30)
+    assert (fresh(first).status, fresh(second).status) == ("cancelled", "cancelled")
+    assert not second_marker.exists()
+    assert fresh(second).attempts == 0  # given back, not charged
+    assert f"job {second.id} cancelled before it started" in caplog.text
+
+
 # --- real worker processes -------------------------------------------------------------
 
 WORKER = ("pgqueue_worker", "--poll-interval", "0.1")

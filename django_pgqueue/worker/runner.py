@@ -130,6 +130,21 @@ class JobRunner(WorkerPart):
                 extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
             return False
+        if held.cancel.is_set():
+            # Prefetched, and cancelled before it started: never run it. The release
+            # statement ends a cancel-requested job 'cancelled' (attempt not charged).
+            written, _ = self.write_retrying(
+                lambda: Job.objects.db_manager(self.alias).release(job, self.worker_id),
+                jobs=[job],
+                outcome="cancel",
+            )
+            if written:
+                logger.info(
+                    "job %s cancelled before it started; not running it",
+                    job.id,
+                    extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+                )
+            return False
         try:
             task = load_task(job.task)
         except ValueError as exc:
