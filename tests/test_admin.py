@@ -179,7 +179,7 @@ def test_dead_letter_list__filters_by_queue_and_task_and_searches(admin_client, 
     ids=["superscript-two", "arabic-one", "5000-digits", "2**63", "digits-and-superscript"],
 )
 def test_job_list__search_for_a_number_that_is_no_job_id_is_text(admin_client, job_factory, term):
-    """"\u00b2".isdigit() is true but int() refuses it (a 500); now it is searched as text."""
+    """SUPERSCRIPT TWO is isdigit() but int() refuses it (a 500); now it is searched as text."""
     job_factory()
     response = admin_client.get(reverse(JOB_LIST), {"q": term})
     assert response.status_code == 200

@@ -125,9 +125,7 @@ class Fuzz:
     def post(self, path: str, body: str) -> None:
         self._record(
             f"POST {path} {body[:160]!r}",
-            lambda: self.client.post(
-                path, body, content_type="application/x-www-form-urlencoded"
-            ),
+            lambda: self.client.post(path, body, content_type="application/x-www-form-urlencoded"),
         )
 
 
