@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, transaction
-from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 
 from django_pgqueue import BulkResult, InvalidJob, enqueue_many, sql, validation
 from django_pgqueue.conf import settings
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import DUMMY_BACKEND, FRAMEWORK, InvalidTask
 from testproject.demo import fault_tasks
 from testproject.demo import tasks as demo
 from tests.tasks import renamed
@@ -437,10 +437,10 @@ def test_enqueue_many__bad_call_names_its_position():
 
 @pytest.mark.django_db
 def test_enqueue_many__refuses_a_plain_function_or_another_backend():
-    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    dummy = {"default": {"BACKEND": DUMMY_BACKEND}}
     with override_settings(TASKS=dummy), pytest.raises(InvalidTask, match="PgQueueBackend"):
         enqueue_many(demo.add, [((1, 2), {})])
-    with pytest.raises(InvalidTask, match="needs a django.tasks.Task, not function"):
+    with pytest.raises(InvalidTask, match=f"needs a {FRAMEWORK}.Task, not function"):
         enqueue_many(demo.not_a_task, [((), {})])
 
 

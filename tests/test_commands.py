@@ -26,6 +26,11 @@ BAD_ARGUMENTS = {
         ["--concurrency", "many"],
         "argument --concurrency: 'many' is not an integer: use an integer from 1 to 1000",
     ),
+    "processes_zero": (
+        "pgqueue_worker",
+        ["--processes", "0"],
+        "argument --processes: '0' is out of range: use an integer from 1 to 256",
+    ),
     "lease_negative": (
         "pgqueue_worker",
         ["--lease-seconds", "-1"],

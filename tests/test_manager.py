@@ -16,9 +16,10 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from django_pgqueue import sql
+from django_pgqueue import prepared, sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK
 from testproject.demo import tasks
 from tests import tasks as test_tasks
 from tests.conftest import wait_for
@@ -253,7 +254,7 @@ def test_enqueue__racing_the_same_idempotency_key(other_connection, outcome):
 
 NOT_A_TASK = "testproject.demo.tasks.not_a_task"
 BAD_INPUTS = {
-    "task_object": ({"task": 42}, "task must be a django.tasks.Task or its dotted path, not int"),
+    "task_object": ({"task": 42}, f"task must be a {FRAMEWORK}.Task or its dotted path, not int"),
     "task_function": ({"task": tasks.not_a_task}, "not function"),
     "task_missing_attr": (
         {"task": "testproject.demo.tasks.nope"},
@@ -265,12 +266,12 @@ BAD_INPUTS = {
     ),
     "task_plain_function_path": (
         {"task": NOT_A_TASK},
-        f"task '{NOT_A_TASK}' is a function, not a django.tasks.Task",
+        f"task '{NOT_A_TASK}' is a function, not a {FRAMEWORK}.Task",
     ),
     # A worker loads a task by its module path; this one's path names a plain function.
     "task_object_path_not_a_task": (
         {"task": test_tasks.renamed},
-        "task 'tests.tasks._renamed' is a function, not a django.tasks.Task",
+        f"task 'tests.tasks._renamed' is a function, not a {FRAMEWORK}.Task",
     ),
     "args_dict": ({"args": {"a": 1}}, "args must be a list or tuple, not dict"),
     "args_object": ({"args": [object()]}, "args[0] is a object, which is not JSON"),
@@ -457,10 +458,13 @@ def test_claim__jobs_are_the_rows_the_orm_reads(job_factory):
 
 
 @pytest.mark.django_db
-def test_enqueue__extra_returned_columns_become_attributes(db):
-    job = Job.objects.enqueue(tasks.add, [1, 2])
-    assert job.notified == ""  # pg_notify() returns void, as text: the empty string
-    assert (job.args, job.errors) == ([1, 2], [])
+def test_jobs__extra_returned_columns_become_attributes(db):
+    made = Job.objects.enqueue(tasks.add, [1, 2])
+    (job,) = Job.objects._jobs(
+        "SELECT *, 'x' AS extra FROM pgqueue_job WHERE id = %(id)s", {"id": made.id}
+    )
+    assert job.extra == "x"
+    assert (job.id, job.args, job.errors) == (made.id, [1, 2], [])
 
 
 @pytest.mark.django_db
@@ -927,3 +931,56 @@ def test_enqueue__accepts_a_shared_non_cyclic_value():
     shared = {"a": 1}
     job = Job.objects.enqueue(tasks.add, [[shared, shared]])
     assert Job.objects.get(pk=job.pk).args == [[{"a": 1}, {"a": 1}]]
+
+
+@pytest.mark.django_db
+def test_enqueue__returns_the_job_as_stored(now):
+    job = Job.objects.enqueue(
+        tasks.add, (1, 2.5), {"z": {"b": [None, True]}, "a": "é"}, queue="q.1",
+        priority=-3, max_attempts=2, idempotency_key="k", now=now,
+    )  # fmt: skip
+    row = Job.objects.get(pk=job.pk)
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(row, f) for f in fields}
+    assert job._state.adding is False and job._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_enqueue__scheduled_job_is_returned_scheduled(now):
+    later = now + dt.timedelta(hours=1)
+    job = Job.objects.enqueue(tasks.add, [1, 2], run_at=later, now=now)
+    assert (job.status, job.run_at, job.created_at) == ("scheduled", later, now)
+
+
+def prepared_enqueues() -> int:
+    """JOB_ENQUEUE statements prepared in this session (psycopg names them _pg3_N)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%INSERT INTO pgqueue_job AS j%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__is_prepared_by_default():
+    connection.close()
+    Job.objects.enqueue(tasks.add, [1, 2])
+    Job.objects.enqueue(tasks.add, [3, 4], queue="other")
+    assert prepared_enqueues() == 1  # one statement, prepared once, run twice
+    assert prepared.prepares("default")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__respects_a_prepare_threshold_of_none(monkeypatch):
+    options = {**connection.settings_dict["OPTIONS"], "prepare_threshold": None}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    connection.close()
+    try:
+        for n in range(3):
+            Job.objects.enqueue(tasks.add, [n, 1])
+        assert Job.objects.count() == 3
+        assert prepared_enqueues() == 0
+        assert not prepared.prepares("default")
+    finally:
+        connection.close()  # the next test's connection has the settings' own options
