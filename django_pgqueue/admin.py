@@ -28,6 +28,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
@@ -54,6 +55,8 @@ CANCEL_SHOWN = 100
 LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
+#: Digits of the largest job id (a bigint).
+MAX_ID_DIGITS = 19
 
 
 # --- display helpers -------------------------------------------------------------------
@@ -89,6 +92,28 @@ def human_duration(value: dt.timedelta | None) -> str:
     parts = [(days, "d"), (hours, "h"), (minutes, "min"), (seconds, "s")]
     shown = [f"{n} {unit}" for n, unit in parts if n][:2]
     return " ".join(shown) or "0 s"
+
+
+def job_id(text: str) -> int | None:
+    """The job id ``text`` spells in ASCII digits (a bigint), else None: never an
+    exception, and never a number the database would refuse as out of range."""
+    text = text.strip()
+    if not (text.isascii() and text.isdecimal()) or len(text) > MAX_ID_DIGITS:
+        return None
+    number = int(text)
+    return number if 0 < number < 2**63 else None
+
+
+def storable(text: str) -> bool:
+    """Whether PostgreSQL can take ``text`` as a text parameter: no NUL character, and
+    valid Unicode (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def actor(request: HttpRequest) -> dict[str, Any]:
@@ -217,6 +242,44 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexedOrderChangeList
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        # An empty ?_to_field= makes Django look up a field named "" (a 500); an empty
+        # value means no field, as it does on the list page.
+        return super().get_object(request, object_id, from_field or None)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Django's action dispatch, with the posted selection reduced to valid job ids
+        first: Django filters ``pk__in`` with whatever was posted, and a value that is
+        not a bigint ("x", "1.5", 2**63) raised there, a 500."""
+        posted = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ids = [i for i in map(job_id, posted) if i is not None]
+        if len(ids) != len(posted):
+            post = request.POST.copy()
+            post.setlist(helpers.ACTION_CHECKBOX_NAME, [str(i) for i in ids])
+            request.POST = post  # type: ignore[assignment]
+        return super().response_action(request, queryset, *args, **kwargs)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """Refuse a filter or search no text column can match, before any query:
+        PostgreSQL rejects a NUL character in a text parameter with an error (a 500),
+        not with "no rows". Django's admin then shows the unfiltered list (``?e=1``),
+        and the message says which parameter was dropped."""
+        for name, values in request.GET.lists():
+            bad = next((v for v in (name, *values) if not storable(v)), None)
+            if bad is not None:
+                self.message_user(
+                    request,
+                    f"Ignored the filters: {name[:40]!r} holds a NUL character or invalid "
+                    "Unicode, which no job's text can hold.",
+                    messages.WARNING,
+                )
+                raise IncorrectLookupParameters(f"unstorable text in {name!r}")
+        return super().get_changelist_instance(request)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
         match = request.resolver_match
@@ -235,7 +298,9 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit() and int(term) < 2**63:
+        # isdecimal(), not isdigit(): "²" is a digit that int() refuses. At most 19
+        # digits: a bigint, and never past Python's int-to-str digit limit.
+        if term.isdecimal() and len(term) <= MAX_ID_DIGITS and int(term) < 2**63:
             return queryset.filter(pk=int(term)), False
         return (
             queryset.filter(
@@ -638,13 +703,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         posted: Iterable[str] = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         if request.POST.get("select_across") == "1":
             return list(queryset.values_list("pk", flat=True))
-        ids = []
-        for value in posted:
-            try:
-                ids.append(int(value))
-            except ValueError:
-                continue
-        return sorted(set(ids))
+        return sorted({i for i in map(job_id, posted) if i is not None})
 
     def report(
         self,

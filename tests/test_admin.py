@@ -173,6 +173,59 @@ def test_dead_letter_list__filters_by_queue_and_task_and_searches(admin_client, 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "term",
+    ["\u00b2", "\u0661", "9" * 5000, str(2**63), "12\u00b2"],
+    ids=["superscript-two", "arabic-one", "5000-digits", "2**63", "digits-and-superscript"],
+)
+def test_job_list__search_for_a_number_that_is_no_job_id_is_text(admin_client, job_factory, term):
+    """SUPERSCRIPT TWO is isdigit() but int() refuses it (a 500); now it is searched as text."""
+    job_factory()
+    response = admin_client.get(reverse(JOB_LIST), {"q": term})
+    assert response.status_code == 200
+    assert list(response.context["cl"].result_list) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("parameter", ["queue", "task", "status__exact", "q"])
+@pytest.mark.parametrize("url", [JOB_LIST, DEAD_LIST])
+def test_lists__nul_in_a_filter_drops_the_filters_with_a_message(
+    admin_client, dead_factory, url, parameter
+):
+    """PostgreSQL refuses NUL in text (a DataError, a 500): the admin shows the list
+    unfiltered (Django's ?e=1) and says which parameter it ignored."""
+    dead_factory(queue="mail")
+    response = admin_client.get(reverse(url) + f"?{parameter}=mail%00x", follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain == [(reverse(url) + "?e=1", 302)]
+    assert f"Ignored the filters: '{parameter}' holds a NUL character" in texts(response)[0]
+    assert len(response.context["cl"].result_list) == 1
+
+
+@pytest.mark.django_db
+def test_requeue_action__selection_that_is_no_job_id_is_ignored(admin_client, dead_factory):
+    """Django filtered pk__in with the posted values: "x" or 2**63 raised (a 500)."""
+    job = dead_factory()
+    response = post_action(admin_client, "requeue", ["x", str(2**63), "\u00b2", "9" * 5000])
+    assert response.status_code == 302
+    assert texts(response) == [
+        "Items must be selected in order to perform actions on them. No items have been changed."
+    ]
+    assert status_of(job) == ["dead"]
+    response = post_action(admin_client, "requeue", ["x", str(job.pk)])
+    assert any("Requeued 1 dead letter" in text for text in texts(response))
+    assert status_of(job) == ["pending"]
+
+
+@pytest.mark.django_db
+def test_dead_letter_detail__empty_to_field_is_no_field(admin_client, dead_factory):
+    """Django looked up a field named "" for ?_to_field= (FieldDoesNotExist, a 500)."""
+    job = dead_factory()
+    url = reverse("admin:django_pgqueue_deadletter_change", args=[job.pk])
+    assert admin_client.get(url + "?_to_field=").status_code == 200
+
+
+@pytest.mark.django_db
 def test_dead_letter_detail__is_read_only_and_shows_everything(admin_client, dead_factory):
     job = dead_factory(args=[1, 2], kwargs={}, idempotency_key="k-1")
     response = admin_client.get(reverse("admin:django_pgqueue_deadletter_change", args=[job.pk]))
