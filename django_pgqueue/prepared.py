@@ -41,7 +41,7 @@ class PreparingCursor(psycopg.Cursor[Any]):
     """Server-side binding; every ``execute`` asks to be prepared (psycopg prepares
     only if the connection's ``prepare_threshold`` is not None)."""
 
-    def execute(  # type: ignore[override]
+    def execute(
         self,
         query: Any,
         params: Any = None,
@@ -73,4 +73,4 @@ def cursor(alias: str) -> CursorWrapper:
     # Django's own cursor() does the same: ensure_connection, then _prepare_cursor
     # (debug wrapper when queries are logged, thread-sharing check).
     with wrapper.wrap_database_errors:
-        return wrapper._prepare_cursor(PreparingCursor(raw))
+        return wrapper._prepare_cursor(PreparingCursor(raw))  # type: ignore[attr-defined]
