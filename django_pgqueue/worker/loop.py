@@ -217,17 +217,18 @@ class Worker:
                 configure_session(
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 )
-                limit = min(free, self.batch_size)
                 after = self._position.start()
                 jobs = Job.objects.db_manager(self.alias).claim(
                     self.worker_id,
-                    limit=limit,
+                    limit=min(free, self.batch_size),
                     queues=self.queues,
                     lease_seconds=self.lease_seconds,
                     after=after,
                 )
-                if self._position.claimed(after, jobs, limit):
-                    continue  # nothing after the position: look from the head at once
+                self._position.claimed(after, jobs)
+                if not jobs and after is not None and self.burst:
+                    self._position.rescan()  # look from the head before exiting idle
+                    continue
                 promoted = 0
                 if not jobs and time.monotonic() - last_promote >= self.poll_interval:
                     # Idle: move a bounded batch of due scheduled jobs to pending.

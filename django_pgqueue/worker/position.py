@@ -10,11 +10,13 @@ with ``python -m bench.scale``: after five minutes, each claim walked about a mi
 entries).
 
 So a worker resumes each claim after its previous one (``sql.JOB_CLAIM_AFTER``), and
-claims from the head only every ``PGQUEUE_CLAIM_RESCAN_SECONDS``, after a claim that
-came back short, or when resuming found nothing. What the head claim catches that a
-resumed one misses: jobs of the same priority behind the position (a retry or a
-released job keeps its id; a job committed late by a long transaction has an older
-id). They wait at most one rescan interval longer than they would have.
+claims from the head only every ``PGQUEUE_CLAIM_RESCAN_SECONDS`` (and, with
+``--burst``, before it exits for lack of work). Not after every claim that comes back
+short: a queue drained in bursts would then pay a walk over all those entries per
+burst. What the head claim catches that a resumed one misses: jobs of the same
+priority behind the position (a retry or a released job keeps its id; a job committed
+late by a long transaction has an older id). They wait at most one rescan interval
+longer than they would have.
 
 Workers of some queues only (``--queue``) always claim from the head of their queues
 (``sql.JOB_CLAIM_QUEUES``).
@@ -42,16 +44,17 @@ class ClaimPosition:
             return self._after
         return None
 
-    def claimed(self, after: tuple[int, int] | None, jobs: Sequence[Job], limit: int) -> bool:
+    def claimed(self, after: tuple[int, int] | None, jobs: Sequence[Job]) -> None:
         """Record a claim that started at ``after`` and returned ``jobs`` (in claim
-        order) of ``limit``; True if the head should be claimed from at once (resuming
-        found nothing, so there may be jobs behind the position)."""
+        order): the next one resumes after the last of them. A claim that found nothing
+        leaves the position where it was: jobs enqueued later come after it anyway."""
         if after is None:
             self._head_at = time.monotonic()
-        if len(jobs) < limit:
-            # The end of the line from here: the next claim starts at the head.
-            self._after = None
-            return after is not None and not jobs
-        last = jobs[-1]
-        self._after = (last.priority, last.id)
-        return False
+        if jobs:
+            last = jobs[-1]
+            self._after = (last.priority, last.id)
+
+    def rescan(self) -> None:
+        """Make the next claim start at the head (a worker about to exit for lack of
+        work looks there first)."""
+        self._head_at = float("-inf")
