@@ -23,8 +23,10 @@ both by the database clock. In order:
 Worker RSS (the largest child's VmRSS) is sampled after the fresh drain (past 10,000
 jobs) and after the backlog (past a million).
 
-Database: ``DATABASE_URL``, else ``pgqueue_bench_scale`` on the embedded server. Its
-jobs table is emptied: use a database of its own.
+Database: ``DATABASE_URL``, else ``pgqueue_bench_scale`` on the embedded server; with
+``--private-server``, a throw-away embedded server of its own (``shared_buffers=1GB``,
+``max_wal_size=8GB`` unless ``--server-setting``), deleted at the end. Its jobs table
+is emptied: use a database of its own.
 """
 
 from __future__ import annotations
@@ -42,6 +44,26 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
 TASK = "testproject.demo.tasks.add"
+
+
+def private_server(settings: list[str]) -> Any:
+    """Start a throw-away server of our own with ``settings`` (``name=value``)."""
+    import psycopg
+
+    from bench.pgcluster import PrivateServer
+
+    server = PrivateServer()
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        for item in settings:
+            name, value = item.split("=", 1)
+            conn.execute(
+                psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    psycopg.sql.Identifier(name), psycopg.sql.Literal(value)
+                )
+            )
+    server.restart()
+    os.environ["DATABASE_URL"] = server.create_database("pgqueue_bench_scale")
+    return server
 
 
 def prepare() -> None:
@@ -177,8 +199,33 @@ def main() -> None:
     parser.add_argument(
         "--skip", default="", help="comma-separated scenarios to leave out (backlog,pinned)"
     )
+    parser.add_argument(
+        "--private-server",
+        action="store_true",
+        help="run on a throw-away embedded server of its own, with --server-setting",
+    )
+    parser.add_argument(
+        "--server-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the private server (repeatable; default: shared_buffers=1GB, "
+        "max_wal_size=8GB)",
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    server = None
+    if args.private_server:
+        sys.path.insert(0, str(REPO))
+        server = private_server(args.server_setting or ["shared_buffers=1GB", "max_wal_size=8GB"])
+    try:
+        run(args, skip)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def run(args: argparse.Namespace, skip: set[str]) -> None:
     prepare()
     from django.db import connection
 
@@ -201,7 +248,8 @@ def main() -> None:
         print(
             f"pgqueue scale benchmark: {args.processes} worker processes x "
             f"{args.concurrency} threads, batch {args.batch_size}{rescan}; PostgreSQL "
-            f"{connection.pg_version // 10000}, {os.cpu_count()} cores"
+            f"{connection.pg_version // 10000}"
+            f"{' (private server)' if args.private_server else ''}, {os.cpu_count()} cores"
         )
         drain(2000)  # warm-up: imports, prepared statements
         fresh = drain(args.small)

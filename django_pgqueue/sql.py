@@ -210,6 +210,12 @@ RETURNING id
 # by id so rows are locked in the order JOB_EXTEND_LEASES locks them (no deadlock with
 # the heartbeat). Returns the input position (1-based) of every row it changed: a
 # position missing from the result is a lost lease, and that job is left alone.
+# "(status = 'running') IS TRUE" is the same fence (status is NOT NULL) in a form that
+# does not match pgqueue_job_lease_idx's predicate: with "status = 'running'" the
+# planner, expecting few running rows, read that whole index instead of the 50 ids,
+# and every dead entry in it (all the jobs finished since the last VACUUM, a million
+# while a long transaction pins the xmin horizon) made each batch slower (measured:
+# 133 ms instead of 0.2 ms per batch after two minutes of a pinned horizon).
 JOB_COMPLETE_MANY = """
 UPDATE pgqueue_job AS j
 SET status = 'done',
@@ -219,7 +225,7 @@ SET status = 'done',
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
             %(results)s::jsonb[]) WITH ORDINALITY AS c(id, attempt, claimed_at, result, ord)
 WHERE j.id = c.id
-  AND j.status = 'running'
+  AND (j.status = 'running') IS TRUE
   AND j.lease_owner = %(worker_id)s
   AND j.attempts = c.attempt
   AND j.last_attempted_at::timestamp = c.claimed_at
@@ -324,7 +330,8 @@ RETURNING j.id, j.status, j.run_at, j.created_at, pg_notify(%(channel)s, j.queue
 # Push the lease of jobs this worker still owns further into the future.
 # Primary-key lookups via unnest; fenced on owner and attempt (and its claim time) so a
 # worker can never extend a lease it lost. Returns the ids still owned, so a lost lease
-# is visible.
+# is visible. The status test is written as in JOB_COMPLETE_MANY, and for its reason:
+# by primary key, never a walk of pgqueue_job_lease_idx.
 JOB_EXTEND_LEASES = """
 UPDATE pgqueue_job AS j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
@@ -332,7 +339,7 @@ SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[])
      AS owned(id, attempt, claimed_at)
 WHERE j.id = owned.id
-  AND j.status = 'running'
+  AND (j.status = 'running') IS TRUE
   AND j.lease_owner = %(worker_id)s
   AND (owned.attempt IS NULL
        OR (j.attempts = owned.attempt

@@ -276,3 +276,34 @@ def test_sql__every_claim_leases_its_candidates_alike():
         return text[text.index("), clock AS (") :]
 
     assert lease("JOB_CLAIM_AFTER") == lease("JOB_CLAIM") == lease("JOB_CLAIM_QUEUES")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES"])
+def test_sql__batched_fenced_writes_look_rows_up_by_primary_key(name):
+    with connection.cursor() as cursor:
+        insert_jobs(cursor, "done", 20000)
+        insert_jobs(cursor, "pending", 10)
+        cursor.execute(
+            "UPDATE pgqueue_job SET status = 'running', lease_owner = 'w1',"
+            " lease_expires_at = clock_timestamp() WHERE status = 'pending'"
+        )
+        cursor.execute("ANALYZE pgqueue_job")
+    ids = list(range(1, 51))
+    params = {
+        "worker_id": "w1",
+        "ids": ids,
+        "attempts": [1] * 50,
+        "claimed_at": [None] * 50,
+        "results": ["null"] * 50,
+        "lease_seconds": 60,
+        "now": None,
+    }
+    connection.ensure_connection()
+    query = psycopg.ClientCursor(connection.connection).mogrify(getattr(sql, name), params)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + query)
+        plan = json.dumps(cursor.fetchone()[0])
+    # The lease index holds an entry for every job finished since the last VACUUM:
+    # reading it whole instead of 50 ids would cost more with every job.
+    assert [s["Index Name"] for s in index_scans(plan)] == ["pgqueue_job_pkey"]
