@@ -309,23 +309,34 @@ class JobManager(models.Manager["Job"]):
         limit: int,
         queues: Iterable[str] | None = None,
         lease_seconds: float | None = None,
+        after: tuple[int, int] | None = None,
         now: dt.datetime | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first."""
+        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first.
+
+        ``queues``: only those (through the per-queue claim index). ``after``: the
+        ``(priority, id)`` of the last job of this worker's previous claim of all
+        queues; the claim resumes there instead of at the head of the claim index
+        (see ``sql.JOB_CLAIM_AFTER``), and may miss jobs of that priority behind it."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
-        jobs = self._jobs(
-            sql.JOB_CLAIM,
-            {
-                "worker_id": worker_id,
-                "limit": limit,
-                "queues": None if queues is None else list(queues),
-                "lease_seconds": settings.LEASE_SECONDS
-                if lease_seconds is None
-                else lease_seconds,
-                "now": now,
-            },
-        )
+        params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "limit": limit,
+            "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
+            "now": now,
+        }
+        if queues is not None:
+            if after is not None:
+                raise ValueError("claim(after=...) is for claims of all queues")
+            query = sql.JOB_CLAIM_QUEUES
+            params["queues"] = list(queues)
+        elif after is not None:
+            query = sql.JOB_CLAIM_AFTER
+            params["after_priority"], params["after_id"] = after
+        else:
+            query = sql.JOB_CLAIM
+        jobs = self._jobs(query, params)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
 

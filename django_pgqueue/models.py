@@ -79,6 +79,14 @@ class Job(models.Model):
                 name="pgqueue_job_claim_idx",
                 condition=Q(status="pending"),
             ),
+            # The claim path of a worker of some queues (JOB_CLAIM_QUEUES): each queue's
+            # pending jobs in claim order, so a small queue is never reached by walking
+            # a huge one's entries. Built CONCURRENTLY in its own migration (0007).
+            models.Index(
+                fields=["queue", "-priority", "id"],
+                name="pgqueue_job_queue_claim_idx",
+                condition=Q(status="pending"),
+            ),
             # The sweeper's rescue scan: only leased rows, by expiry.
             models.Index(
                 fields=["lease_expires_at"],
