@@ -400,11 +400,23 @@ class RequeueActionForm(helpers.ActionForm):
     )
 
 
+#: Django 6.1 offers admin actions on the change form too (``ActionLocation``); on 5.2
+#: and 6.0 the dead letters' actions are on the list page only.
+CHANGE_FORM_ACTIONS = hasattr(admin, "ActionLocation")
+ACTION_LOCATIONS: dict[str, Any] = (
+    {"location": [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]}
+    if CHANGE_FORM_ACTIONS
+    else {}
+)
+#: How Django prefixes the fields of the change form's action form.
+CHANGE_FORM_PREFIX = "CHANGE_FORM-"
+
+
 def requeue_options(request: HttpRequest) -> tuple[str | None, int | None]:
     """Queue and priority typed into whichever action form was submitted (the list's
     or the detail page's, which Django prefixes). Raises ``InvalidJob`` naming a bad
     value; the manager validates the range and the queue name."""
-    prefix = f"{admin.ActionLocation.CHANGE_FORM.value}-"
+    prefix = CHANGE_FORM_PREFIX
     if f"{prefix}action" not in request.POST:
         prefix = ""
     queue = request.POST.get(f"{prefix}requeue_queue", "").strip() or None
@@ -447,7 +459,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
     @admin.action(
         permissions=["requeue"],
         description="Requeue selected dead letters",
-        location=[admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM],
+        **ACTION_LOCATIONS,
     )
     def requeue(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """Back to pending, attempts reset, errors kept: one guarded statement."""
@@ -553,7 +565,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
 
     @staticmethod
     def from_change_form(request: HttpRequest) -> bool:
-        return f"{admin.ActionLocation.CHANGE_FORM.value}-action" in request.POST
+        return f"{CHANGE_FORM_PREFIX}action" in request.POST
 
     @staticmethod
     def selected_ids(request: HttpRequest, queryset: QuerySet) -> list[int]:

@@ -76,20 +76,20 @@ else:  # Django 5.2: the django-tasks backport
     from django_tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
-        Task,
-        TaskContext,
-        TaskResult,
-        TaskResultStatus,
         checks,  # noqa: F401 - registers the backends' system checks
         default_task_backend,
         task_backends,
     )
     from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import (
+    from django_tasks.base import (  # the backport's package does not export Task
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        Task,
+        TaskContext,
         TaskError,
+        TaskResult,
+        TaskResultStatus,
     )
     from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
