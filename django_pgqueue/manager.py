@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 
-from . import bulk, sql, validation
+from . import bulk, prepared, sql, validation
 from .conf import settings
 from .taskapi import Task
 from .tasks import task_option
@@ -189,7 +189,7 @@ class JobManager(models.Manager["Job"]):
             if max_attempts is None:  # @task(max_attempts=...) of PgQueueTask
                 max_attempts = task_option(task, "max_attempts")
         params: dict[str, Any] = {
-            "backend": backend,
+            "backend": validation.backend_alias(backend),
             "task": path,
             "queue": validation.queue_name("default" if queue is None else queue),
             "priority": validation.priority(0 if priority is None else priority),
@@ -205,15 +205,48 @@ class JobManager(models.Manager["Job"]):
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
         for _ in range(5):
-            inserted = self._jobs(sql.JOB_ENQUEUE, params)
-            if inserted:
-                return inserted[0]
+            with prepared.cursor(self.db_alias) as cursor:
+                cursor.execute(sql.JOB_ENQUEUE, params)
+                row = cursor.fetchone()
+            if row is not None:
+                return self._enqueued(params, row)
             # ON CONFLICT: a live job holds the key. It may finish between the insert
             # and this read, in which case the insert is tried again.
             existing = self.live_with_key(params["queue"], params["idempotency_key"])
             if existing is not None:
                 return existing
         raise RuntimeError("idempotency key kept changing hands; giving up")
+
+    def _enqueued(self, params: dict[str, Any], row: tuple[Any, ...]) -> Job:
+        """The ``Job`` ``JOB_ENQUEUE`` stored: the database's id, status and times, the
+        rest from what was sent (args and kwargs as jsonb gives them back)."""
+        job_id, status, run_at, created_at, _ = row
+        return self.model.from_db(
+            self.db_alias,
+            [f.attname for f in self.model._meta.concrete_fields],
+            (
+                job_id,
+                params["backend"],
+                params["queue"],
+                params["task"],
+                json.loads(params["args"]),
+                json.loads(params["kwargs"]),
+                params["priority"],
+                status,
+                0,  # attempts
+                params["max_attempts"],
+                run_at,
+                None,  # lease_owner
+                None,  # lease_expires_at
+                params["idempotency_key"],
+                [],  # errors
+                None,  # result
+                created_at,
+                None,  # started_at
+                None,  # last_attempted_at
+                None,  # finished_at
+            ),
+        )
 
     def bulk_enqueue(
         self,

@@ -108,8 +108,9 @@ def test_backend__run_after_in_the_past_is_pending():
 
 @pytest.mark.django_db
 def test_backend__max_attempts_option_is_used():
-    backend = PgQueueBackend("opts", {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}})
-    result = backend.enqueue(tasks.add, [1, 2], {})
+    opts = {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}}
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND}, "opts": opts}):
+        result = task_backends["opts"].enqueue(tasks.add, [1, 2], {})
     assert fresh(result.id).max_attempts == 2
 
 
