@@ -38,8 +38,9 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from .exceptions import InvalidJob
-from .models import DeadLetter, Job
+from .models import LIVE_STATUSES, DeadLetter, Job
 from .paginator import EstimatedCountPaginator
+from .summary import common_values, queue_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
-LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
 
@@ -99,12 +99,12 @@ def actor(request: HttpRequest) -> dict[str, Any]:
 class CommonValueFilter(admin.SimpleListFilter):
     """Choices for a text column without ``SELECT DISTINCT`` over a big table: exact on a
     small table, the planner's most common values on a big one (see
-    ``JobManager.common_values``). The value in the URL is always offered."""
+    ``summary.common_values``). The value in the URL is always offered."""
 
     column = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = Job.objects.common_values(self.column)
+        values = common_values(Job.objects.db_alias, self.column)
         current = self.value()
         if current and current not in values:
             values = [current, *values]
@@ -350,7 +350,7 @@ class JobAdmin(ReadOnlyJobAdmin):
 
     def summary_context(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per status and queue, the longest wait and expired leases."""
-        summary = Job.objects.summary()
+        summary = queue_summary(Job.objects.db_alias)
         totals = []
         for status, label in Job.Status.choices:
             total = summary.totals.get(status)

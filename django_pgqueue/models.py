@@ -13,6 +13,8 @@ from .manager import JobManager
 
 #: Statuses in which a job is still "live": an idempotency key is unique among these.
 LIVE_STATUSES = ("pending", "scheduled", "running")
+#: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
+FINISHED_STATUSES = ("done", "dead")
 
 
 class ClockTimestamp(models.Func):

@@ -28,6 +28,7 @@ from django_pgqueue.admin import CHANGE_FORM_ACTIONS, error_line, human_duration
 from django_pgqueue.conf import settings
 from django_pgqueue.models import DeadLetter, Job
 from django_pgqueue.paginator import EstimatedCountPaginator
+from django_pgqueue.summary import common_values, queue_summary
 from tests.conftest import wait_for
 
 DEAD_LIST = "admin:django_pgqueue_deadletter_changelist"
@@ -555,7 +556,7 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
     (running,) = Job.objects.claim("w1", limit=1, queues=["mail"], lease_seconds=60)
     Job.objects.filter(pk=running.pk).update(lease_expires_at=Now() - dt.timedelta(seconds=1))
 
-    summary = Job.objects.summary()
+    summary = queue_summary(Job.objects.db_alias)
     assert summary.live == {
         ("pending", "billing"): 1,
         ("pending", "mail"): 1,
@@ -578,7 +579,7 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
 def test_job_admin__summary_caps_live_counts(job_factory):
     for _ in range(3):
         job_factory()
-    summary = Job.objects.summary(cap=2)
+    summary = queue_summary(Job.objects.db_alias, cap=2)
     assert summary.totals["pending"] == 2 and summary.capped == {"pending"}
 
 
@@ -590,10 +591,10 @@ def test_job_admin__summary_uses_planner_estimates_on_a_big_table(job_factory, d
         dead_factory()
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgqueue_job")
-    summary = Job.objects.summary(cap=5)  # 8 rows > cap: estimate done/dead
+    summary = queue_summary(Job.objects.db_alias, cap=5)  # 8 rows > cap: estimate done/dead
     assert summary.estimated == {"done", "dead"}
     assert summary.totals["dead"] == 2 and summary.totals["done"] == 0
-    assert Job.objects.common_values("queue") == ["default"]
+    assert common_values(Job.objects.db_alias, "queue") == ["default"]
 
 
 @pytest.mark.django_db
