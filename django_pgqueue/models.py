@@ -28,7 +28,7 @@ class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
     class Status(models.TextChoices):
-        # The seed's words. Django's TaskResultStatus is mapped in backend.py only.
+        # The queue's own states; Django's TaskResultStatus is mapped in backend.py only.
         PENDING = "pending", "Pending"
         SCHEDULED = "scheduled", "Scheduled"
         RUNNING = "running", "Running"
