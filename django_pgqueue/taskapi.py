@@ -17,6 +17,9 @@ fails otherwise), so the differences between the three are handled once, in this
 - The backport registers its system checks and the receiver that resets the backends on
   ``override_settings(TASKS=...)`` only when its ``signals`` and ``checks`` modules are
   imported (Django imports them with ``django.tasks``); this module imports them.
+- The framework's own log lines (enqueued, started, finished) come from the logger
+  ``django.tasks`` in Django and ``django_tasks`` in the backport; only Django 6.1's
+  ``Task`` pickles (``__reduce__``), which nothing here relies on.
 
 What is the same in all three, and so needs nothing here: ``TaskResult``'s fields (id,
 status, enqueued_at, started_at, finished_at, last_attempted_at, args, kwargs, backend,
