@@ -1,6 +1,6 @@
 """Bulk enqueue: many jobs in one call, through COPY, all or nothing.
 
-The order of preference is the seed's (section 2, "Batch writes"):
+Writes are chosen in this order of preference, cheapest per row first:
 
 1. **COPY** (psycopg 3 ``cursor.copy()``, binary format) for every batch it can express:
    jobs without an idempotency key.

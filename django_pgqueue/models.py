@@ -13,6 +13,8 @@ from .manager import JobManager
 
 #: Statuses in which a job is still "live": an idempotency key is unique among these.
 LIVE_STATUSES = ("pending", "scheduled", "running")
+#: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
+FINISHED_STATUSES = ("done", "dead", "cancelled")
 
 
 class ClockTimestamp(models.Func):
@@ -26,7 +28,7 @@ class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
     class Status(models.TextChoices):
-        # The seed's words. Django's TaskResultStatus is mapped in backend.py only.
+        # The queue's own states; Django's TaskResultStatus is mapped in backend.py only.
         PENDING = "pending", "Pending"
         SCHEDULED = "scheduled", "Scheduled"
         RUNNING = "running", "Running"

@@ -55,7 +55,7 @@ def test_sql__every_constant_has_a_comment_header(name):
 def test_sql__only_named_parameters(name):
     text = getattr(sql, name)
     assert isinstance(text, str)
-    # Positional %s placeholders and string formatting are banned (STYLE rule 3).
+    # Only psycopg named parameters: no positional %s placeholders, no string formatting.
     assert "%" not in re.sub(r"%\(\w+\)s", "", text), f"{name} has a non-named placeholder"
     assert "{" not in text, f"{name} looks like a format string"
 
