@@ -1,18 +1,22 @@
 """The sweeper: one bounded maintenance pass, once or on an interval.
 
 Each pass rescues expired leases (to pending, or dead on the last attempt), promotes
-due scheduled jobs and prunes old done jobs; see ``JobManager.sweep``. Several sweepers
-may run at once: every statement uses SKIP LOCKED.
+due scheduled jobs and prunes old done jobs (see ``JobManager.sweep``), then enqueues
+the due ticks of periodic entries (see ``periodic.py``). Several sweepers may run at
+once: every statement uses SKIP LOCKED, and each tick is enqueued once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 import threading
 
 from django.db import DatabaseError, close_old_connections
 
-from .databases import backend_database
+from . import periodic
+from .databases import backend_database, default_database
 from .manager import SweepResult
 from .models import Job
 from .worker.connections import backoff_delay, close_connection, first_line
@@ -21,10 +25,23 @@ logger = logging.getLogger(__name__)
 
 
 class Sweeper:
-    def __init__(self, *, interval: float = 5.0, backend: str | None = None) -> None:
+    """Sweeps every ``interval`` seconds the jobs database of ``TASKS[backend]`` (None:
+    the default alias). ``now`` pins the database clock the passes use (for tests, like
+    ``%(now)s`` in the SQL); with ``now_step`` each pass after the first moves the
+    pinned clock that many seconds forward."""
+
+    def __init__(
+        self,
+        *,
+        interval: float = 5.0,
+        now: dt.datetime | None = None,
+        now_step: float | None = None,
+        backend: str | None = None,
+    ) -> None:
         self.interval = interval
-        #: The jobs database of ``TASKS[backend]`` (None: the default alias).
         self.alias = backend_database(backend)
+        self.now = now
+        self.now_step = now_step
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -32,16 +49,29 @@ class Sweeper:
 
     def run_once(self) -> SweepResult:
         """One pass; logs at info level only when something changed."""
-        result = Job.objects.db_manager(self.alias).sweep()
+        result = Job.objects.db_manager(self.alias).sweep(now=self.now)
+        # PGQUEUE_PERIODIC's jobs are the default backend's: only a sweeper of its
+        # database enqueues them (a sweeper of another one would enqueue every tick
+        # again, in its own database).
+        ticks = (
+            periodic.enqueue_due(using=self.alias, now=self.now)
+            if self.alias == default_database()
+            else []
+        )
+        result = dataclasses.replace(result, periodic=len(ticks))
         if result:
             logger.info(
-                "sweep: recovered=%d dead=%d promoted=%d pruned=%d",
+                "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d cancelled=%d",
                 result.recovered,
                 result.dead,
                 result.promoted,
                 result.pruned,
+                result.periodic,
+                result.cancelled,
                 extra={"action": "sweep"},
             )
+        if self.now is not None and self.now_step:
+            self.now += dt.timedelta(seconds=self.now_step)
         return result
 
     def run_forever(self) -> None:

@@ -243,3 +243,19 @@ def test_worker__in_process_backend_alias(run_worker: Callable[..., object]) -> 
     assert worker.alias == "second"  # type: ignore[attr-defined]
     wait_for(lambda: Job.objects.using("second").get(pk=job.id).status == "done")
     assert isinstance(task_backends["second"], PgQueueBackend)
+
+
+def test_sweeper__periodic_ticks_only_in_the_default_backends_database(
+    now: dt.datetime,
+) -> None:
+    """PGQUEUE_PERIODIC's jobs belong to the default backend: the second database's
+    sweeper enqueues none of them (else every tick would run once per database)."""
+    entry = {"every-minute": {"task": "testproject.demo.tasks.add", "cron": "* * * * *",
+                              "args": [1, 2]}}  # fmt: skip
+    with override_settings(PGQUEUE_PERIODIC=entry):
+        for backend in ("second", None):
+            sweeper = Sweeper(backend=backend, now=now, now_step=61)
+            for _ in range(3):
+                sweeper.run_once()
+    assert Job.objects.using("second").count() == 0
+    assert Job.objects.using("default").filter(task="testproject.demo.tasks.add").count() == 2
