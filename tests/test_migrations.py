@@ -89,7 +89,9 @@ def test_migration_0002__unapply_and_apply_rebuilds_a_valid_index():
     assert MigrationExecutor(connection).migration_plan(latest) == []  # all applied again
 
 
-@pytest.mark.django_db
+# makemigrations checks the migration history of every database the router lets
+# django_pgqueue migrate on: the test project's second jobs database too.
+@pytest.mark.django_db(databases=["default", "second"])
 def test_makemigrations__check_is_clean():
     out = StringIO()
     # Exits non-zero (SystemExit) if the models have changes without a migration.
