@@ -70,7 +70,9 @@ def database_url() -> str:
     connect straight to it without starting anything."""
     url = os.environ.get("DATABASE_URL")
     if not url:
-        url = ensure_database(embedded_server())
+        server = embedded_server()
+        url = ensure_database(server)
+        ensure_database(server, f"{DATABASE}_second")  # the settings' second jobs database
         os.environ["DATABASE_URL"] = url
     return url
 
