@@ -41,9 +41,10 @@ class SweepResult:
     dead: int = 0  # expired leases on their last attempt, dead-lettered
     promoted: int = 0  # due scheduled jobs made pending
     pruned: int = 0  # done jobs past retention deleted
+    lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
 
     def __bool__(self) -> bool:
-        return any((self.recovered, self.dead, self.promoted, self.pruned))
+        return any((self.recovered, self.dead, self.promoted, self.pruned, self.lost_workers))
 
 
 @dataclass(frozen=True)
@@ -560,7 +561,24 @@ class JobManager(models.Manager["Job"]):
             dead=dead,
             promoted=self.promote_due(now=now),
             pruned=self.prune_finished(now=now),
+            lost_workers=self.prune_lost_workers(now=now),
         )
+
+    def prune_lost_workers(self, *, now: dt.datetime | None = None) -> int:
+        """Delete the rows of workers not seen for longer than their lease plus
+        ``PGQUEUE_LOST_WORKER_SECONDS``, in bounded batches."""
+        params = {
+            "now": now,
+            "batch_size": settings.SWEEP_BATCH_SIZE,
+            "keep_seconds": float(settings.LOST_WORKER_SECONDS),
+        }
+        pruned = 0
+        for _ in range(MAX_SWEEP_BATCHES):
+            count = len(self._rows(sql.WORKER_DELETE_LOST, params))
+            pruned += count
+            if count < params["batch_size"]:
+                break
+        return pruned
 
     def notify(self, queue: str) -> None:
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""

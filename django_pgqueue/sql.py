@@ -508,3 +508,83 @@ LISTEN {channel}
 SESSION_PING = """
 SELECT 1
 """
+
+# Forget a worker that exits cleanly (the last thing it does). Primary-key lookup.
+WORKER_DELETE = """
+DELETE FROM pgqueue_worker
+WHERE id = %(id)s
+"""
+
+# Delete workers lost for longer than %(keep_seconds)s beyond their own lease (killed,
+# or cut off from the database), one bounded batch. The workers table holds one row per
+# process, so this is a scan of a handful of rows; LIMIT and SKIP LOCKED keep it bounded
+# and let several sweepers run at once.
+WORKER_DELETE_LOST = """
+WITH lost AS (
+    SELECT id
+    FROM pgqueue_worker
+    WHERE last_seen_at + make_interval(secs => lease_seconds + %(keep_seconds)s)
+          < coalesce(%(now)s::timestamptz, clock_timestamp())
+    ORDER BY last_seen_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue_worker AS w
+USING lost
+WHERE w.id = lost.id
+RETURNING w.id
+"""
+
+# Every registered worker, with whether it is lost (not seen for longer than its own
+# lease) judged by the database clock. The table holds one row per worker process, so
+# a plain ordered scan; %(limit)s bounds it anyway.
+WORKER_GET_ALL = """
+SELECT id, hostname, pid, queues, concurrency, lease_seconds, version, started_at,
+       last_seen_at, jobs_held, jobs_done, jobs_failed,
+       last_seen_at + make_interval(secs => lease_seconds)
+           < coalesce(%(now)s::timestamptz, clock_timestamp()) AS lost,
+       coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at AS unseen_for
+FROM pgqueue_worker
+ORDER BY hostname, id
+LIMIT %(limit)s
+"""
+
+# Register a worker process at start (or again, after the sweeper deleted a worker that
+# was cut off and came back). A restarted worker reusing its id takes the row over with
+# a fresh start time. Primary-key upsert.
+WORKER_REGISTER = """
+INSERT INTO pgqueue_worker AS w (
+    id, hostname, pid, queues, concurrency, lease_seconds, version,
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+)
+VALUES (
+    %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
+    %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
+    coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
+    %(jobs_failed)s
+)
+ON CONFLICT (id) DO UPDATE
+SET hostname = excluded.hostname,
+    pid = excluded.pid,
+    queues = excluded.queues,
+    concurrency = excluded.concurrency,
+    lease_seconds = excluded.lease_seconds,
+    version = excluded.version,
+    started_at = CASE WHEN %(restart)s THEN excluded.started_at ELSE w.started_at END,
+    last_seen_at = excluded.last_seen_at,
+    jobs_held = excluded.jobs_held,
+    jobs_done = excluded.jobs_done,
+    jobs_failed = excluded.jobs_failed
+"""
+
+# The heartbeat's "still alive": last seen now, with how many jobs the worker holds and
+# its running totals. Primary-key update, one per beat; zero rows means the row is gone
+# (pruned while the worker was cut off), and the worker registers again.
+WORKER_TOUCH = """
+UPDATE pgqueue_worker
+SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    jobs_held = %(jobs_held)s,
+    jobs_done = %(jobs_done)s,
+    jobs_failed = %(jobs_failed)s
+WHERE id = %(id)s
+"""

@@ -34,11 +34,12 @@ class Sweeper:
         result = Job.objects.db_manager(self.alias).sweep()
         if result:
             logger.info(
-                "sweep: recovered=%d dead=%d promoted=%d pruned=%d",
+                "sweep: recovered=%d dead=%d promoted=%d pruned=%d lost_workers=%d",
                 result.recovered,
                 result.dead,
                 result.promoted,
                 result.pruned,
+                result.lost_workers,
                 extra={"action": "sweep"},
             )
         return result

@@ -39,7 +39,8 @@ class Command(BaseCommand):
             result = sweeper.run_once()
             self.stdout.write(
                 f"recovered={result.recovered} dead={result.dead} "
-                f"promoted={result.promoted} pruned={result.pruned}"
+                f"promoted={result.promoted} pruned={result.pruned} "
+                f"lost_workers={result.lost_workers}"
             )
             return
         try:
