@@ -166,6 +166,40 @@ GROUP BY status, queue
 ORDER BY status, queue
 """
 
+# Status figures per queue (pending, scheduled, running, dead): up to %(cap)s rows of
+# each status, counted per queue, with the oldest run_at among the pending ones. Each
+# branch reads only its own partial index (claim, scheduled, lease, dead) and stops at
+# the LIMIT, so the cost is bounded however large the backlog; a status whose sample
+# reaches the cap is scaled up to the planner's estimate by the caller (monitoring.py).
+# No ORDER BY: any %(cap)s rows will do for a count.
+JOB_COUNT_SAMPLE_BY_QUEUE = """
+WITH sample AS (
+    (SELECT 'pending'::text AS status, queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'scheduled'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'scheduled'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'running'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'running'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'dead'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'dead'
+     LIMIT %(cap)s)
+)
+SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
+FROM sample
+GROUP BY status, queue
+ORDER BY status, queue
+"""
+
 # Discard dead letters by id (admin). Primary-key lookups; guarded by status = 'dead',
 # so a job requeued by someone else in the meantime is never deleted. Rows are locked
 # in id order, as JOB_REQUEUE_DEAD locks them, so two operators discarding and
@@ -347,6 +381,77 @@ SELECT greatest(clock.now - least(
 FROM clock
 """
 
+# Per-minute history for the dashboard's charts, over the last %(minutes)s minutes
+# (the last one still running): for each minute, up to %(cap)s done jobs that finished
+# in it (a range scan of pgqueue_job_done_idx, so at most minutes x cap index entries
+# whatever the table's size) with their first and last finish time, so the caller can
+# scale a capped minute up by its rate, and the average and longest wait of those jobs
+# before their last attempt started (last_attempted_at - run_at: the queue's latency);
+# plus the dead letters that died in each minute, among the newest %(cap)s (a backward
+# walk of pgqueue_job_dead_idx: dead letters are rare, and this stays bounded when not).
+JOB_GET_HISTORY = """
+WITH clock AS (
+    SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
+), minutes AS (
+    SELECT generate_series(clock.minute - make_interval(mins => %(minutes)s - 1),
+                           clock.minute, interval '1 minute') AS start
+    FROM clock
+), dead AS (
+    SELECT date_trunc('minute', d.finished_at) AS start, count(*) AS jobs
+    FROM (SELECT finished_at
+          FROM pgqueue_job
+          WHERE status = 'dead'
+          ORDER BY id DESC
+          LIMIT %(cap)s) AS d, clock
+    WHERE d.finished_at >= clock.minute - make_interval(mins => %(minutes)s - 1)
+    GROUP BY 1
+)
+SELECT m.start, done.jobs, done.first_at, done.last_at, done.wait_avg, done.wait_max,
+       coalesce(dead.jobs, 0) AS dead
+FROM minutes AS m
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs, min(s.finished_at) AS first_at, max(s.finished_at) AS last_at,
+           avg(extract(epoch FROM s.last_attempted_at - s.run_at))::float8 AS wait_avg,
+           max(extract(epoch FROM s.last_attempted_at - s.run_at))::float8 AS wait_max
+    FROM (SELECT finished_at, last_attempted_at, run_at
+          FROM pgqueue_job
+          WHERE status = 'done'
+            AND finished_at >= m.start
+            AND finished_at < m.start + interval '1 minute'
+          ORDER BY finished_at
+          LIMIT %(cap)s) AS s
+) AS done
+LEFT JOIN dead ON dead.start = m.start
+ORDER BY m.start
+"""
+
+# The head of each priority's line of pending jobs (queue and run_at): the jobs that
+# have waited longest at each priority, whatever the backlog. A loose index scan of
+# pgqueue_job_claim_idx: one seek per distinct priority (at most 201). With the pending
+# sample of JOB_COUNT_SAMPLE_BY_QUEUE it gives each queue's oldest pending job: exact
+# while the backlog is under the cap, a lower bound above it.
+JOB_GET_PENDING_HEADS = """
+WITH RECURSIVE head AS (
+    (SELECT priority, queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY priority DESC, id
+     LIMIT 1)
+    UNION ALL
+    SELECT nxt.priority, nxt.queue, nxt.run_at
+    FROM head,
+         LATERAL (SELECT priority, queue, run_at
+                  FROM pgqueue_job
+                  WHERE status = 'pending'
+                    AND priority < head.priority
+                  ORDER BY priority DESC, id
+                  LIMIT 1) AS nxt
+)
+SELECT queue, min(run_at)
+FROM head
+GROUP BY queue
+"""
+
 # Wake idle workers listening on the channel (payload: the queue name). Used after
 # promotions and requeues; delivered when the surrounding transaction commits.
 JOB_NOTIFY = """
@@ -482,6 +587,43 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' E
 FROM expired, clock
 WHERE j.id = expired.id
 RETURNING j.id, j.status
+"""
+
+# Jobs that finished in the last %(window_seconds)s seconds, per outcome and queue:
+# up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)
+# and the dead letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
+# per queue, in the last minute too, with the oldest finish time in the sample so the
+# caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries.
+JOB_SAMPLE_FINISHED = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), done AS (
+    SELECT queue, finished_at
+    FROM pgqueue_job, clock
+    WHERE status = 'done'
+      AND finished_at >= clock.now - make_interval(secs => %(window_seconds)s)
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+), dead AS (
+    SELECT d.queue, d.finished_at
+    FROM (SELECT queue, finished_at
+          FROM pgqueue_job
+          WHERE status = 'dead'
+          ORDER BY id DESC
+          LIMIT %(cap)s) AS d, clock
+    WHERE d.finished_at >= clock.now - make_interval(secs => %(window_seconds)s)
+)
+SELECT 'done'::text AS outcome, queue, count(*) AS jobs,
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute') AS last_minute,
+       min(finished_at) AS oldest, clock.now
+FROM done, clock
+GROUP BY queue, clock.now
+UNION ALL
+SELECT 'dead'::text, queue, count(*),
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
+       min(finished_at), clock.now
+FROM dead, clock
+GROUP BY queue, clock.now
 """
 
 # Label a worker's connection and bound its statements: application_name shows which
