@@ -680,3 +680,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):
             url,
             obj.id,
         )
+
+
+# The dashboard page registers itself (its own module: a view, not a model admin).
+from . import dashboard  # noqa: E402, F401

@@ -150,6 +150,17 @@ class DeadLetter(Job):
         verbose_name_plural = "dead letters"
 
 
+class Dashboard(Job):
+    """Proxy that gives the admin's queue dashboard its place on the admin index; it
+    reads nothing of its own (see ``admin.DashboardAdmin``)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+        default_permissions = ()  # shown to whoever may view jobs
+
+
 class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
     def with_state(self) -> WorkerQuerySet:
         """Annotate ``lost``: last seen longer ago than the worker's own lease, by the

@@ -1,4 +1,5 @@
-# The workers table: one row per running worker process (see WorkerProcess).
+# The workers table (one row per running worker process, see WorkerProcess) and the
+# dashboard proxy that puts the queue dashboard on the admin index.
 
 import django.contrib.postgres.fields
 from django.db import migrations, models
@@ -56,5 +57,18 @@ class Migration(migrations.Migration):
                 "db_table": "pgqueue_worker",
                 "ordering": ["hostname", "id"],
             },
+        ),
+        migrations.CreateModel(
+            name="Dashboard",
+            fields=[],
+            options={
+                "verbose_name": "dashboard",
+                "verbose_name_plural": "dashboard",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("django_pgqueue.job",),
         ),
     ]
