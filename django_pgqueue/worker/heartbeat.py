@@ -20,8 +20,6 @@ from . import presence
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
-# One logger for everything a worker does, whichever module holds the code: configuring
-# ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger(__name__)
 
 
@@ -111,8 +109,8 @@ class Heartbeat(WorkerPart):
         for job in held:
             if job.id not in owned:
                 with self.lock:
-                    entry = self.held.get(job.id)
-                    if entry is not None and entry.job is job:  # not a newer claim
+                    entry = self.state.entry(job)
+                    if entry is not None:  # not a newer claim
                         entry.lost = True
                 logger.warning(
                     "job %s: lease lost (expired and taken back)",
