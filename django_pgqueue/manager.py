@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models, transaction
 from django.tasks import Task
 
-from . import bulk, sql, validation
+from . import bulk, sql, tracing, validation
 from .conf import settings
 from .tasks import task_option
 
@@ -202,6 +202,8 @@ class JobManager(models.Manager["Job"]):
             "channel": settings.NOTIFY_CHANNEL,
             "now": now,
         }
+        context = tracing.carrier()
+        params["trace_context"] = None if context is None else json.dumps(context)
         params["args"], params["kwargs"] = validation.payload(
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )

@@ -62,6 +62,9 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: The enqueuer's trace context (W3C headers) when OpenTelemetry is installed and a
+    #: trace was active; the worker links each run's span to it (see tracing.py).
+    trace_context = models.JSONField(null=True, blank=True)
 
     objects = JobManager()
 

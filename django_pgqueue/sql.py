@@ -243,6 +243,7 @@ WHERE j.id = old.id
 # The partial unique index pgqueue_job_idempotency_uniq is the ON CONFLICT arbiter; its
 # predicate is repeated here so PostgreSQL can infer it. pg_notify in RETURNING sends
 # one notification per job, delivered at commit (none if the caller rolls back).
+# trace_context is NULL unless OpenTelemetry is installed and a trace is active.
 JOB_ENQUEUE = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
@@ -250,13 +251,13 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at
+    run_at, idempotency_key, errors, created_at, trace_context
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL

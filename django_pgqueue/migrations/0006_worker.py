@@ -1,5 +1,6 @@
-# The workers table (one row per running worker process, see WorkerProcess) and the
-# dashboard proxy that puts the queue dashboard on the admin index.
+# The workers table (one row per running worker process, see WorkerProcess), the
+# dashboard proxy that puts the queue dashboard on the admin index, and the jobs' trace
+# context column (nullable, no default: adding it rewrites nothing, even on a big table).
 
 import django.contrib.postgres.fields
 from django.db import migrations, models
@@ -70,5 +71,10 @@ class Migration(migrations.Migration):
                 "constraints": [],
             },
             bases=("django_pgqueue.job",),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="trace_context",
+            field=models.JSONField(blank=True, null=True),
         ),
     ]

@@ -17,7 +17,7 @@ from django.tasks import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
-from .. import validation
+from .. import tracing, validation
 from ..backend import load_task, to_task_result
 from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
@@ -123,7 +123,8 @@ class JobRunner(WorkerPart):
             )
         )
         try:
-            return self._run(job, task, transactional=transactional)
+            with tracing.job_span(job):
+                return self._run(job, task, transactional=transactional)
         finally:
             _current.reset(token)
 
@@ -169,6 +170,7 @@ class JobRunner(WorkerPart):
                         "rolled back and the connection discarded"
                     )
         except LeaseLost:
+            tracing.outcome(tracing.LOST)
             self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
@@ -188,6 +190,7 @@ class JobRunner(WorkerPart):
                 and not connections[self.alias].in_atomic_block
             ):
                 # Committed: only an on_commit callback raised after the commit.
+                tracing.outcome(tracing.SUCCEEDED)
                 self.stats.count("done")
                 logger.error(
                     "job %s %s done (transactional), but an on_commit callback raised",
@@ -199,6 +202,7 @@ class JobRunner(WorkerPart):
                 return False
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
+            tracing.outcome(tracing.FAILED, exc)
             status = self._record_failure(job, exc)
             if status is not None:
                 logger.error(
@@ -216,6 +220,7 @@ class JobRunner(WorkerPart):
                 self.reporter.signal(task_finished, task_result)
             return False
         elapsed = time.perf_counter() - started
+        tracing.outcome(tracing.SUCCEEDED)
         if transactional:
             self.stats.count("done")
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
