@@ -412,8 +412,8 @@ SELECT m.start, done.jobs, done.first_at, done.last_at, done.wait_avg, done.wait
 FROM minutes AS m
 CROSS JOIN LATERAL (
     SELECT count(*) AS jobs, min(s.finished_at) AS first_at, max(s.finished_at) AS last_at,
-           avg(extract(epoch FROM s.last_attempted_at - s.run_at))::float8 AS wait_avg,
-           max(extract(epoch FROM s.last_attempted_at - s.run_at))::float8 AS wait_max
+           avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
+           max(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_max
     FROM (SELECT finished_at, last_attempted_at, run_at
           FROM pgqueue_job
           WHERE status = 'done'
