@@ -42,6 +42,24 @@ COPY pgqueue_job (
 ) FROM STDIN (FORMAT BINARY)
 """
 
+# COPY one bounded batch whose ids were taken from the sequence first (JOB_BULK_IDS):
+# what bulk enqueue does when task_enqueued has receivers, so each job can be announced
+# with its real id (COPY returns nothing). Otherwise as JOB_BULK_COPY.
+JOB_BULK_COPY_WITH_IDS = """
+COPY pgqueue_job (
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+) FROM STDIN (FORMAT BINARY)
+"""
+
+# Take %(count)s ids from the jobs' id sequence in one round trip, for a batch that is
+# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS).
+# No table is read; nextval never blocks and never hands an id out twice.
+JOB_BULK_IDS = """
+SELECT nextval(pg_get_serial_sequence('pgqueue_job', 'id'))
+FROM generate_series(1, %(count)s)
+"""
+
 # Insert one bounded batch that holds idempotency keys, skipping every job whose key a
 # live job in the same queue already holds (in the table, or earlier in this batch: DO
 # NOTHING sees rows this statement inserted). The partial unique index
@@ -69,6 +87,33 @@ ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
       AND status IN ('pending', 'scheduled', 'running')
     DO NOTHING
+"""
+
+# JOB_BULK_INSERT_DEDUPE with ids taken from the sequence first (JOB_BULK_IDS), for
+# announcing each job with its real id; RETURNING names the ids actually inserted (a
+# skipped job's id is simply never used). Same arbiter and order as JOB_BULK_INSERT_DEDUPE.
+JOB_BULK_INSERT_DEDUPE_WITH_IDS = """
+INSERT INTO pgqueue_job AS j (
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+)
+SELECT r.id, r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority,
+       r.status, r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb,
+       r.idempotency_key
+FROM unnest(
+    %(id)s::bigint[], %(backend)s::text[], %(queue)s::text[], %(task)s::text[],
+    %(args)s::text[], %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[],
+    %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[]
+) WITH ORDINALITY AS r(
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, idempotency_key, ord
+)
+ORDER BY r.ord
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.id
 """
 
 # Claim up to %(limit)s pending jobs for one worker, in priority order, in one statement.
