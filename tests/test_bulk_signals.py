@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.tasks import TaskResultStatus
-from django.tasks.signals import task_enqueued
 from django.test.utils import CaptureQueriesContext
 
 from django_pgqueue import enqueue_many
 from django_pgqueue.backend import PgQueueBackend
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import TaskResultStatus, task_enqueued
 from testproject.demo import tasks
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +90,7 @@ def test_bulk_enqueue__a_rejected_call_announces_nothing(received):
 
 def test_bulk_enqueue__without_receivers_no_id_round_trip(caplog):
     caplog.set_level("INFO", logger="django.tasks")
+    caplog.set_level("INFO", logger="django_tasks")
     from django_pgqueue.bulk import wants_announcements
 
     assert not wants_announcements()  # Django's own debug-log receiver does not count

@@ -28,14 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def package_version() -> str:
-    """The installed distribution's version, else the package's own ``__version__``."""
-    from importlib import metadata
-
-    for name in ("django-tasks-pgqueue", "django-pgqueue"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+    """The installed distribution's version (the package's ``__version__``)."""
     from .. import __version__
 
     return __version__
