@@ -55,9 +55,9 @@ def jobs(count: int) -> Iterator[dict[str, Any]]:
 
 def run(count: int, *, receiver: bool) -> tuple[float, int]:
     from django.db import connection
-    from django.tasks.signals import task_enqueued
 
     from django_pgqueue.models import Job
+    from django_pgqueue.taskapi import task_enqueued
 
     seen: list[int] = []
 

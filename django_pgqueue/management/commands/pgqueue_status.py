@@ -9,27 +9,18 @@ import sys
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from django_pgqueue import monitoring
-from django_pgqueue.management.commands.pgqueue_worker import (
-    non_negative_float,
-    positive_float,
-)
+from django_pgqueue.limits import DAY, Bounds
+from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.monitoring import Snapshot
 
 #: ANSI: cursor home, clear screen (``--watch`` redraws in place).
 CLEAR = "\x1b[H\x1b[2J"
 
-
-def non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be 0 or more")
-    return number
+#: Ranges of the flags (argparse ``type=``: an out-of-range value exits 2 naming it).
+WATCH = Bounds(0.1, DAY, unit="seconds")
+LATENCY = Bounds(0, 365 * DAY, unit="seconds")
+COUNT = Bounds(0, 2**62, integer=True)
 
 
 def age(seconds: float | None) -> str:
@@ -157,7 +148,7 @@ def problems(
     return found
 
 
-class Command(BaseCommand):
+class Command(PgQueueCommand):
     help = "Show each queue's backlog, throughput and latency, and the live workers."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -168,7 +159,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--watch",
-            type=positive_float,
+            type=WATCH.parse,
             default=None,
             metavar="SECONDS",
             help="Refresh every SECONDS until interrupted (default: %(default)r)",
@@ -180,21 +171,21 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-latency",
-            type=non_negative_float,
+            type=LATENCY.parse,
             default=None,
             metavar="SECONDS",
             help="With --check: longest a pending job may have waited (default: %(default)r)",
         )
         parser.add_argument(
             "--max-dead",
-            type=non_negative_int,
+            type=COUNT.parse,
             default=None,
             metavar="N",
             help="With --check: most dead jobs a queue may hold (default: %(default)r)",
         )
         parser.add_argument(
             "--min-workers",
-            type=non_negative_int,
+            type=COUNT.parse,
             default=None,
             metavar="N",
             help="With --check: fewest live workers (default: %(default)r)",
