@@ -29,7 +29,7 @@ BAD_ARGUMENTS = {
     "processes_zero": (
         "pgqueue_worker",
         ["--processes", "0"],
-        "argument --processes: '0' must be at least 1",
+        "argument --processes: '0' is out of range: use an integer from 1 to 256",
     ),
     "lease_negative": (
         "pgqueue_worker",
