@@ -641,15 +641,18 @@ RETURNING j.id, j.status
 # up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)
 # and the dead letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
 # per queue, in the last minute too, with the oldest finish time in the sample so the
-# caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries.
+# caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries:
+# the window's start is a scalar subquery (an InitPlan), so it is the done index's
+# range condition; joined as a CTE it would be a filter, and an empty window would
+# walk the whole index.
 JOB_SAMPLE_FINISHED = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 ), done AS (
     SELECT queue, finished_at
-    FROM pgqueue_job, clock
+    FROM pgqueue_job
     WHERE status = 'done'
-      AND finished_at >= clock.now - make_interval(secs => %(window_seconds)s)
+      AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
     ORDER BY finished_at DESC
     LIMIT %(cap)s
 ), dead AS (
