@@ -39,7 +39,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from .exceptions import InvalidJob
-from .models import DeadLetter, Job, WorkerProcess
+from .models import DeadLetter, Job, WorkerProcess, WorkerQuerySet
 from .paginator import EstimatedCountPaginator
 
 if TYPE_CHECKING:
@@ -665,7 +665,9 @@ class WorkerProcessAdmin(admin.ModelAdmin):
         return False  # a live worker would register again at its next beat
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
-        return super().get_queryset(request).with_state()
+        queryset = super().get_queryset(request)
+        assert isinstance(queryset, WorkerQuerySet)
+        return queryset.with_state()
 
     @admin.display(description="state", boolean=False)
     def state(self, obj: WorkerProcess) -> str:

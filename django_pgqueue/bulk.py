@@ -488,7 +488,7 @@ class _Announcer:
             sender = self.senders.get(backend)
             if sender is None:
                 sender = self.senders[backend] = _backend_class(backend)
-            result = TaskResult(
+            result: TaskResult = TaskResult(
                 task=task,
                 id=str(id_),
                 status=TaskResultStatus.READY,

@@ -138,7 +138,7 @@ def stacked_bars(
     slot = plot_w / max(1, len(times))
     bars = []
     for i, when in enumerate(times):
-        base = TOP + plot_h
+        base: float = TOP + plot_h
         x = LEFT + slot * i + slot * 0.12
         tip = (
             when.strftime("%H:%M")

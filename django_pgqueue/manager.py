@@ -605,16 +605,17 @@ class JobManager(models.Manager["Job"]):
     def prune_lost_workers(self, *, now: dt.datetime | None = None) -> int:
         """Delete the rows of workers not seen for longer than their lease plus
         ``PGQUEUE_LOST_WORKER_SECONDS``, in bounded batches."""
-        params = {
+        batch_size = int(settings.SWEEP_BATCH_SIZE)
+        params: dict[str, Any] = {
             "now": now,
-            "batch_size": settings.SWEEP_BATCH_SIZE,
+            "batch_size": batch_size,
             "keep_seconds": float(settings.LOST_WORKER_SECONDS),
         }
         pruned = 0
         for _ in range(MAX_SWEEP_BATCHES):
             count = len(self._rows(sql.WORKER_DELETE_LOST, params))
             pruned += count
-            if count < params["batch_size"]:
+            if count < batch_size:
                 break
         return pruned
 

@@ -56,7 +56,7 @@ def render_table(snap: Snapshot) -> str:
         "finished/s",
         "oldest pending",
     )
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for q in snap.queues.values():
         oldest = age(q.oldest_pending_age)
         if "oldest_pending_age" in q.estimated and q.oldest_pending_age is not None:
@@ -82,8 +82,22 @@ def render_table(snap: Snapshot) -> str:
     lines.append("")
     lines.append(f"Workers: {len(live)} live" + (f", {lost} lost" if lost else ""))
     if snap.workers:
-        wrows = [("id", "state", "host", "pid", "queues", "conc", "held", "done", "failed")]
-        wrows[0] += ("version", "up", "last seen")
+        wrows: list[tuple[str, ...]] = [
+            (
+                "id",
+                "state",
+                "host",
+                "pid",
+                "queues",
+                "conc",
+                "held",
+                "done",
+                "failed",
+                "version",
+                "up",
+                "last seen",
+            )
+        ]
         for w in snap.workers:
             wrows.append(
                 (
@@ -202,7 +216,11 @@ class Command(PgQueueCommand):
         min_workers: int | None,
         **options: Any,
     ) -> None:
-        thresholds = {"max_latency": max_latency, "max_dead": max_dead, "min_workers": min_workers}
+        thresholds: dict[str, Any] = {
+            "max_latency": max_latency,
+            "max_dead": max_dead,
+            "min_workers": min_workers,
+        }
         given = [f"--{k.replace('_', '-')}" for k, v in thresholds.items() if v is not None]
         if given and not check:
             self.stderr.write(f"pgqueue_status: {', '.join(given)} needs --check")
