@@ -65,6 +65,12 @@ class Settings:
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""
 
+    PERIODIC: dict[str, dict[str, Any]] | None = None
+    """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,
+    optionally with ``args``, ``kwargs``, ``queue``, ``priority``, ``timezone`` (default
+    ``TIME_ZONE``), ``max_attempts`` and ``enabled``. Every ``pgqueue_sweep`` pass
+    enqueues each due tick once (see the periodic jobs how-to)."""
+
     LOST_WORKER_SECONDS: float = 600.0
     """How long a lost worker (not seen for longer than its lease: killed, or cut off
     from the database) stays listed as lost before the sweeper deletes its row."""

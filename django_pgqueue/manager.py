@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 SMALL_TABLE_BYTES = 8 * 1024 * 1024
 
 #: Statuses the admin summary estimates on a big table (no index covers all of them).
-FINISHED_STATUSES = ("done", "dead")
+FINISHED_STATUSES = ("done", "dead", "cancelled")
 
 #: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
 MAX_SWEEP_BATCHES = 100
@@ -41,10 +42,38 @@ class SweepResult:
     dead: int = 0  # expired leases on their last attempt, dead-lettered
     promoted: int = 0  # due scheduled jobs made pending
     pruned: int = 0  # done jobs past retention deleted
+    periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
+    cancelled: int = 0  # expired leases of jobs whose cancellation was requested
     lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
 
     def __bool__(self) -> bool:
-        return any((self.recovered, self.dead, self.promoted, self.pruned, self.lost_workers))
+        return any(
+            (
+                self.recovered,
+                self.dead,
+                self.promoted,
+                self.pruned,
+                self.periodic,
+                self.cancelled,
+                self.lost_workers,
+            )
+        )
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What ``Job.objects.cancel()`` did: ``cancelled`` pending or scheduled jobs (they
+    will never run), and ``requested`` running jobs whose worker will stop them at its
+    next lease extension. Other ids (finished, unknown) are in neither."""
+
+    cancelled: list[int]
+    requested: list[int]
+
+
+class Owned(set[int]):
+    """The ids ``extend_leases`` still owns, and which of them were asked to cancel."""
+
+    cancel_requested: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -88,6 +117,12 @@ def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str
         "worker_id": worker_id,
         "attempt": attempt,
     }
+
+
+#: How often ``cancel()`` tries again a job locked at that instant (being claimed or
+#: completed), and how long it waits in between.
+CANCEL_ROUNDS = 5
+CANCEL_RETRY_DELAY = 0.05
 
 
 def _chunks(ids: Iterable[int], size: int) -> Iterator[list[int]]:
@@ -224,35 +259,27 @@ class JobManager(models.Manager["Job"]):
         """The ``Job`` ``JOB_ENQUEUE`` stored: the database's id, status and times, the
         rest from what was sent (args and kwargs as jsonb gives them back)."""
         job_id, status, run_at, created_at, _ = row
-        return self.model.from_db(
-            self.db_alias,
-            [f.attname for f in self.model._meta.concrete_fields],
-            (
-                job_id,
-                params["backend"],
-                params["queue"],
-                params["task"],
-                json.loads(params["args"]),
-                json.loads(params["kwargs"]),
-                params["priority"],
-                status,
-                0,  # attempts
-                params["max_attempts"],
-                run_at,
-                None,  # lease_owner
-                None,  # lease_expires_at
-                params["idempotency_key"],
-                [],  # errors
-                None,  # result
-                created_at,
-                None,  # started_at
-                None,  # last_attempted_at
-                None,  # finished_at
-                None
-                if params["trace_context"] is None
-                else json.loads(params["trace_context"]),  # trace_context
-            ),
-        )
+        trace_context = params.get("trace_context")
+        known: dict[str, Any] = {
+            "id": job_id,
+            "backend": params["backend"],
+            "queue": params["queue"],
+            "task": params["task"],
+            "args": json.loads(params["args"]),
+            "kwargs": json.loads(params["kwargs"]),
+            "priority": params["priority"],
+            "status": status,
+            "attempts": 0,
+            "max_attempts": params["max_attempts"],
+            "run_at": run_at,
+            "idempotency_key": params["idempotency_key"],
+            "errors": [],
+            "created_at": created_at,
+            "trace_context": None if trace_context is None else json.loads(trace_context),
+        }
+        # Every other column of a new job is NULL (lease, result, timestamps, flags).
+        names = [f.attname for f in self.model._meta.concrete_fields]
+        return self.model.from_db(self.db_alias, names, [known.get(name) for name in names])
 
     def bulk_enqueue(
         self,
@@ -315,8 +342,9 @@ class JobManager(models.Manager["Job"]):
         *,
         lease_seconds: float | None = None,
         now: dt.datetime | None = None,
-    ) -> set[int]:
-        """Extend the leases ``worker_id`` still holds; return the ids it still owns.
+    ) -> Owned:
+        """Extend the leases ``worker_id`` still holds; return the ids it still owns
+        (``Owned``, a set whose ``cancel_requested`` holds those to stop).
 
         Give ``Job`` objects (as ``claim`` returned them) to fence on the attempt and its
         claim time as well as the owner; plain ids fence on the owner only. An id missing
@@ -330,7 +358,7 @@ class JobManager(models.Manager["Job"]):
             key=lambda o: o[0],  # ascending ids: a stable lock order
         )
         if not owned:
-            return set()
+            return Owned()
         rows = self._rows(
             sql.JOB_EXTEND_LEASES,
             {
@@ -344,7 +372,9 @@ class JobManager(models.Manager["Job"]):
                 "now": now,
             },
         )
-        return {row[0] for row in rows}
+        result = Owned(row[0] for row in rows)
+        result.cancel_requested = frozenset(row[0] for row in rows if row[1])
+        return result
 
     def complete(
         self,
@@ -355,19 +385,30 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
     ) -> bool:
         """Mark ``job`` done. False (and no change) if ``worker_id`` lost the lease."""
-        return bool(
-            self._rows(
-                sql.JOB_COMPLETE,
-                {
-                    "id": job.id,
-                    "worker_id": worker_id,
-                    "attempt": job.attempts,
-                    "claimed_at": job.last_attempted_at,
-                    "result": validation.result_json(result),
-                    "now": now,
-                },
-            )
+        return self.complete_status(job, worker_id, result=result, now=now) is not None
+
+    def complete_status(
+        self,
+        job: Job,
+        worker_id: str,
+        *,
+        result: Any = None,
+        now: dt.datetime | None = None,
+    ) -> str | None:
+        """``complete()``, returning the new status: ``done``, or ``cancelled`` if the
+        job's cancellation was requested; None if ``worker_id`` lost the lease."""
+        rows = self._rows(
+            sql.JOB_COMPLETE,
+            {
+                "id": job.id,
+                "worker_id": worker_id,
+                "attempt": job.attempts,
+                "claimed_at": job.last_attempted_at,
+                "result": validation.result_json(result),
+                "now": now,
+            },
         )
+        return rows[0][1] if rows else None
 
     def complete_many(
         self,
@@ -440,6 +481,7 @@ class JobManager(models.Manager["Job"]):
                     "worker_id": worker_id,
                     "attempt": job.attempts,
                     "claimed_at": job.last_attempted_at,
+                    "now": None,
                 },
             )
         )
@@ -470,6 +512,31 @@ class JobManager(models.Manager["Job"]):
             rows = self._rows(sql.JOB_REQUEUE_DEAD, {**params, "ids": chunk})
             requeued.extend(row[0] for row in rows)
         return sorted(requeued)
+
+    def cancel(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> CancelResult:
+        """Cancel jobs by id. Pending and scheduled ones become ``cancelled`` at once;
+        running ones are marked, and their worker stops them at its next lease extension
+        (they end ``cancelled`` whatever their outcome). Finished and unknown ids are left
+        alone. One statement per ``SWEEP_BATCH_SIZE`` ids; a job locked at that instant
+        (being claimed or completed) is tried again a few times, then left as it is."""
+        cancelled: list[int] = []
+        requested: list[int] = []
+        for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
+            for round_ in range(CANCEL_ROUNDS):
+                busy = []
+                for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
+                    if status == "cancelled":
+                        cancelled.append(job_id)
+                    elif status == "running":
+                        requested.append(job_id)
+                    else:
+                        busy.append(job_id)
+                if not busy:
+                    break
+                chunk = busy
+                if round_ < CANCEL_ROUNDS - 1:
+                    time.sleep(CANCEL_RETRY_DELAY)
+        return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
 
     def discard_dead(self, ids: Iterable[int]) -> list[int]:
         """Delete dead jobs by id; return the ids deleted (never a job that stopped
@@ -545,10 +612,11 @@ class JobManager(models.Manager["Job"]):
 
     # --- maintenance ----------------------------------------------------------------
 
-    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int]:
-        """Return expired leases to pending (or dead on the last attempt), in bounded
-        batches. Returns (recovered, dead)."""
-        recovered = dead = 0
+    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int, int]:
+        """Return expired leases to pending (or dead on the last attempt, or cancelled if
+        their cancellation was requested), in bounded batches. Returns (recovered, dead,
+        cancelled)."""
+        recovered = dead = cancelled = 0
         params: dict[str, Any] = {
             "now": now,
             "batch_size": settings.SWEEP_BATCH_SIZE,
@@ -558,9 +626,10 @@ class JobManager(models.Manager["Job"]):
             rows = self._rows(sql.JOB_RESCUE_EXPIRED, params)
             dead += sum(1 for _, status in rows if status == "dead")
             recovered += sum(1 for _, status in rows if status == "pending")
+            cancelled += sum(1 for _, status in rows if status == "cancelled")
             if len(rows) < params["batch_size"]:
                 break
-        return recovered, dead
+        return recovered, dead, cancelled
 
     def promote_due(self, *, now: dt.datetime | None = None, batch_size: int | None = None) -> int:
         """Make due scheduled jobs pending and wake workers for their queues."""
@@ -593,10 +662,11 @@ class JobManager(models.Manager["Job"]):
 
     def sweep(self, *, now: dt.datetime | None = None) -> SweepResult:
         """One bounded maintenance pass; safe to run from several processes at once."""
-        recovered, dead = self.rescue_expired(now=now)
+        recovered, dead, cancelled = self.rescue_expired(now=now)
         return SweepResult(
             recovered=recovered,
             dead=dead,
+            cancelled=cancelled,
             promoted=self.promote_due(now=now),
             pruned=self.prune_finished(now=now),
             lost_workers=self.prune_lost_workers(now=now),

@@ -10,7 +10,7 @@ import django_pgqueue.models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_pgqueue", "0003_job_dead_idx"),
+        ("django_pgqueue", "0005_job_cancel"),
     ]
 
     operations = [
