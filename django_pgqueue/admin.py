@@ -41,8 +41,9 @@ from django.utils.html import format_html, format_html_join
 
 from . import periodic
 from .exceptions import InvalidJob
-from .models import DeadLetter, Job, Schedule, WorkerProcess, WorkerQuerySet
+from .models import LIVE_STATUSES, DeadLetter, Job, Schedule, WorkerProcess, WorkerQuerySet
 from .paginator import EstimatedCountPaginator
+from .summary import common_values, queue_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -53,7 +54,6 @@ REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
 CANCEL_PERMISSION = "django_pgqueue.cancel_job"
 #: Jobs listed by name on the cancel confirmation page (all of them are posted back).
 CANCEL_SHOWN = 100
-LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
 #: Digits of the largest job id (a bigint).
@@ -129,12 +129,12 @@ def actor(request: HttpRequest) -> dict[str, Any]:
 class CommonValueFilter(admin.SimpleListFilter):
     """Choices for a text column without ``SELECT DISTINCT`` over a big table: exact on a
     small table, the planner's most common values on a big one (see
-    ``JobManager.common_values``). The value in the URL is always offered."""
+    ``summary.common_values``). The value in the URL is always offered."""
 
     column = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = Job.objects.common_values(self.column)
+        values = common_values(Job.objects.db_alias, self.column)
         current = self.value()
         if current and current not in values:
             values = [current, *values]
@@ -503,7 +503,7 @@ class JobAdmin(ReadOnlyJobAdmin):
 
     def summary_context(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per status and queue, the longest wait and expired leases."""
-        summary = Job.objects.summary()
+        summary = queue_summary(Job.objects.db_alias)
         totals = []
         for status, label in Job.Status.choices:
             total = summary.totals.get(status)
@@ -553,11 +553,23 @@ class RequeueActionForm(helpers.ActionForm):
     )
 
 
+#: Django 6.1 offers admin actions on the change form too (``ActionLocation``); on 5.2
+#: and 6.0 the dead letters' actions are on the list page only.
+CHANGE_FORM_ACTIONS = hasattr(admin, "ActionLocation")
+ACTION_LOCATIONS: dict[str, Any] = (
+    {"location": [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]}
+    if CHANGE_FORM_ACTIONS
+    else {}
+)
+#: How Django prefixes the fields of the change form's action form.
+CHANGE_FORM_PREFIX = "CHANGE_FORM-"
+
+
 def requeue_options(request: HttpRequest) -> tuple[str | None, int | None]:
     """Queue and priority typed into whichever action form was submitted (the list's
     or the detail page's, which Django prefixes). Raises ``InvalidJob`` naming a bad
     value; the manager validates the range and the queue name."""
-    prefix = f"{admin.ActionLocation.CHANGE_FORM.value}-"
+    prefix = CHANGE_FORM_PREFIX
     if f"{prefix}action" not in request.POST:
         prefix = ""
     queue = request.POST.get(f"{prefix}requeue_queue", "").strip() or None
@@ -600,7 +612,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
     @admin.action(
         permissions=["requeue"],
         description="Requeue selected dead letters",
-        location=[admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM],
+        **ACTION_LOCATIONS,
     )
     def requeue(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """Back to pending, attempts reset, errors kept: one guarded statement."""
@@ -706,7 +718,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
 
     @staticmethod
     def from_change_form(request: HttpRequest) -> bool:
-        return f"{admin.ActionLocation.CHANGE_FORM.value}-action" in request.POST
+        return f"{CHANGE_FORM_PREFIX}action" in request.POST
 
     @staticmethod
     def selected_ids(request: HttpRequest, queryset: QuerySet) -> list[int]:

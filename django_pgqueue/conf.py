@@ -71,6 +71,12 @@ class Settings:
     ``TIME_ZONE``), ``max_attempts`` and ``enabled``. Every ``pgqueue_sweep`` pass
     enqueues each due tick once (see the periodic jobs how-to)."""
 
+    CLAIM_RESCAN_SECONDS: float = 5.0
+    """A busy worker resumes each claim after its previous one rather than at the head
+    of the claim index (which a long transaction elsewhere can fill with entries that
+    cannot be cleaned up); it claims from the head at least this often, which is how
+    long a retried or released job of the same priority may wait beyond its turn."""
+
     LOST_WORKER_SECONDS: float = 600.0
     """How long a lost worker (not seen for longer than its lease: killed, or cut off
     from the database) stays listed as lost before the sweeper deletes its row."""
