@@ -147,9 +147,9 @@ class Snapshot:
 
 def _status_estimates(using: str | None) -> dict[str, int]:
     """Rows per status from planner statistics (no scan): reltuples x frequency."""
-    from .models import Job
+    from .summary import column_stats
 
-    stats = Job.objects.db_manager(using or settings.DATABASE).column_stats("status")
+    stats = column_stats(using or settings.DATABASE, "status")
     if stats.total < 0:
         return {}
     return {status: round(stats.total * share) for status, share in stats.freqs.items()}
