@@ -77,6 +77,14 @@ class Settings:
     cannot be cleaned up); it claims from the head at least this often, which is how
     long a retried or released job of the same priority may wait beyond its turn."""
 
+    LOST_WORKER_SECONDS: float = 600.0
+    """How long a lost worker (not seen for longer than its lease: killed, or cut off
+    from the database) stays listed as lost before the sweeper deletes its row."""
+
+    METRICS_TOKEN: str | None = None
+    """Bearer token that lets a scraper read ``django_pgqueue.metrics.view``
+    (``Authorization: Bearer <token>``); staff sessions may read it too. None: staff only."""
+
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
             return getattr(django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name))

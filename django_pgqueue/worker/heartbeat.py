@@ -16,6 +16,7 @@ from django.db import DatabaseError
 
 from ..conf import settings
 from ..models import Job
+from . import presence
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
@@ -63,6 +64,7 @@ class Heartbeat(WorkerPart):
     def beat(self) -> None:
         """Extend the leases of held jobs, fenced on (owner, attempt), except those
         whose task ran past its timeout; mark leases found lost."""
+        presence.touch(self.state)  # the workers table: last seen now
         now = time.monotonic()
         default_timeout = settings.JOB_TIMEOUT_SECONDS
         held: list[Job] = []

@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
-from .. import validation
+from .. import tracing, validation
 from ..backend import load_task, to_task_result
 from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
@@ -174,7 +174,8 @@ class JobRunner(WorkerPart):
             )
         )
         try:
-            return self._run(job, task, transactional=transactional, cancel=held.cancel)
+            with tracing.job_span(job):
+                return self._run(job, task, transactional=transactional, cancel=held.cancel)
         finally:
             _current.reset(token)
 
@@ -232,6 +233,7 @@ class JobRunner(WorkerPart):
                         "rolled back and the connection discarded"
                     )
         except LeaseLost:
+            tracing.outcome(tracing.LOST)
             self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
@@ -251,6 +253,7 @@ class JobRunner(WorkerPart):
                 and not connections[self.alias].in_atomic_block
             ):
                 # Committed: only an on_commit callback raised after the commit.
+                tracing.outcome(tracing.SUCCEEDED)
                 self.stats.count("done")
                 logger.error(
                     "job %s %s done (transactional), but an on_commit callback raised",
@@ -262,6 +265,7 @@ class JobRunner(WorkerPart):
                 return False
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
+            tracing.outcome(tracing.FAILED, exc)
             status = self._record_failure(job, exc)
             if status == "cancelled":
                 logger.info(
@@ -291,6 +295,7 @@ class JobRunner(WorkerPart):
                 self.reporter.signal(task_finished, task_result)
             return False
         elapsed = time.perf_counter() - started
+        tracing.outcome(tracing.SUCCEEDED)
         if transactional:
             self.stats.count("done")
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
