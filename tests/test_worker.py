@@ -285,3 +285,30 @@ def test_worker__stale_prefetched_copy_of_a_reclaimed_job_is_not_run(job_factory
         thread.join(10)
     assert [run for run in test_tasks.RUNS if run[0] == "prefetched"] == [("prefetched", 2)]
     assert (fresh(prefetched).attempts, fresh(prefetched).result) == (2, 2)
+
+
+def test_worker__claim_connection_keeps_to_the_claim_index_with_stale_statistics():
+    """Right after a bulk load (no ANALYZE yet) the planner believes a handful of jobs
+    are pending and would bitmap-scan and sort the whole backlog on every claim; the
+    worker's claim connection walks the claim index and stops at the LIMIT."""
+    from django.db import connection
+
+    from django_pgqueue import sql
+    from django_pgqueue.worker.connections import configure_session
+
+    Job.objects.bulk_enqueue(
+        {"task": "testproject.demo.tasks.add", "args": [i, i]} for i in range(5000)
+    )
+    try:
+        configure_session("default", "claim", "w-plan", 5.0)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN " + sql.JOB_CLAIM,
+                {"worker_id": "w-plan", "limit": 50, "queues": None, "lease_seconds": 60,
+                 "now": None},
+            )  # fmt: skip
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        connection.close()  # the pinned plan setting must not outlive this test
+    assert "Index Scan using pgqueue_job_claim_idx" in plan, plan
+    assert "Bitmap" not in plan and "Sort" not in plan, plan

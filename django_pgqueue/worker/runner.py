@@ -13,7 +13,7 @@ import logging
 import time
 
 from django.db import DatabaseError, connections, transaction
-from django.tasks import Task, TaskContext, TaskResultStatus
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
@@ -48,6 +48,15 @@ class JobRunner(WorkerPart):
         super().__init__(state)
         self.reporter = reporter
         self.completer = completer
+        #: Tasks already imported, by path (a worker runs few distinct tasks, many times).
+        self._tasks: dict[str, Task] = {}
+
+    def _load(self, path: str) -> Task:
+        """The task at ``path`` (see ``backend.load_task``), imported once per worker."""
+        task = self._tasks.get(path)
+        if task is None:
+            task = self._tasks[path] = load_task(path)
+        return task
 
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
@@ -81,10 +90,17 @@ class JobRunner(WorkerPart):
         True if the job went to the completer, which removes it from ``held`` once its
         completion is written; otherwise the caller removes it afterwards."""
         recycle_connections()
+        try:
+            task: Task | None = self._load(job.task)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - recorded below, once started
+            task, error = None, exc
+        timeout = task_option(task, "timeout") if task is not None else None
         with self.lock:
             held = self.state.entry(job)
             if held is not None and not held.lost:
                 held.started = time.monotonic()
+                held.timeout = float(timeout) if isinstance(timeout, int | float) else None
         if held is None or held.lost:
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused), or that was claimed again: another run owns it;
@@ -96,21 +112,18 @@ class JobRunner(WorkerPart):
                 extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
             return False
-        try:
-            task = load_task(job.task)
-        except ValueError as exc:
+        if isinstance(error, ValueError):
             # Never retried: the code is gone or the path is not a Task.
-            self._record_failure(job, TaskNotFound(str(exc)), retry=False)
+            self._record_failure(job, TaskNotFound(str(error)), retry=False)
             return False
-        except BaseException as exc:  # noqa: BLE001 - the task's module raised on import
-            # Recorded like a task error (and retried: it may be a deploy in progress),
-            # rather than lost to a lease expiry with no reason kept.
-            self._record_failure(job, exc)
+        if task is None:
+            # The task's module raised on import: recorded like a task error (and
+            # retried: it may be a deploy in progress), rather than lost to a lease
+            # expiry with no reason kept.
+            assert error is not None
+            self._record_failure(job, error)
             return False
-        timeout = task_option(task, "timeout")
         transactional = bool(task_option(task, "transactional"))
-        with self.lock:
-            held.timeout = float(timeout) if isinstance(timeout, int | float) else None
         token = _current.set(
             CurrentJob(
                 id=job.id,
@@ -127,7 +140,7 @@ class JobRunner(WorkerPart):
         finally:
             _current.reset(token)
 
-    def _call(self, job: Job, task: Task, task_result: object) -> object:
+    def _call(self, job: Job, task: Task, task_result: TaskResult | None) -> object:
         """Call the task; return its JSON-safe value (a bad value raises here)."""
         if task.takes_context:
             value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
@@ -139,9 +152,17 @@ class JobRunner(WorkerPart):
 
     def _run(self, job: Job, task: Task, *, transactional: bool) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        task_result = to_task_result(job, task)
-        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-        self.reporter.signal(task_started, task_result)
+        # Django's TaskResult only when something reads it: the task's context, or a
+        # receiver of task_started or task_finished.
+        task_result = None
+        if (
+            task.takes_context
+            or self.reporter.wants(task_started)
+            or self.reporter.wants(task_finished)
+        ):
+            task_result = to_task_result(job, task)
+            object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+            self.reporter.signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
         try:
@@ -212,8 +233,9 @@ class JobRunner(WorkerPart):
                     exc_info=exc,
                     extra={"action": "fail", **log_extra},
                 )
-                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                self.reporter.signal(task_finished, task_result)
+                if task_result is not None:
+                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                    self.reporter.signal(task_finished, task_result)
             return False
         elapsed = time.perf_counter() - started
         if transactional:
@@ -227,7 +249,10 @@ class JobRunner(WorkerPart):
             held = self.state.entry(job)
             if held is not None:
                 held.completing = True
-        self.completer.submit(Completion(job, value, elapsed, task_result, _current.get()))
+            last = not self.state.in_flight_locked()
+        self.completer.submit(
+            Completion(job, value, elapsed, task_result, _current.get()), last=last
+        )
         return True
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
