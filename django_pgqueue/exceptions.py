@@ -29,3 +29,8 @@ class TaskNotFound(PgQueueError):  # noqa: N818
 class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
     """A task returned with a transaction still open on the jobs database; the worker
     rolled it back by discarding the connection, and the attempt failed."""
+
+
+class UnsupportedServerError(PgQueueError):
+    """The database server is older than django-pgqueue supports (PostgreSQL 14); the
+    message names both versions. Raised before anything is written."""

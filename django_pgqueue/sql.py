@@ -209,6 +209,8 @@ WHERE j.id = old.id
 # The partial unique index pgqueue_job_idempotency_uniq is the ON CONFLICT arbiter; its
 # predicate is repeated here so PostgreSQL can infer it. pg_notify in RETURNING sends
 # one notification per job, delivered at commit (none if the caller rolls back).
+# Prepared (prepared.py): it returns only what the database decided (the caller has the
+# rest), so a column added to the table never changes a prepared statement's result.
 JOB_ENQUEUE = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
@@ -228,7 +230,7 @@ ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
       AND status IN ('pending', 'scheduled', 'running')
     DO NOTHING
-RETURNING j.*, pg_notify(%(channel)s, j.queue)::text AS notified
+RETURNING j.id, j.status, j.run_at, j.created_at, pg_notify(%(channel)s, j.queue)::text
 """
 
 # Push the lease of jobs this worker still owns further into the future.

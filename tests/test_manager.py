@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
 import threading
 import time
 
@@ -15,9 +16,10 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from django_pgqueue import sql
+from django_pgqueue import prepared, sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK
 from testproject.demo import tasks
 from tests import tasks as test_tasks
 from tests.conftest import wait_for
@@ -252,7 +254,7 @@ def test_enqueue__racing_the_same_idempotency_key(other_connection, outcome):
 
 NOT_A_TASK = "testproject.demo.tasks.not_a_task"
 BAD_INPUTS = {
-    "task_object": ({"task": 42}, "task must be a django.tasks.Task or its dotted path, not int"),
+    "task_object": ({"task": 42}, f"task must be a {FRAMEWORK}.Task or its dotted path, not int"),
     "task_function": ({"task": tasks.not_a_task}, "not function"),
     "task_missing_attr": (
         {"task": "testproject.demo.tasks.nope"},
@@ -264,12 +266,12 @@ BAD_INPUTS = {
     ),
     "task_plain_function_path": (
         {"task": NOT_A_TASK},
-        f"task '{NOT_A_TASK}' is a function, not a django.tasks.Task",
+        f"task '{NOT_A_TASK}' is a function, not a {FRAMEWORK}.Task",
     ),
     # A worker loads a task by its module path; this one's path names a plain function.
     "task_object_path_not_a_task": (
         {"task": test_tasks.renamed},
-        "task 'tests.tasks._renamed' is a function, not a django.tasks.Task",
+        f"task 'tests.tasks._renamed' is a function, not a {FRAMEWORK}.Task",
     ),
     "args_dict": ({"args": {"a": 1}}, "args must be a list or tuple, not dict"),
     "args_object": ({"args": [object()]}, "args[0] is a object, which is not JSON"),
@@ -325,6 +327,37 @@ BAD_INPUTS = {
         {"idempotency_key": "a\ud800"},
         "idempotency_key contains a lone surrogate '\\ud800'",
     ),
+    # Over the varchar(64) column: a DataError that aborted the caller's transaction.
+    "backend_100_chars": (
+        {"backend": "x" * 100},
+        f"backend '{'x' * 76}... is 100 characters: a TASKS alias of 1 to 64 characters is needed",
+    ),
+    # NOT NULL column: an IntegrityError that aborted the caller's transaction.
+    "backend_none": ({"backend": None}, "backend must be a str naming a TASKS alias, not None"),
+    "backend_int": ({"backend": 7}, "backend must be a str naming a TASKS alias, not int 7"),
+    "backend_empty": ({"backend": ""}, "backend '' is 0 characters"),
+    # Accepted and stored before: its TaskResult could never be read back.
+    "backend_unknown": (
+        {"backend": "nope"},
+        "backend 'nope' is not an alias in settings.TASKS (configured: 'default')",
+    ),
+    "backend_nul": ({"backend": "de\x00fault"}, "backend contains a NUL character"),
+    "backend_lone_surrogate": ({"backend": "\udc80"}, "backend contains a lone surrogate"),
+    # Past Python's int-to-str digit limit the JSON encoder raised a bare ValueError.
+    "args_huge_int": ({"args": [10**5000]}, "args[0] is an int of more than 4300 digits"),
+    "args_huge_negative_int": ({"args": [1, -(10**5000)]}, "args[1] is an int of more than"),
+    "kwargs_nested_huge_int": (
+        {"kwargs": {"a": [{"b": 10**5000}]}},
+        "kwargs['a'][0]['b'] is an int of more than 4300 digits: too large to store as JSON",
+    ),
+    "kwargs_huge_int_key": (
+        {"kwargs": {10**5000: 1}},
+        "kwargs has a non-string key an int of 16610 bits",
+    ),
+    "priority_huge_int": ({"priority": 10**5000}, "priority an int of 16610 bits is out of"),
+    "max_attempts_huge_int": ({"max_attempts": 10**5000}, "max_attempts an int of 16610 bits"),
+    "queue_huge_int": ({"queue": 10**5000}, "queue name an int of 16610 bits is invalid"),
+    "key_huge_int": ({"idempotency_key": 10**5000}, "not an int of 16610 bits"),
 }
 
 
@@ -336,6 +369,43 @@ def test_enqueue__rejects_bad_input_before_writing(
     with django_assert_num_queries(0), pytest.raises(InvalidJob, match=re.escape(message)):
         job_factory(**overrides)
     assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "backend",
+    ["x" * 100, None, 3, "nope", "a\x00", "\ud800"],
+    ids=["long", "none", "int", "unknown", "nul", "surrogate"],
+)
+def test_enqueue__bad_backend_leaves_the_callers_transaction_usable(job_factory, backend):
+    with transaction.atomic():
+        kept = job_factory()
+        with pytest.raises(InvalidJob, match="backend"):
+            job_factory(backend=backend)
+        assert job_factory().id > kept.id  # the transaction still works
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_enqueue__backend_must_be_a_pgqueue_backend(job_factory, settings):
+    settings.TASKS = {
+        "default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"},
+        "other": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"},
+        "now": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+        "gone": {"BACKEND": "no_such_module.Backend"},
+    }
+    assert job_factory(backend="other").backend == "other"
+    with pytest.raises(InvalidJob, match="backend 'now' is 'django.tasks.backends.immediate"):
+        job_factory(backend="now")
+    with pytest.raises(InvalidJob, match="backend 'gone' is 'no_such_module.Backend' in"):
+        job_factory(backend="gone")
+    assert Job.objects.count() == 1
+
+
+def test_enqueue__largest_int_python_writes_is_accepted(job_factory):
+    limit = sys.get_int_max_str_digits()
+    job = job_factory(args=[10 ** (limit - 1), -(10 ** (limit - 1))])
+    assert fresh(job).args == [10 ** (limit - 1), -(10 ** (limit - 1))]
 
 
 @pytest.mark.django_db
@@ -388,10 +458,13 @@ def test_claim__jobs_are_the_rows_the_orm_reads(job_factory):
 
 
 @pytest.mark.django_db
-def test_enqueue__extra_returned_columns_become_attributes(db):
-    job = Job.objects.enqueue(tasks.add, [1, 2])
-    assert job.notified == ""  # pg_notify() returns void, as text: the empty string
-    assert (job.args, job.errors) == ([1, 2], [])
+def test_jobs__extra_returned_columns_become_attributes(db):
+    made = Job.objects.enqueue(tasks.add, [1, 2])
+    (job,) = Job.objects._jobs(
+        "SELECT *, 'x' AS extra FROM pgqueue_job WHERE id = %(id)s", {"id": made.id}
+    )
+    assert job.extra == "x"
+    assert (job.id, job.args, job.errors) == (made.id, [1, 2], [])
 
 
 @pytest.mark.django_db
@@ -858,3 +931,56 @@ def test_enqueue__accepts_a_shared_non_cyclic_value():
     shared = {"a": 1}
     job = Job.objects.enqueue(tasks.add, [[shared, shared]])
     assert Job.objects.get(pk=job.pk).args == [[{"a": 1}, {"a": 1}]]
+
+
+@pytest.mark.django_db
+def test_enqueue__returns_the_job_as_stored(now):
+    job = Job.objects.enqueue(
+        tasks.add, (1, 2.5), {"z": {"b": [None, True]}, "a": "é"}, queue="q.1",
+        priority=-3, max_attempts=2, idempotency_key="k", now=now,
+    )  # fmt: skip
+    row = Job.objects.get(pk=job.pk)
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(row, f) for f in fields}
+    assert job._state.adding is False and job._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_enqueue__scheduled_job_is_returned_scheduled(now):
+    later = now + dt.timedelta(hours=1)
+    job = Job.objects.enqueue(tasks.add, [1, 2], run_at=later, now=now)
+    assert (job.status, job.run_at, job.created_at) == ("scheduled", later, now)
+
+
+def prepared_enqueues() -> int:
+    """JOB_ENQUEUE statements prepared in this session (psycopg names them _pg3_N)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%INSERT INTO pgqueue_job AS j%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__is_prepared_by_default():
+    connection.close()
+    Job.objects.enqueue(tasks.add, [1, 2])
+    Job.objects.enqueue(tasks.add, [3, 4], queue="other")
+    assert prepared_enqueues() == 1  # one statement, prepared once, run twice
+    assert prepared.prepares("default")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__respects_a_prepare_threshold_of_none(monkeypatch):
+    options = {**connection.settings_dict["OPTIONS"], "prepare_threshold": None}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    connection.close()
+    try:
+        for n in range(3):
+            Job.objects.enqueue(tasks.add, [n, 1])
+        assert Job.objects.count() == 3
+        assert prepared_enqueues() == 0
+        assert not prepared.prepares("default")
+    finally:
+        connection.close()  # the next test's connection has the settings' own options

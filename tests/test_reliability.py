@@ -20,6 +20,7 @@ from django.db import connection
 
 from django_pgqueue import sql
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK
 from django_pgqueue.tasks import PgQueueTask, current_job
 from django_pgqueue.worker import Worker
 from testproject.demo import fault_tasks
@@ -194,7 +195,7 @@ def test_worker__row_naming_a_non_task_callable_is_dead_without_calling_it() -> 
     dead = job(job_id)
     assert (dead.status, dead.attempts) == ("dead", 1)
     assert dead.errors[-1]["exception_class_path"].endswith("TaskNotFound")
-    assert "not a django.tasks.Task" in dead.errors[-1]["traceback"]
+    assert f"not a {FRAMEWORK}.Task" in dead.errors[-1]["traceback"]
 
 
 @pytest.mark.slow

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError
-from django.tasks import TaskResult
 
 from ..models import Job
+from ..taskapi import TaskResult
 from ..tasks import CurrentJob
 from .connections import close_connection, configure_session
 from .outcomes import Reporter

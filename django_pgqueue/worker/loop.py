@@ -334,7 +334,8 @@ class Worker:
                 unstarted = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            # (No None yet: the runners' stop marks are queued below.)
+            if unstarted is None:  # (no stop marks yet: they are queued below)
+                continue
             self._runner.release(unstarted)
             self._state.forget([unstarted])
         for _ in range(self.concurrency):

@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 
 from django.dispatch import Signal
-from django.tasks import TaskResult, TaskResultStatus
-from django.tasks.signals import task_finished
 
 from ..models import Job
+from ..taskapi import TaskResult, TaskResultStatus, task_finished
 from ..tasks import CurrentJob, _current
 
 logger = logging.getLogger(__name__)

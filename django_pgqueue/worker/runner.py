@@ -13,14 +13,20 @@ import logging
 import time
 
 from django.db import DatabaseError, connections, transaction
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
-from django.tasks.signals import task_finished, task_started
-from django.utils.json import normalize_json
 
 from .. import validation
 from ..backend import load_task, to_task_result
 from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
+from ..taskapi import (
+    Task,
+    TaskContext,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_finished,
+    task_started,
+)
 from ..tasks import CurrentJob, _current, task_option
 from .completer import Completer, Completion
 from .connections import (
@@ -141,8 +147,10 @@ class JobRunner(WorkerPart):
             _current.reset(token)
 
     def _call(self, job: Job, task: Task, task_result: TaskResult | None) -> object:
-        """Call the task; return its JSON-safe value (a bad value raises here)."""
+        """Call the task; return its JSON-safe value (a bad value raises here).
+        ``task_result`` is built whenever the task takes a context."""
         if task.takes_context:
+            assert task_result is not None
             value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
         else:
             value = task.call(*job.args, **job.kwargs)

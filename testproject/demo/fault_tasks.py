@@ -12,8 +12,8 @@ import signal
 import time
 
 from django.db import transaction
-from django.tasks import task
 
+from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
 
 from .models import Execution
