@@ -311,3 +311,25 @@ def test_worker__claim_connection_keeps_to_the_claim_index_with_stale_statistics
         connection.close()  # the pinned plan setting must not outlive this test
     assert "Index Scan using pgqueue_job_claim_idx" in plan, plan
     assert "Bitmap" not in plan and "Sort" not in plan, plan
+
+
+def test_worker__claim_connection_commits_asynchronously_runner_connection_does_not():
+    """Claims commit without waiting for the disk (a claim a crash loses is one never
+    made); the connections that record outcomes keep the project's durable commits."""
+    from django.db import connection
+
+    from django_pgqueue.worker.connections import configure_session
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('synchronous_commit')")
+            return str(cursor.fetchone()[0])
+
+    try:
+        configure_session("default", "completer", "w-commit")
+        assert setting() == "on"
+        connection.close()
+        configure_session("default", "claim", "w-commit", 5.0)
+        assert setting() == "off"
+    finally:
+        connection.close()  # the claim settings must not outlive this test

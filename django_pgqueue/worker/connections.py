@@ -37,7 +37,7 @@ def configure_session(
 
     The label is ``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name``;
     ``statement_timeout`` is in seconds (None: keep the connection's own). The claim
-    connection also gets its claim plan pinned to the claim index."""
+    connection is also set up for claiming (``sql.SESSION_CONFIGURE_CLAIM``)."""
     wrapper = connections[alias]
     raw = wrapper.connection
     if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
@@ -49,7 +49,7 @@ def configure_session(
         statement_timeout_ms=None if statement_timeout is None else int(statement_timeout * 1000),
     )
     if role == "claim":
-        manager.pin_claim_plan()
+        manager.configure_claim_session()
     wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
 
 
