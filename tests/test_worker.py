@@ -333,3 +333,17 @@ def test_worker__claim_connection_commits_asynchronously_runner_connection_does_
         assert setting() == "off"
     finally:
         connection.close()  # the claim settings must not outlive this test
+
+
+def test_worker__claims_whole_batches_and_the_next_one_ahead():
+    """A batch size above the concurrency claims the next batch while the current one
+    runs, and only whole batches while claimed jobs still wait locally."""
+    worker = Worker(concurrency=4, batch_size=50)
+    assert worker._ahead == 50
+    assert worker._free_slots() + worker._ahead == 100
+    assert worker._claim_size(120) == 50
+    assert worker._claim_size(20) == 20  # nothing waits locally: claim what fits
+    worker._jobs.put(Job(id=1))
+    assert worker._claim_size(20) == 0  # jobs still wait: wait for a whole batch
+    assert worker._claim_size(50) == 50
+    assert Worker(concurrency=4, batch_size=4)._ahead == 0  # no prefetch asked for
