@@ -60,7 +60,10 @@ class Settings:
 
     COMPLETION_FLUSH_INTERVAL: float = 0.01
     """Longest wait, in seconds, between a job's success and the batched write that
-    records it (jobs stay leased meanwhile). Larger batches cost fewer commits."""
+    records it (jobs stay leased meanwhile), while other jobs of the worker are running
+    or waiting to run: larger batches cost fewer commits. With nothing else in flight
+    the write goes out at once, unless the interval is above one second, which holds
+    every completion that long."""
 
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""

@@ -603,6 +603,12 @@ class JobManager(models.Manager["Job"]):
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""
         self._rows(sql.JOB_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "queue": queue})
 
+    def configure_claim_session(self) -> None:
+        """Set up a worker's claim connection: claims keep to the claim index whatever
+        the statistics say, and commit without waiting for the disk (see
+        ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
+        self._rows(sql.SESSION_CONFIGURE_CLAIM, {})
+
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None
     ) -> None:

@@ -37,7 +37,8 @@ try:
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImproperlyConfigured(
-        "django_pgqueue.metrics needs prometheus-client: pip install 'django-tasks-pgqueue[prometheus]'"
+        "django_pgqueue.metrics needs prometheus-client: "
+        "pip install 'django-tasks-pgqueue[prometheus]'"
     ) from exc
 
 #: Per-queue gauges: (metric name, QueueStats attribute, help).

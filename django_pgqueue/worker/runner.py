@@ -82,6 +82,15 @@ class JobRunner(WorkerPart):
         super().__init__(state)
         self.reporter = reporter
         self.completer = completer
+        #: Tasks already imported, by path (a worker runs few distinct tasks, many times).
+        self._tasks: dict[str, Task] = {}
+
+    def _load(self, path: str) -> Task:
+        """The task at ``path`` (see ``backend.load_task``), imported once per worker."""
+        task = self._tasks.get(path)
+        if task is None:
+            task = self._tasks[path] = load_task(path)
+        return task
 
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
@@ -115,10 +124,17 @@ class JobRunner(WorkerPart):
         True if the job went to the completer, which removes it from ``held`` once its
         completion is written; otherwise the caller removes it afterwards."""
         recycle_connections()
+        try:
+            task: Task | None = self._load(job.task)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - recorded below, once started
+            task, error = None, exc
+        timeout = task_option(task, "timeout") if task is not None else None
         with self.lock:
             held = self.state.entry(job)
             if held is not None and not held.lost:
                 held.started = time.monotonic()
+                held.timeout = float(timeout) if isinstance(timeout, int | float) else None
         if held is None or held.lost:
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused), or that was claimed again: another run owns it;
@@ -145,21 +161,18 @@ class JobRunner(WorkerPart):
                     extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
                 )
             return False
-        try:
-            task = load_task(job.task)
-        except ValueError as exc:
+        if isinstance(error, ValueError):
             # Never retried: the code is gone or the path is not a Task.
-            self._record_failure(job, TaskNotFound(str(exc)), retry=False)
+            self._record_failure(job, TaskNotFound(str(error)), retry=False)
             return False
-        except BaseException as exc:  # noqa: BLE001 - the task's module raised on import
-            # Recorded like a task error (and retried: it may be a deploy in progress),
-            # rather than lost to a lease expiry with no reason kept.
-            self._record_failure(job, exc)
+        if task is None:
+            # The task's module raised on import: recorded like a task error (and
+            # retried: it may be a deploy in progress), rather than lost to a lease
+            # expiry with no reason kept.
+            assert error is not None
+            self._record_failure(job, error)
             return False
-        timeout = task_option(task, "timeout")
         transactional = bool(task_option(task, "transactional"))
-        with self.lock:
-            held.timeout = float(timeout) if isinstance(timeout, int | float) else None
         token = _current.set(
             CurrentJob(
                 id=job.id,
@@ -180,13 +193,14 @@ class JobRunner(WorkerPart):
             _current.reset(token)
 
     def _call(
-        self, job: Job, task: Task, task_result: TaskResult, cancel: threading.Event
+        self, job: Job, task: Task, task_result: TaskResult | None, cancel: threading.Event
     ) -> object:
         """Call the task; return its JSON-safe value (a bad value raises here). A
         coroutine task is cancelled (``asyncio.CancelledError`` inside it) once
-        ``cancel`` is set."""
+        ``cancel`` is set. ``task_result`` is built whenever the task takes a context."""
         args: list[Any] = list(job.args)
         if task.takes_context:
+            assert task_result is not None
             args.insert(0, TaskContext(task_result=task_result))
         if iscoroutinefunction(task.func):
             value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
@@ -198,9 +212,17 @@ class JobRunner(WorkerPart):
 
     def _run(self, job: Job, task: Task, *, transactional: bool, cancel: threading.Event) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        task_result = to_task_result(job, task)
-        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-        self.reporter.signal(task_started, task_result)
+        # Django's TaskResult only when something reads it: the task's context, or a
+        # receiver of task_started or task_finished.
+        task_result = None
+        if (
+            task.takes_context
+            or self.reporter.wants(task_started)
+            or self.reporter.wants(task_finished)
+        ):
+            task_result = to_task_result(job, task)
+            object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+            self.reporter.signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
         try:
@@ -277,8 +299,9 @@ class JobRunner(WorkerPart):
                     exc,
                     extra={"action": "cancel", **log_extra},
                 )
-                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                self.reporter.signal(task_finished, task_result)
+                if task_result is not None:
+                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                    self.reporter.signal(task_finished, task_result)
             elif status is not None:
                 logger.error(
                     "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
@@ -291,8 +314,9 @@ class JobRunner(WorkerPart):
                     exc_info=exc,
                     extra={"action": "fail", **log_extra},
                 )
-                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                self.reporter.signal(task_finished, task_result)
+                if task_result is not None:
+                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                    self.reporter.signal(task_finished, task_result)
             return False
         elapsed = time.perf_counter() - started
         tracing.outcome(tracing.SUCCEEDED)
@@ -312,11 +336,14 @@ class JobRunner(WorkerPart):
             held = self.state.entry(job)
             if held is not None:
                 held.completing = True
-        self.completer.submit(Completion(job, value, elapsed, task_result, _current.get()))
+            last = not self.state.in_flight_locked()
+        self.completer.submit(
+            Completion(job, value, elapsed, task_result, _current.get()), last=last
+        )
         return True
 
     def _record_cancelled(
-        self, job: Job, value: object, elapsed: float, task_result: TaskResult
+        self, job: Job, value: object, elapsed: float, task_result: TaskResult | None
     ) -> None:
         """Write the outcome of a task that returned after its job's cancellation was
         requested: the fenced completion ends it ``cancelled`` (result kept)."""
@@ -339,8 +366,9 @@ class JobRunner(WorkerPart):
             elapsed,
             extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
         )
-        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-        self.reporter.signal(task_finished, task_result)
+        if task_result is not None:
+            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+            self.reporter.signal(task_finished, task_result)
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
         """Write a failed attempt, fenced; return the job's new status, or None if it

@@ -82,6 +82,16 @@ class WorkerState:
         entry = self.held.get(job.id)
         return entry if entry is not None and entry.job is job else None
 
+    def in_flight(self) -> bool:
+        """Whether any held job is running or waiting to run (not merely waiting for
+        its completion to be written)."""
+        with self.lock:
+            return self.in_flight_locked()
+
+    def in_flight_locked(self) -> bool:
+        """``in_flight()``, with ``lock`` already held."""
+        return any(not h.completing for h in self.held.values())
+
     def forget(self, jobs: Iterable[Job]) -> None:
         """Drop the entries of these claims (never a newer claim of the same job), and
         wake the claim loop: their slots are free."""
