@@ -566,6 +566,15 @@ class JobManager(models.Manager["Job"]):
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""
         self._rows(sql.JOB_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "queue": queue})
 
+    def session_state(self) -> dict[str, Any]:
+        """What this thread's connection carries beyond its transaction: roles, the
+        settings that change later statements, and session-level objects held (see
+        ``sql.SESSION_GET_STATE``), by name."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(sql.SESSION_GET_STATE, {})
+            names = [column.name for column in cursor.description]
+            return dict(zip(names, cursor.fetchone(), strict=True))
+
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None
     ) -> None:

@@ -3,8 +3,10 @@
 Every outcome is written fenced on (owner, attempt), so a worker that lost the lease
 changes nothing and says so in the log. A ``transactional`` task (see ``tasks.py``) runs
 in one transaction with its fenced completion, so its effects commit exactly once; any
-other task runs in autocommit, and one that returns with a transaction still open fails
-with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection discarded.
+other task runs in autocommit, and one that returns with a transaction still open, or
+with session state left on its connection (see ``connections.session_leftovers``),
+fails with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection
+discarded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from .connections import (
     discard_connection,
     first_line,
     recycle_connections,
+    session_leftovers,
+    watch_session,
 )
 from .state import WorkerPart, WorkerState
 
@@ -167,8 +171,10 @@ class JobRunner(WorkerPart):
         self._signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
+        raw = None
         try:
             configure_session(self.alias, "runner", self.worker_id)
+            raw = watch_session(self.alias)
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
@@ -182,16 +188,23 @@ class JobRunner(WorkerPart):
                             "the task's effects were rolled back"
                         )
                     completed_in_tx = True
+                # Committed; what the task left beyond its transaction (a session
+                # SET, an advisory lock) must still not reach the next job.
+                self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
                 value = self._call(job, task, task_result)
-                wrapper = connections[self.alias]
-                if wrapper.in_atomic_block or not wrapper.get_autocommit():
+                leftovers = session_leftovers(self.alias, raw)
+                if leftovers:
+                    # Before anything is recorded: the completion must not join a
+                    # leaked transaction, and later jobs must get a clean session.
                     discard_connection(self.alias)
                     raise TransactionLeak(
-                        "the task returned with a transaction still open; it was "
-                        "rolled back and the connection discarded"
+                        f"the task left {', '.join(leftovers)} on its database "
+                        "connection; the worker discarded the connection (rolling back "
+                        "any open transaction) and failed the attempt"
                     )
         except LeaseLost:
+            self._discard_leftovers(job, raw, "lease lost")
             self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
@@ -205,11 +218,16 @@ class JobRunner(WorkerPart):
             # asyncio.CancelledError) is its own failure; signals reach the main thread
             # only. Swallowing nothing here would wedge the slot with the job held.
             elapsed = time.perf_counter() - started
-            if (
+            committed = (
                 completed_in_tx
                 and not isinstance(exc, DatabaseError)
                 and not connections[self.alias].in_atomic_block
-            ):
+            )
+            if raw is not None and not isinstance(exc, TransactionLeak):
+                # A task that leaked a transaction and then raised: its failure must
+                # not be written into that transaction (nor wait behind its locks).
+                self._discard_leftovers(job, raw, "done" if committed else "failed")
+            if committed:
                 # Committed: only an on_commit callback raised after the commit.
                 self.stats.count("done")
                 logger.error(
@@ -220,8 +238,6 @@ class JobRunner(WorkerPart):
                     extra={"action": "done", **log_extra},
                 )
                 return False
-            if connections[self.alias].in_atomic_block:
-                discard_connection(self.alias)  # a task that leaked atomic() and raised
             status = self._record(job, "fail", error=exc)
             if status is not None:
                 logger.error(
@@ -257,6 +273,23 @@ class JobRunner(WorkerPart):
         if recorded:
             self._report_done(job, value, elapsed, task_result, transactional=transactional)
         return False
+
+    def _discard_leftovers(self, job: Job, raw: object, outcome: str) -> None:
+        """Discard this thread's connection if the task left anything on it (see
+        ``session_leftovers``), saying so: the job's own outcome stands."""
+        leftovers = session_leftovers(self.alias, raw)
+        if not leftovers:
+            return
+        discard_connection(self.alias)
+        logger.warning(
+            "job %s %s: %s, but the task left %s on its database connection; the "
+            "connection was discarded",
+            job.id,
+            job.task,
+            outcome,
+            ", ".join(leftovers),
+            extra={"action": "leak", "job_id": job.id, "worker_id": self.worker_id},
+        )
 
     def finished(self, completion: Completion) -> None:
         """Report a completion the completer recorded: the "done" line and Django's
