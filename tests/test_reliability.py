@@ -417,6 +417,68 @@ def test_heartbeat__job_timeout_setting_applies_to_plain_tasks(
     assert job(enqueued.id).status == "pending"
 
 
+@pytest.mark.parametrize("writer", ["completer", "inline_complete", "inline_fail", "release"])
+def test_heartbeat__job_finished_between_snapshot_and_extension_is_no_lost_lease(
+    writer: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: the heartbeat snapshots the held jobs, then extends their leases; a job
+    recorded in between (by the completer, a runner, or a release) is not extended,
+    and was logged as "lease lost" with no fault at all. Deterministic: the outcome is
+    written from inside the extension call, after the snapshot."""
+    from django_pgqueue.backend import PgQueueBackend
+    from django_pgqueue.manager import JobManager
+    from django_pgqueue.worker.completer import Completer, Completion
+    from django_pgqueue.worker.heartbeat import Heartbeat
+    from django_pgqueue.worker.runner import JobRunner
+    from django_pgqueue.worker.state import Held, WorkerState
+
+    Job.objects.enqueue(fault_tasks.ledger_plain, [1])
+    (claimed,) = Job.objects.claim("w-hb", limit=1, lease_seconds=30)
+    state = WorkerState(alias="default", worker_id="w-hb", lease_seconds=30)
+    state.held[claimed.id] = Held(claimed, started=0.0)
+    runner = JobRunner(state, sender=PgQueueBackend)
+    completer = Completer(state, runner=runner, interval=0.0, max_batch=10)
+    extend = JobManager.extend_leases
+
+    def finish_then_extend(self: JobManager, *args: Any, **kwargs: Any) -> set[int]:
+        if writer == "completer":
+            state.held[claimed.id].completing = True  # as the runner does at submit
+            result = fault_tasks.ledger_plain.get_result(str(claimed.id))
+            completer.flush([Completion(claimed, 1, 0.0, result, None)])
+        elif writer == "inline_complete":
+            runner._record(claimed, "complete", result=1)
+        elif writer == "inline_fail":
+            runner._record(claimed, "fail", error=RuntimeError("boom"))
+        else:
+            runner.release(claimed)
+        return extend(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobManager, "extend_leases", finish_then_extend)
+    Heartbeat(state).beat()
+    assert job(claimed.id).status != "running"  # it did finish during the beat
+    assert "lease lost" not in caplog.text
+    assert state.stats.lost == 0
+    assert not (claimed.id in state.held and state.held[claimed.id].lost)
+
+
+def test_heartbeat__a_lease_really_taken_back_is_still_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The other side of the fix above: a held job whose lease another worker took is
+    marked lost (so a prefetched copy is never started) and logged."""
+    from django_pgqueue.worker.heartbeat import Heartbeat
+    from django_pgqueue.worker.state import Held, WorkerState
+
+    Job.objects.enqueue(fault_tasks.ledger_plain, [1])
+    (claimed,) = Job.objects.claim("w-hb", limit=1, lease_seconds=30)
+    Job.objects.filter(pk=claimed.id).update(lease_owner="someone-else")
+    state = WorkerState(alias="default", worker_id="w-hb", lease_seconds=30)
+    state.held[claimed.id] = Held(claimed)
+    Heartbeat(state).beat()
+    assert state.held[claimed.id].lost
+    assert "lease lost (expired and taken back)" in caplog.text
+
+
 @pytest.mark.slow
 def test_heartbeat__stalled_extension_stops_claiming(
     manage: Callable[..., ManagedProcess], other_connection: Callable[..., Any]

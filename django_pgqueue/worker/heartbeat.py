@@ -110,8 +110,12 @@ class Heartbeat(WorkerPart):
             if job.id not in owned:
                 with self.lock:
                     entry = self.held.get(job.id)
-                    if entry is not None and entry.job is job:  # not a newer claim
-                        entry.lost = True
+                    # Gone, replaced by a newer claim, or being recorded since the
+                    # snapshot: the job finished (its row left 'running' for that
+                    # reason), and the write that recorded it reports a real loss.
+                    if entry is None or entry.job is not job or entry.finishing:
+                        continue
+                    entry.lost = True
                 logger.warning(
                     "job %s: lease lost (expired and taken back)",
                     job.id,

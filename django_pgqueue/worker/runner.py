@@ -64,6 +64,7 @@ class JobRunner(WorkerPart):
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
         attempt not charged. If that fails, its lease expires instead."""
+        self._mark_recording(job)
         try:
             if Job.objects.db_manager(self.alias).release(job, self.worker_id):
                 self.stats.count("released")
@@ -180,6 +181,7 @@ class JobRunner(WorkerPart):
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
                     value = self._call(job, task, task_result)
+                    self._mark_recording(job)
                     if not Job.objects.db_manager(self.alias).complete(
                         job, self.worker_id, result=value
                     ):
@@ -274,6 +276,14 @@ class JobRunner(WorkerPart):
             self._report_done(job, value, elapsed, task_result, transactional=transactional)
         return False
 
+    def _mark_recording(self, job: Job) -> None:
+        """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
+        ``running`` now for that reason (a missed extension is not a lost lease)."""
+        with self.lock:
+            entry = self.held.get(job.id)
+            if entry is not None and entry.job is job:
+                entry.recording = True
+
     def _discard_leftovers(self, job: Job, raw: object, outcome: str) -> None:
         """Discard this thread's connection if the task left anything on it (see
         ``session_leftovers``), saying so: the job's own outcome stands."""
@@ -339,6 +349,7 @@ class JobRunner(WorkerPart):
     ) -> str | bool | None:
         """Write a job's outcome, fenced; retry through database errors for about one
         lease, then give up and let the lease expire (the sweeper recovers the job)."""
+        self._mark_recording(job)
         manager = Job.objects.db_manager(self.alias)
         deadline = time.monotonic() + self.lease_seconds
         failures = 0
