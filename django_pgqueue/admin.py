@@ -21,7 +21,7 @@ import datetime as dt
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
@@ -40,6 +40,9 @@ from django.utils.html import format_html, format_html_join
 from .exceptions import InvalidJob
 from .models import DeadLetter, Job
 from .paginator import EstimatedCountPaginator
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +161,7 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
     ordering = ("-id",)
     search_fields = ("task",)  # enables the box; get_search_results decides what it means
     search_help_text = "A job id, part of a task path, an idempotency key, or error text."
-    readonly_fields = (
+    readonly_fields: ClassVar[tuple[str, ...]] = (
         "id",
         "task",
         "status",
@@ -179,7 +182,7 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         "errors_pretty",
         "result_pretty",
     )
-    fieldsets = (
+    fieldsets: ClassVar[_FieldsetSpec] = (
         (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
         ("Attempts", {"fields": ("attempts_display", "last_worker", "lease_expires_at")}),
         (
@@ -474,6 +477,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
             extra={"action": "requeue", "job_ids": requeued, **actor(request)},
         )
         if requeued:
+            assert request.user.pk is not None  # the admin lets only staff users in
             LogEntry.objects.log_actions(
                 user_id=request.user.pk,
                 queryset=Job.objects.filter(pk__in=requeued),
@@ -511,7 +515,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         dead), and a message with the number of rows actually deleted."""
         if not request.POST.get("post"):
             response = django_delete_selected(self, request, queryset)
-            if isinstance(response, TemplateResponse):
+            if isinstance(response, TemplateResponse) and response.context_data is not None:
                 response.context_data["title"] = "Discard dead letters"
             return response
         ids = self.selected_ids(request, queryset)

@@ -1,4 +1,10 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.apps import AppConfig
+from django.core.management.base import CommandError
+from django.db.models.signals import pre_migrate
 
 
 class PgQueueConfig(AppConfig):
@@ -8,3 +14,17 @@ class PgQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
+
+        pre_migrate.connect(refuse_unsupported_server, sender=self)
+
+
+def refuse_unsupported_server(*, using: str, **kwargs: Any) -> None:
+    """Stop ``migrate`` before it changes anything on a server older than PostgreSQL 14
+    (see ``server.py``)."""
+    from .exceptions import UnsupportedServerError
+    from .server import check_server_version
+
+    try:
+        check_server_version(using)
+    except UnsupportedServerError as exc:
+        raise CommandError(str(exc)) from exc

@@ -10,14 +10,19 @@ from typing import Any
 
 from django.core import checks
 from django.db import connections
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
 from .conf import settings
+from .taskapi import (
+    FRAMEWORK,
+    BaseTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
 from .tasks import PgQueueTask, task_option
 
 STATUS_MAP = {
@@ -136,7 +141,7 @@ def load_task(path: str) -> Task:
     except ImportError as exc:
         raise ValueError(f"task {path!r} does not import: {exc}") from exc
     if not isinstance(obj, Task):
-        raise ValueError(f"{path!r} is a {type(obj).__name__}, not a django.tasks.Task")
+        raise ValueError(f"{path!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task")
     return obj
 
 
@@ -152,7 +157,7 @@ def to_task_result(job: Any, task: Task) -> TaskResult:
         worker_ids.append(job.lease_owner or "")
     if not job.attempts:
         worker_ids = []
-    result = TaskResult(
+    result: TaskResult = TaskResult(
         task=task,
         id=str(job.id),
         status=STATUS_MAP[job.status],

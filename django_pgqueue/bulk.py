@@ -28,7 +28,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
-from django.tasks import Task
 from psycopg.abc import Buffer
 from psycopg.adapt import Dumper
 from psycopg.postgres import types as pg_types
@@ -37,6 +36,7 @@ from psycopg.pq import Format
 from . import sql, validation
 from .conf import settings
 from .exceptions import InvalidJob
+from .taskapi import FRAMEWORK, InvalidTask, Task
 from .tasks import task_option
 
 logger = logging.getLogger(__name__)
@@ -184,16 +184,15 @@ class _RowMaker:
         names = (queue, backend)
         if type(queue) is not str or type(backend) is not str or names not in self.names_ok:
             validation.queue_name(queue)  # (checked before hashing: a list is no name)
-            _backend(backend)
+            validation.backend_alias(backend)
             self.queues.add(queue)
             if len(self.names_ok) < 1000:
                 self.names_ok.add(names)
         priority = 0 if priority is None else validation.priority(priority)
-        run_at = get("run_at")
+        run_at = validation.run_at(get("run_at"))
         if run_at is None:
             run_at, status = self.now, "pending"
         else:
-            run_at = validation.run_at(run_at)
             status = "scheduled" if run_at > self.now else "pending"
         max_attempts = get("max_attempts")
         if max_attempts is None:
@@ -221,14 +220,6 @@ class _RowMaker:
             _ERRORS_EMPTY,
             key,
         )
-
-
-def _backend(value: Any) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= 64:
-        raise InvalidJob(
-            f"backend must be a Tasks backend alias (1 to 64 characters), not {value!r}"
-        )
-    return value
 
 
 def bulk_enqueue(
@@ -422,12 +413,10 @@ def enqueue_many(
     must be a ``PgQueueBackend``. Returns the number of jobs created; no ``TaskResult``
     objects are built and no ``task_enqueued`` signals are sent (COPY returns no ids).
     """
-    from django.tasks.exceptions import InvalidTask
-
     from .backend import PgQueueBackend
 
     if not isinstance(task, Task):
-        raise InvalidTask(f"enqueue_many needs a django.tasks.Task, not {type(task).__name__}")
+        raise InvalidTask(f"enqueue_many needs a {FRAMEWORK}.Task, not {type(task).__name__}")
     backend = task.get_backend()
     if not isinstance(backend, PgQueueBackend):
         raise InvalidTask(

@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core import checks
 
-from .conf import settings
+from . import limits
+from .conf import Settings, settings
 
 
 # Not tagged "database": Django skips database-tagged checks unless an alias is given,
@@ -14,26 +15,28 @@ from .conf import settings
 @checks.register("pgqueue")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
+    for name, (bounds, nullable, check_id) in limits.SETTINGS.items():
+        value = getattr(settings, name)
+        if value is None and nullable:
+            continue
+        problem = bounds.problem(value)
+        if problem is not None:
+            default = getattr(Settings, name)
+            messages.append(
+                checks.Error(
+                    f"PGQUEUE_{name}: {problem}.",
+                    hint=f"Use {limits.setting_range(name)}, or remove the setting for "
+                    f"the default, {default!r}.",
+                    id=check_id,
+                )
+            )
     lease = settings.LEASE_SECONDS
-    if not isinstance(lease, int | float) or lease <= 0:
-        messages.append(
-            checks.Error(
-                f"PGQUEUE_LEASE_SECONDS must be a positive number, not {lease!r}.",
-                hint="Use a lease longer than your heartbeat interval, e.g. 300.",
-                id="pgqueue.E010",
-            )
-        )
-    attempts = settings.MAX_ATTEMPTS
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        messages.append(
-            checks.Error(
-                f"PGQUEUE_MAX_ATTEMPTS must be an int >= 1, not {attempts!r}.",
-                hint="Set it to 1 for no retries.",
-                id="pgqueue.E011",
-            )
-        )
     timeout = settings.JOB_TIMEOUT_SECONDS
-    if isinstance(lease, int | float) and timeout is not None and timeout < lease / 10:
+    if (
+        limits.LEASE_SECONDS.problem(lease) is None
+        and isinstance(timeout, int | float)
+        and timeout < lease / 10
+    ):
         messages.append(
             checks.Warning(
                 "PGQUEUE_JOB_TIMEOUT_SECONDS is much shorter than the lease.",

@@ -33,3 +33,8 @@ class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
     advisory lock, an open cursor, ``PREPARE``, ``LISTEN``, a temporary table). The
     worker discarded the connection, which rolls the transaction back and drops the
     state, and the attempt failed; the message names what was left."""
+
+
+class UnsupportedServerError(PgQueueError):
+    """The database server is older than django-pgqueue supports (PostgreSQL 14); the
+    message names both versions. Raised before anything is written."""

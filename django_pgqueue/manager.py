@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
-from django.tasks import Task
 
 from . import bulk, sql, validation
 from .conf import settings
+from .taskapi import Task
 from .tasks import task_option
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class JobManager(models.Manager["Job"]):
     # --- plumbing -------------------------------------------------------------------
 
     @property
-    def alias(self) -> str:
+    def db_alias(self) -> str:
         return self._db or settings.DATABASE
 
     def _jobs(self, query: str, params: dict[str, Any]) -> list[Job]:
@@ -111,7 +111,7 @@ class JobManager(models.Manager["Job"]):
         What ``RawQuerySet`` would do (fields matched by column name, the fields' own
         database converters, extra columns set as attributes), without its per-query
         machinery: on the claim path that cost ten times the statement itself."""
-        alias = self.alias
+        alias = self.db_alias
         connection = connections[alias]
         with connection.cursor() as cursor:
             cursor.execute(query, params)
@@ -147,12 +147,12 @@ class JobManager(models.Manager["Job"]):
         return jobs
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with connections[self.alias].cursor() as cursor:
+        with connections[self.db_alias].cursor() as cursor:
             cursor.execute(query, params)
             return cursor.fetchall() if cursor.description else []
 
     def _rowcount(self, query: str, params: dict[str, Any]) -> int:
-        with connections[self.alias].cursor() as cursor:
+        with connections[self.db_alias].cursor() as cursor:
             cursor.execute(query, params)
             return cursor.rowcount
 
@@ -187,9 +187,9 @@ class JobManager(models.Manager["Job"]):
             priority = task.priority if priority is None else priority
             run_at = task.run_after if run_at is None else run_at
             if max_attempts is None:  # @task(max_attempts=...) of PgQueueTask
-                max_attempts = task_option(task, "max_attempts")  # type: ignore[assignment]
-        params = {
-            "backend": backend,
+                max_attempts = task_option(task, "max_attempts")
+        params: dict[str, Any] = {
+            "backend": validation.backend_alias(backend),
             "task": path,
             "queue": validation.queue_name("default" if queue is None else queue),
             "priority": validation.priority(0 if priority is None else priority),
@@ -229,13 +229,13 @@ class JobManager(models.Manager["Job"]):
         counts jobs left out because their idempotency key was already live. See
         ``django_pgqueue.bulk.bulk_enqueue``.
         """
-        return bulk.bulk_enqueue(jobs, using=self.alias, batch_size=batch_size, now=now)
+        return bulk.bulk_enqueue(jobs, using=self.db_alias, batch_size=batch_size, now=now)
 
     def live_with_key(self, queue: str, key: str | None) -> Job | None:
         from .models import LIVE_STATUSES
 
         return (
-            self.db_manager(self.alias)
+            self.db_manager(self.db_alias)
             .filter(queue=queue, idempotency_key=key, status__in=LIVE_STATUSES)
             .first()
         )
@@ -471,7 +471,7 @@ class JobManager(models.Manager["Job"]):
         stats = self.column_stats("status")
         if stats.small(cap):
             # Small table: exact, and still bounded in case the statistics are stale.
-            jobs = self.db_manager(self.alias).order_by()
+            jobs = self.db_manager(self.db_alias).order_by()
             return {
                 s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES
             }, frozenset()
@@ -497,7 +497,7 @@ class JobManager(models.Manager["Job"]):
         stats = self.column_stats(column)
         if stats.small(limit * 100):
             return list(
-                self.db_manager(self.alias)
+                self.db_manager(self.db_alias)
                 .order_by(column)
                 .values_list(column, flat=True)
                 .distinct()[:limit]
@@ -510,7 +510,7 @@ class JobManager(models.Manager["Job"]):
         """Return expired leases to pending (or dead on the last attempt), in bounded
         batches. Returns (recovered, dead)."""
         recovered = dead = 0
-        params = {
+        params: dict[str, Any] = {
             "now": now,
             "batch_size": settings.SWEEP_BATCH_SIZE,
             "keep_errors": settings.KEEP_ERRORS,
@@ -528,7 +528,7 @@ class JobManager(models.Manager["Job"]):
         size = batch_size or settings.SWEEP_BATCH_SIZE
         promoted = 0
         for _ in range(MAX_SWEEP_BATCHES):
-            with transaction.atomic(using=self.alias):
+            with transaction.atomic(using=self.db_alias):
                 rows = self._rows(sql.JOB_PROMOTE_DUE, {"now": now, "batch_size": size})
                 for queue in sorted({row[0] for row in rows}):
                     self.notify(queue)
@@ -540,7 +540,7 @@ class JobManager(models.Manager["Job"]):
     def prune_finished(self, *, now: dt.datetime | None = None) -> int:
         """Delete done jobs older than ``PGQUEUE_RETENTION_SECONDS``, in batches."""
         pruned = 0
-        params = {
+        params: dict[str, Any] = {
             "now": now,
             "batch_size": settings.SWEEP_BATCH_SIZE,
             "retention_seconds": float(settings.RETENTION_SECONDS),
@@ -570,10 +570,10 @@ class JobManager(models.Manager["Job"]):
         """What this thread's connection carries beyond its transaction: roles, the
         settings that change later statements, and session-level objects held (see
         ``sql.SESSION_GET_STATE``), by name."""
-        with connections[self.alias].cursor() as cursor:
+        with connections[self.db_alias].cursor() as cursor:
             cursor.execute(sql.SESSION_GET_STATE, {})
-            names = [column.name for column in cursor.description]
-            return dict(zip(names, cursor.fetchone(), strict=True))
+            names = [column.name for column in cursor.description or ()]
+            return dict(zip(names, cursor.fetchone() or (), strict=True))
 
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None

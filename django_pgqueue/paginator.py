@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import logging
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.paginator import Paginator
 from django.db import DatabaseError
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,8 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list.order_by()
+        # The admin pages a QuerySet (Paginator's type allows any sequence).
+        queryset = cast("QuerySet[Any]", self.object_list).order_by()
         estimate = self.planner_estimate(queryset)
         if estimate is None or estimate <= self.exact_up_to:
             # Bounded count: SELECT COUNT(*) FROM (... LIMIT n+1) reads at most n+1 rows.

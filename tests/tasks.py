@@ -8,8 +8,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from django.tasks import task
-
+from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
 
 #: For in-process workers: attempt N of ``gated(name)`` sets ``STARTED[name, N]``, then

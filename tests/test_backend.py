@@ -12,14 +12,20 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connections, transaction
-from django.tasks import TaskContext, TaskResult, TaskResultStatus, task, task_backends
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 from django.test import override_settings
 
 from django_pgqueue.backend import PgQueueBackend
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import (
+    TaskContext,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task,
+    task_backends,
+    task_enqueued,
+)
 from testproject.demo import tasks
 from testproject.demo.models import Delivery
 from tests.tasks import async_add
@@ -102,8 +108,9 @@ def test_backend__run_after_in_the_past_is_pending():
 
 @pytest.mark.django_db
 def test_backend__max_attempts_option_is_used():
-    backend = PgQueueBackend("opts", {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}})
-    result = backend.enqueue(tasks.add, [1, 2], {})
+    opts = {"BACKEND": BACKEND, "OPTIONS": {"MAX_ATTEMPTS": 2}}
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND}, "opts": opts}):
+        result = task_backends["opts"].enqueue(tasks.add, [1, 2], {})
     assert fresh(result.id).max_attempts == 2
 
 

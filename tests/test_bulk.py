@@ -12,17 +12,20 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, transaction
-from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 
 from django_pgqueue import BulkResult, InvalidJob, enqueue_many, sql, validation
 from django_pgqueue.conf import settings
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import DUMMY_BACKEND, FRAMEWORK, InvalidTask
 from testproject.demo import fault_tasks
 from testproject.demo import tasks as demo
 from tests.tasks import renamed
 
 ADD = "testproject.demo.tasks.add"
+PGQUEUE = "django_pgqueue.backend.PgQueueBackend"
+#: Two PgQueueBackend aliases: a job's backend must be one of settings.TASKS.
+TWO_BACKENDS = {"default": {"BACKEND": PGQUEUE}, "other": {"BACKEND": PGQUEUE}}
 
 
 def add_jobs(count: int, **extra: Any) -> Iterator[dict[str, Any]]:
@@ -38,6 +41,7 @@ def backend_pid() -> int:
 
 
 @pytest.mark.django_db
+@override_settings(TASKS=TWO_BACKENDS)
 def test_bulk_enqueue__stores_jobs_with_enqueue_defaults(now):
     future, past = now + dt.timedelta(hours=1), now - dt.timedelta(hours=1)
     created = Job.objects.bulk_enqueue(
@@ -214,7 +218,15 @@ def test_bulk_enqueue__bad_job_in_10000_leaves_the_table_unchanged(job_factory):
         # Binary COPY wrapped it around to a negative (or, at 2**32 + 3, to 3).
         ({"task": ADD, "max_attempts": 2**31}, "max_attempts 2147483648 is over the largest"),
         ({"task": ADD, "idempotency_key": ""}, "idempotency_key must be a non-empty str"),
-        ({"task": ADD, "backend": 3}, "backend must be a Tasks backend alias"),
+        ({"task": ADD, "backend": 3}, "backend must be a str naming a TASKS alias, not int 3"),
+        ({"task": ADD, "backend": None}, "backend must be a str naming a TASKS alias"),
+        ({"task": ADD, "backend": "x" * 100}, "backend 'xxxxxxxx"),
+        ({"task": ADD, "backend": "nope"}, "backend 'nope' is not an alias in settings.TASKS"),
+        ({"task": ADD, "backend": "de\x00fault"}, "backend contains a NUL character"),
+        ({"task": ADD, "backend": "\ud800"}, "backend contains a lone surrogate '\\ud800'"),
+        ({"task": ADD, "args": [[10**5000]]}, "args[0][0] is an int of more than 4300 digits"),
+        ({"task": ADD, "kwargs": {"n": -(10**5000)}}, "kwargs['n'] is an int of more than"),
+        ({"task": ADD, "priority": 10**5000}, "priority an int of 16610 bits is out of range"),
         ({"task": ADD, "queue_name": "q"}, "unknown key 'queue_name'"),
         ({"args": [1, 2]}, "task is required"),
         ([ADD, [1, 2]], "a job must be a mapping of enqueue() arguments, not list"),
@@ -425,10 +437,10 @@ def test_enqueue_many__bad_call_names_its_position():
 
 @pytest.mark.django_db
 def test_enqueue_many__refuses_a_plain_function_or_another_backend():
-    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    dummy = {"default": {"BACKEND": DUMMY_BACKEND}}
     with override_settings(TASKS=dummy), pytest.raises(InvalidTask, match="PgQueueBackend"):
         enqueue_many(demo.add, [((1, 2), {})])
-    with pytest.raises(InvalidTask, match="needs a django.tasks.Task, not function"):
+    with pytest.raises(InvalidTask, match=f"needs a {FRAMEWORK}.Task, not function"):
         enqueue_many(demo.not_a_task, [((), {})])
 
 

@@ -19,32 +19,32 @@ BAD_ARGUMENTS = {
     "concurrency_zero": (
         "pgqueue_worker",
         ["--concurrency", "0"],
-        "argument --concurrency: '0' must be at least 1",
+        "argument --concurrency: '0' is out of range: use an integer from 1 to 1000",
     ),
     "concurrency_word": (
         "pgqueue_worker",
         ["--concurrency", "many"],
-        "argument --concurrency: 'many' is not an integer",
+        "argument --concurrency: 'many' is not an integer: use an integer from 1 to 1000",
     ),
     "lease_negative": (
         "pgqueue_worker",
         ["--lease-seconds", "-1"],
-        "argument --lease-seconds: '-1' must be a positive number",
+        "argument --lease-seconds: '-1' is out of range: use a number of seconds from 1 to 86400",
     ),
     "lease_zero": (
         "pgqueue_worker",
         ["--lease-seconds", "0"],
-        "argument --lease-seconds: '0' must be a positive number",
+        "argument --lease-seconds: '0' is out of range",
     ),
     "lease_nan": (
         "pgqueue_worker",
         ["--lease-seconds", "nan"],
-        "argument --lease-seconds: 'nan' must be a positive number",
+        "argument --lease-seconds: 'nan' is not a finite number",
     ),
     "lease_infinite": (
         "pgqueue_worker",
         ["--lease-seconds", "inf"],
-        "argument --lease-seconds: 'inf' must be a positive number",
+        "argument --lease-seconds: 'inf' is not a finite number",
     ),
     "queue_space": (
         "pgqueue_worker",
@@ -61,17 +61,17 @@ BAD_ARGUMENTS = {
     "batch_size_zero": (
         "pgqueue_worker",
         ["--batch-size", "0"],
-        "argument --batch-size: '0' must be at least 1",
+        "argument --batch-size: '0' is out of range: use an integer from 1 to 10000",
     ),
     "max_jobs_negative": (
         "pgqueue_worker",
         ["--max-jobs", "-3"],
-        "argument --max-jobs: '-3' must be at least 1",
+        "argument --max-jobs: '-3' is out of range: use an integer from 1 to 1000000000",
     ),
     "poll_interval_zero": (
         "pgqueue_worker",
         ["--poll-interval", "0"],
-        "argument --poll-interval: '0' must be a positive number",
+        "argument --poll-interval: '0' is out of range: use a number of seconds from 0.01 to 3600",
     ),
     "worker_id_too_long": (
         "pgqueue_worker",
@@ -83,10 +83,40 @@ BAD_ARGUMENTS = {
         ["--worker-id", "w\n1"],
         "is not a valid worker id",
     ),
+    # Each of these crashed or wedged a worker before it was bounded.
+    "lease_huge": (
+        "pgqueue_worker",
+        ["--lease-seconds", "1e300"],
+        "argument --lease-seconds: '1e300' is out of range: use a number of seconds from 1",
+    ),
+    "lease_tiny": ("pgqueue_worker", ["--lease-seconds", "1e-9"], "'1e-9' is out of range"),
+    "concurrency_huge": (
+        "pgqueue_worker",
+        ["--concurrency", "99999999999"],
+        "argument --concurrency: '99999999999' is out of range: use an integer from 1 to 1000",
+    ),
+    "concurrency_float": ("pgqueue_worker", ["--concurrency", "2.5"], "'2.5' is not an integer"),
+    "concurrency_digits": ("pgqueue_worker", ["--concurrency", "9" * 5000], "is not an integer"),
+    "poll_interval_tiny": (
+        "pgqueue_worker",
+        ["--poll-interval", "1e-9"],
+        "argument --poll-interval: '1e-9' is out of range: use a number of seconds from 0.01",
+    ),
+    "poll_interval_nan": ("pgqueue_worker", ["--poll-interval", "nan"], "is not a finite"),
+    "batch_size_huge": ("pgqueue_worker", ["--batch-size", "10001"], "'10001' is out of range"),
+    "max_jobs_huge": ("pgqueue_worker", ["--max-jobs", "1e9"], "'1e9' is not an integer"),
+    "grace_negative": (
+        "pgqueue_worker",
+        ["--grace-seconds", "-1"],
+        "argument --grace-seconds: '-1' is out of range: use a number of seconds from 0 to",
+    ),
+    "grace_infinite": ("pgqueue_worker", ["--grace-seconds", "inf"], "'inf' is not a finite"),
+    "sweep_interval_nan": ("pgqueue_sweep", ["--interval", "nan"], "'nan' is not a finite"),
+    "sweep_interval_huge": ("pgqueue_sweep", ["--interval", "1e300"], "'1e300' is out of range"),
     "sweep_interval_zero": (
         "pgqueue_sweep",
         ["--loop", "--interval", "0"],
-        "argument --interval: '0' must be a positive number",
+        "argument --interval: '0' is out of range: use a number of seconds from 0.1 to 86400",
     ),
 }
 
@@ -99,6 +129,34 @@ def test_commands__reject_bad_arguments(command, args, message):
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command(command, *args)
     assert Job.objects.count() == 0
+
+
+#: One bad value per numeric flag, run as a real manage.py would be: exit 2 and the range.
+FLAG_PROCESSES = {
+    "--lease-seconds 1e300": ("pgqueue_worker", "from 1 to 86400"),
+    "--lease-seconds 1e-9": ("pgqueue_worker", "from 1 to 86400"),
+    "--concurrency 99999999999": ("pgqueue_worker", "an integer from 1 to 1000"),
+    "--batch-size 0": ("pgqueue_worker", "an integer from 1 to 10000"),
+    "--poll-interval 1e-9": ("pgqueue_worker", "from 0.01 to 3600"),
+    "--max-jobs 2000000000": ("pgqueue_worker", "an integer from 1 to 1000000000"),
+    "--grace-seconds nan": ("pgqueue_worker", "from 0 to 86400"),
+    "--interval inf": ("pgqueue_sweep", "from 0.1 to 86400"),
+}
+
+
+@pytest.mark.slow
+def test_commands__out_of_range_flag_exits_2_naming_the_range(manage):
+    """Started together (they only parse their arguments), then each is checked."""
+    started = {
+        flag: manage(command, *(["--loop"] if command == "pgqueue_sweep" else []), *flag.split())
+        for flag, (command, _) in FLAG_PROCESSES.items()
+    }
+    for flag, proc in started.items():
+        option, value = flag.split()
+        assert proc.wait(60) == 2, proc.output()
+        expected = f"error: argument {option}: '{value}' is "
+        assert expected in proc.output(), proc.output()
+        assert FLAG_PROCESSES[flag][1] in proc.output(), proc.output()
 
 
 @pytest.mark.parametrize("name", ["pgqueue_worker", "pgqueue_sweep"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
 import threading
 import time
 
@@ -18,6 +19,7 @@ from django.db import connection, connections, transaction
 from django_pgqueue import sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK
 from testproject.demo import tasks
 from tests import tasks as test_tasks
 from tests.conftest import wait_for
@@ -252,7 +254,7 @@ def test_enqueue__racing_the_same_idempotency_key(other_connection, outcome):
 
 NOT_A_TASK = "testproject.demo.tasks.not_a_task"
 BAD_INPUTS = {
-    "task_object": ({"task": 42}, "task must be a django.tasks.Task or its dotted path, not int"),
+    "task_object": ({"task": 42}, f"task must be a {FRAMEWORK}.Task or its dotted path, not int"),
     "task_function": ({"task": tasks.not_a_task}, "not function"),
     "task_missing_attr": (
         {"task": "testproject.demo.tasks.nope"},
@@ -264,12 +266,12 @@ BAD_INPUTS = {
     ),
     "task_plain_function_path": (
         {"task": NOT_A_TASK},
-        f"task '{NOT_A_TASK}' is a function, not a django.tasks.Task",
+        f"task '{NOT_A_TASK}' is a function, not a {FRAMEWORK}.Task",
     ),
     # A worker loads a task by its module path; this one's path names a plain function.
     "task_object_path_not_a_task": (
         {"task": test_tasks.renamed},
-        "task 'tests.tasks._renamed' is a function, not a django.tasks.Task",
+        f"task 'tests.tasks._renamed' is a function, not a {FRAMEWORK}.Task",
     ),
     "args_dict": ({"args": {"a": 1}}, "args must be a list or tuple, not dict"),
     "args_object": ({"args": [object()]}, "args[0] is a object, which is not JSON"),
@@ -325,6 +327,37 @@ BAD_INPUTS = {
         {"idempotency_key": "a\ud800"},
         "idempotency_key contains a lone surrogate '\\ud800'",
     ),
+    # Over the varchar(64) column: a DataError that aborted the caller's transaction.
+    "backend_100_chars": (
+        {"backend": "x" * 100},
+        f"backend '{'x' * 76}... is 100 characters: a TASKS alias of 1 to 64 characters is needed",
+    ),
+    # NOT NULL column: an IntegrityError that aborted the caller's transaction.
+    "backend_none": ({"backend": None}, "backend must be a str naming a TASKS alias, not None"),
+    "backend_int": ({"backend": 7}, "backend must be a str naming a TASKS alias, not int 7"),
+    "backend_empty": ({"backend": ""}, "backend '' is 0 characters"),
+    # Accepted and stored before: its TaskResult could never be read back.
+    "backend_unknown": (
+        {"backend": "nope"},
+        "backend 'nope' is not an alias in settings.TASKS (configured: 'default')",
+    ),
+    "backend_nul": ({"backend": "de\x00fault"}, "backend contains a NUL character"),
+    "backend_lone_surrogate": ({"backend": "\udc80"}, "backend contains a lone surrogate"),
+    # Past Python's int-to-str digit limit the JSON encoder raised a bare ValueError.
+    "args_huge_int": ({"args": [10**5000]}, "args[0] is an int of more than 4300 digits"),
+    "args_huge_negative_int": ({"args": [1, -(10**5000)]}, "args[1] is an int of more than"),
+    "kwargs_nested_huge_int": (
+        {"kwargs": {"a": [{"b": 10**5000}]}},
+        "kwargs['a'][0]['b'] is an int of more than 4300 digits: too large to store as JSON",
+    ),
+    "kwargs_huge_int_key": (
+        {"kwargs": {10**5000: 1}},
+        "kwargs has a non-string key an int of 16610 bits",
+    ),
+    "priority_huge_int": ({"priority": 10**5000}, "priority an int of 16610 bits is out of"),
+    "max_attempts_huge_int": ({"max_attempts": 10**5000}, "max_attempts an int of 16610 bits"),
+    "queue_huge_int": ({"queue": 10**5000}, "queue name an int of 16610 bits is invalid"),
+    "key_huge_int": ({"idempotency_key": 10**5000}, "not an int of 16610 bits"),
 }
 
 
@@ -336,6 +369,43 @@ def test_enqueue__rejects_bad_input_before_writing(
     with django_assert_num_queries(0), pytest.raises(InvalidJob, match=re.escape(message)):
         job_factory(**overrides)
     assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "backend",
+    ["x" * 100, None, 3, "nope", "a\x00", "\ud800"],
+    ids=["long", "none", "int", "unknown", "nul", "surrogate"],
+)
+def test_enqueue__bad_backend_leaves_the_callers_transaction_usable(job_factory, backend):
+    with transaction.atomic():
+        kept = job_factory()
+        with pytest.raises(InvalidJob, match="backend"):
+            job_factory(backend=backend)
+        assert job_factory().id > kept.id  # the transaction still works
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_enqueue__backend_must_be_a_pgqueue_backend(job_factory, settings):
+    settings.TASKS = {
+        "default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"},
+        "other": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"},
+        "now": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+        "gone": {"BACKEND": "no_such_module.Backend"},
+    }
+    assert job_factory(backend="other").backend == "other"
+    with pytest.raises(InvalidJob, match="backend 'now' is 'django.tasks.backends.immediate"):
+        job_factory(backend="now")
+    with pytest.raises(InvalidJob, match="backend 'gone' is 'no_such_module.Backend' in"):
+        job_factory(backend="gone")
+    assert Job.objects.count() == 1
+
+
+def test_enqueue__largest_int_python_writes_is_accepted(job_factory):
+    limit = sys.get_int_max_str_digits()
+    job = job_factory(args=[10 ** (limit - 1), -(10 ** (limit - 1))])
+    assert fresh(job).args == [10 ** (limit - 1), -(10 ** (limit - 1))]
 
 
 @pytest.mark.django_db

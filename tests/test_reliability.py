@@ -20,6 +20,7 @@ from django.db import connection
 
 from django_pgqueue import sql
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK
 from django_pgqueue.tasks import PgQueueTask, current_job
 from django_pgqueue.worker import Worker
 from testproject.demo import fault_tasks
@@ -194,7 +195,7 @@ def test_worker__row_naming_a_non_task_callable_is_dead_without_calling_it() -> 
     dead = job(job_id)
     assert (dead.status, dead.attempts) == ("dead", 1)
     assert dead.errors[-1]["exception_class_path"].endswith("TaskNotFound")
-    assert "not a django.tasks.Task" in dead.errors[-1]["traceback"]
+    assert f"not a {FRAMEWORK}.Task" in dead.errors[-1]["traceback"]
 
 
 # --- connections left dirty by a task ---------------------------------------------
@@ -417,7 +418,7 @@ def test_heartbeat__job_timeout_setting_applies_to_plain_tasks(
     assert job(enqueued.id).status == "pending"
 
 
-@pytest.mark.parametrize("writer", ["completer", "inline_complete", "inline_fail", "release"])
+@pytest.mark.parametrize("writer", ["completer", "transactional", "fail", "release"])
 def test_heartbeat__job_finished_between_snapshot_and_extension_is_no_lost_lease(
     writer: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -429,15 +430,18 @@ def test_heartbeat__job_finished_between_snapshot_and_extension_is_no_lost_lease
     from django_pgqueue.manager import JobManager
     from django_pgqueue.worker.completer import Completer, Completion
     from django_pgqueue.worker.heartbeat import Heartbeat
+    from django_pgqueue.worker.outcomes import Reporter
     from django_pgqueue.worker.runner import JobRunner
     from django_pgqueue.worker.state import Held, WorkerState
 
-    Job.objects.enqueue(fault_tasks.ledger_plain, [1])
+    task = fault_tasks.ledger_tx if writer == "transactional" else fault_tasks.ledger_plain
+    Job.objects.enqueue(task, [1])
     (claimed,) = Job.objects.claim("w-hb", limit=1, lease_seconds=30)
     state = WorkerState(alias="default", worker_id="w-hb", lease_seconds=30)
-    state.held[claimed.id] = Held(claimed, started=0.0)
-    runner = JobRunner(state, sender=PgQueueBackend)
-    completer = Completer(state, runner=runner, interval=0.0, max_batch=10)
+    state.held[claimed.id] = Held(claimed)
+    reporter = Reporter(sender=PgQueueBackend, worker_id="w-hb")
+    completer = Completer(state, reporter=reporter, interval=0.0, max_batch=10)
+    runner = JobRunner(state, reporter=reporter, completer=completer)
     extend = JobManager.extend_leases
 
     def finish_then_extend(self: JobManager, *args: Any, **kwargs: Any) -> set[int]:
@@ -445,10 +449,10 @@ def test_heartbeat__job_finished_between_snapshot_and_extension_is_no_lost_lease
             state.held[claimed.id].completing = True  # as the runner does at submit
             result = fault_tasks.ledger_plain.get_result(str(claimed.id))
             completer.flush([Completion(claimed, 1, 0.0, result, None)])
-        elif writer == "inline_complete":
-            runner._record(claimed, "complete", result=1)
-        elif writer == "inline_fail":
-            runner._record(claimed, "fail", error=RuntimeError("boom"))
+        elif writer == "transactional":
+            runner.execute(claimed)  # runs the task and commits its completion
+        elif writer == "fail":
+            runner._record_failure(claimed, RuntimeError("boom"))
         else:
             runner.release(claimed)
         return extend(self, *args, **kwargs)

@@ -6,9 +6,9 @@ import datetime as dt
 import threading
 
 import pytest
-from django.tasks import task
 
 from django_pgqueue.models import Job
+from django_pgqueue.taskapi import FRAMEWORK, task
 from django_pgqueue.worker import Worker
 from testproject.demo import tasks
 from tests import tasks as test_tasks
@@ -68,7 +68,7 @@ def test_worker__failing_job_is_retried_then_dead(job_factory, run_worker, setti
     [
         ("testproject.demo.tasks.removed_task", "does not import"),
         ("testproject.demo.gone_module.task", "does not import"),
-        ("testproject.demo.tasks.not_a_task", "is a function, not a django.tasks.Task"),
+        ("testproject.demo.tasks.not_a_task", f"is a function, not a {FRAMEWORK}.Task"),
     ],
 )
 def test_worker__job_whose_task_is_not_importable_is_dead_at_once(
@@ -207,9 +207,8 @@ def test_worker__task_module_raising_on_import_fails_the_job_and_keeps_the_slot(
 
 
 def test_worker__failing_task_signal_receiver_does_not_lose_the_job(job_factory, run_worker):
-    from django.tasks.signals import task_started
-
     from django_pgqueue.backend import PgQueueBackend
+    from django_pgqueue.taskapi import task_started
 
     senders = []
 

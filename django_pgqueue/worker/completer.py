@@ -11,7 +11,9 @@ written or given up; a job whose completion was never written is recovered by th
 sweeper when its lease expires, like any job of a worker that died, so delivery stays
 at-least-once and a job is never marked done without the fenced write.
 
-Transactional tasks and failures are still recorded inline by the runner thread.
+Transactional tasks and failures are still recorded inline by the runner thread. Each
+recorded job is reported (log line, ``task_finished``) through the worker's
+:class:`~django_pgqueue.worker.outcomes.Reporter`.
 """
 
 from __future__ import annotations
@@ -20,21 +22,17 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import DatabaseError
-from django.tasks import TaskResult
 
 from ..models import Job
+from ..taskapi import TaskResult
 from ..tasks import CurrentJob
-from .connections import backoff_delay, close_connection, configure_session, first_line
+from .connections import close_connection, configure_session
+from .outcomes import Reporter
 from .state import WorkerPart, WorkerState
 
-if TYPE_CHECKING:
-    from .runner import JobRunner
-
-# One logger for everything a worker does, whichever module holds the code: configuring
-# ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger(__name__)
 
 
@@ -53,16 +51,15 @@ class Completion:
 class Completer(WorkerPart):
     """Batches the completions of one worker's runner threads; one thread runs ``run``.
 
-    ``held`` (guarded by ``lock``) is the worker's table of held jobs: entries of
-    submitted jobs are removed here, once written or given up; ``wakeup`` is set then,
-    so the claim loop sees the freed room. Outcomes are counted in ``stats`` and
-    reported through ``runner.finished``."""
+    Entries of submitted jobs are removed from the held table here, once written or
+    given up (which wakes the claim loop: room freed). Outcomes are counted in
+    ``stats`` and reported through ``reporter``."""
 
     def __init__(
-        self, state: WorkerState, *, runner: JobRunner, interval: float, max_batch: int
+        self, state: WorkerState, *, reporter: Reporter, interval: float, max_batch: int
     ) -> None:
         super().__init__(state)
-        self.runner = runner
+        self.reporter = reporter
         self.interval = interval
         self.max_batch = max_batch
         self._pending: list[Completion] = []
@@ -109,7 +106,7 @@ class Completer(WorkerPart):
                         extra={"action": "error", "worker_id": self.worker_id},
                     )
                     close_connection(self.alias)
-                    self._forget(batch)
+                    self.state.forget(c.job for c in batch)
         finally:
             close_connection(self.alias)
 
@@ -132,72 +129,30 @@ class Completer(WorkerPart):
 
     def flush(self, batch: list[Completion]) -> None:
         """Write ``batch`` with one fenced statement and report each job's outcome;
-        retry through database errors for about one lease, then give up (the leases
+        through database errors retry for about one lease, then give up (the leases
         expire and the sweeper recovers the jobs: never done without the fenced write)."""
         manager = Job.objects.db_manager(self.alias)
-        deadline = time.monotonic() + self.lease_seconds
-        failures = 0
-        while True:
-            try:
-                configure_session(self.alias, "completer", self.worker_id)
-                recorded = manager.complete_many([(c.job, c.value) for c in batch], self.worker_id)
-                break
-            except DatabaseError as exc:
-                failures += 1
-                close_connection(self.alias)
-                if time.monotonic() > deadline:
-                    for c in batch:
-                        logger.error(
-                            "job %s: could not record complete (%s); its lease will expire",
-                            c.job.id,
-                            exc,
-                            extra={
-                                "action": "complete",
-                                "job_id": c.job.id,
-                                "worker_id": self.worker_id,
-                            },
-                        )
-                    self._forget(batch)
-                    return
-                delay = backoff_delay(failures)
-                for c in batch:
-                    logger.warning(
-                        "job %s: could not record complete (%s); retrying in %.1fs",
-                        c.job.id,
-                        first_line(exc),
-                        delay,
-                        extra={
-                            "action": "complete",
-                            "job_id": c.job.id,
-                            "worker_id": self.worker_id,
-                        },
-                    )
-                time.sleep(delay)
-        self.flushes += 1
+
+        def write() -> list[bool]:
+            configure_session(self.alias, "completer", self.worker_id)
+            return manager.complete_many([(c.job, c.value) for c in batch], self.worker_id)
+
+        _, recorded = self.write_retrying(write, jobs=[c.job for c in batch], outcome="complete")
         # Free the slots first: the claim loop may go on while the receivers run.
-        self._forget(batch)
+        self.state.forget(c.job for c in batch)
+        if recorded is None:
+            return  # given up
+        self.flushes += 1
         for c, ok in zip(batch, recorded, strict=True):
             if ok:
                 self.stats.count("done")
-                self.runner.finished(c)
-            else:
-                self.stats.count("lost")
-                logger.warning(
-                    "job %s: lease lost before %s was recorded; another worker owns it now",
-                    c.job.id,
-                    "complete",
-                    extra={
-                        "action": "lease_lost",
-                        "job_id": c.job.id,
-                        "worker_id": self.worker_id,
-                    },
+                self.reporter.done(
+                    c.job,
+                    c.value,
+                    c.elapsed,
+                    c.task_result,
+                    transactional=False,
+                    current=c.current,
                 )
-
-    def _forget(self, batch: list[Completion]) -> None:
-        """Drop the held entries of ``batch`` (not a newer claim of the same job)."""
-        with self.lock:
-            for c in batch:
-                entry = self.held.get(c.job.id)
-                if entry is not None and entry.job is c.job:
-                    del self.held[c.job.id]
-        self.wakeup.set()
+            else:
+                self.report_lost(c.job, "complete")

@@ -104,7 +104,7 @@ def discard_connection(alias: str) -> None:
 _COUNTING: dict[type, type] = {}
 
 
-def _counting(base: type) -> type:
+def _counting(base: type[Any]) -> type:
     """A subclass of the cursor class ``base`` that counts, on its psycopg connection,
     every cursor made: Django's cursors, ``connection.connection.execute()`` and named
     cursors all pass through the connection's cursor factories."""

@@ -19,8 +19,6 @@ from ..models import Job
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
-# One logger for everything a worker does, whichever module holds the code: configuring
-# ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger(__name__)
 
 
@@ -109,11 +107,11 @@ class Heartbeat(WorkerPart):
         for job in held:
             if job.id not in owned:
                 with self.lock:
-                    entry = self.held.get(job.id)
+                    entry = self.state.entry(job)
                     # Gone, replaced by a newer claim, or being recorded since the
                     # snapshot: the job finished (its row left 'running' for that
                     # reason), and the write that recorded it reports a real loss.
-                    if entry is None or entry.job is not job or entry.finishing:
+                    if entry is None or entry.finishing:
                         continue
                     entry.lost = True
                 logger.warning(

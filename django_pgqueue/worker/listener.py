@@ -18,8 +18,6 @@ from ..conf import settings
 from .connections import backoff_delay, first_line
 from .state import WorkerPart, WorkerState
 
-# One logger for everything a worker does, whichever module holds the code: configuring
-# ``django_pgqueue.worker`` covers all of its threads.
 logger = logging.getLogger(__name__)
 
 

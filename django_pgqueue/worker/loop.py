@@ -32,7 +32,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import DatabaseError
 
@@ -49,6 +49,7 @@ from .connections import (
 )
 from .heartbeat import Heartbeat
 from .listener import Listener
+from .outcomes import Reporter
 from .runner import JobRunner
 from .state import Held, WorkerState, WorkerStats
 
@@ -100,18 +101,26 @@ class Worker:
         self._done = state.done  # background threads must exit
         self._lock = state.lock
         self._held = state.held
+        self._state = state
         self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._threads: list[threading.Thread] = []
-        self._runner = JobRunner(state, sender=PgQueueBackend)
+        # Each part is built once, here, from the parts it uses (no cycle).
+        reporter = Reporter(sender=PgQueueBackend, worker_id=self.worker_id)
         self._completer = Completer(
             state,
-            runner=self._runner,
+            reporter=reporter,
             interval=float(settings.COMPLETION_FLUSH_INTERVAL),
             max_batch=max(1, int(settings.COMPLETION_BATCH_SIZE)),
         )
-        self._runner.completer = self._completer
+        self._runner = JobRunner(state, reporter=reporter, completer=self._completer)
         self._heartbeat = Heartbeat(state)
         self._listener = Listener(state, queues=self.queues)
+        # Their threads, held by handle (started by run()).
+        self._heartbeat_thread = self._thread(self._heartbeat.run, "heartbeat")
+        self._listener_thread = self._thread(self._listener.run, "listener")
+        self._completer_thread = self._thread(self._completer.run, "completer")
+        self._runner_threads = [
+            self._thread(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)
+        ]
 
     # --- public ---------------------------------------------------------------------
 
@@ -169,8 +178,7 @@ class Worker:
 
     def _heartbeat_alive(self) -> bool:
         """A dead heartbeat thread means nobody extends leases: stop claiming, exit."""
-        thread = next((t for t in self._threads if t.name == "pgqueue-heartbeat"), None)
-        if thread is None or thread.is_alive():
+        if self._heartbeat_thread.is_alive():
             return True
         self.fatal = "the heartbeat thread died"
         logger.error(
@@ -273,30 +281,31 @@ class Worker:
                     )
                     close_connection(self.alias)
                 finally:
-                    if not handed_off:  # else the completer forgets it once written
-                        self._forget(job)
-                    self._wakeup.set()
+                    if handed_off:  # the completer forgets it once written
+                        self._wakeup.set()
+                    else:
+                        self._state.forget([job])
         finally:
             close_connection(self.alias)
 
-    def _forget(self, job: Job) -> None:
-        """Drop ``job``'s entry from the held table, unless a newer claim of the same
-        job (another attempt) has replaced it."""
-        with self._lock:
-            entry = self._held.get(job.id)
-            if entry is not None and entry.job is job:
-                del self._held[job.id]
-
     # --- lifecycle ------------------------------------------------------------------
 
+    @staticmethod
+    def _thread(target: Callable[[], None], name: str) -> threading.Thread:
+        return threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
+
+    @property
+    def _threads(self) -> list[threading.Thread]:
+        return [
+            self._heartbeat_thread,
+            self._listener_thread,
+            self._completer_thread,
+            *self._runner_threads,
+        ]
+
     def _start_threads(self) -> None:
-        targets = [(self._heartbeat.run, "heartbeat"), (self._listener.run, "listener")]
-        targets.append((self._completer.run, "completer"))
-        targets += [(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)]
-        for target, name in targets:
-            thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
+        for thread in self._threads:
             thread.start()
-            self._threads.append(thread)
 
     def _shutdown(self) -> None:
         """Let running jobs finish (within the grace period), release unstarted ones."""
@@ -308,18 +317,18 @@ class Worker:
                 unstarted = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if unstarted is not None:
-                self._runner.release(unstarted)
-                self._forget(unstarted)
+            if unstarted is None:  # (no stop marks yet: they are queued below)
+                continue
+            self._runner.release(unstarted)
+            self._state.forget([unstarted])
         for _ in range(self.concurrency):
             self._jobs.put(None)
         grace = self.grace_seconds
         deadline = None if grace is None else time.monotonic() + grace
-        runners = [t for t in self._threads if t.name.startswith("pgqueue-runner")]
-        for thread in runners:
+        for thread in self._runner_threads:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             thread.join(remaining)
-        unfinished = [t for t in runners if t.is_alive()]
+        unfinished = [t for t in self._runner_threads if t.is_alive()]
         if unfinished:
             logger.warning(
                 "worker %s: %d job(s) still running after the grace period; their leases "
@@ -332,23 +341,23 @@ class Worker:
         # runner still busy past the grace period may hand over one more, which then
         # waits for its lease to expire like the job of a worker that died.
         self._completer.stop()
-        for thread in self._threads:
-            if thread.name != "pgqueue-completer":
-                continue
-            # At least a few seconds: a flush is one statement, even with no grace.
-            thread.join(None if deadline is None else max(5.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                unfinished.append(thread)
-                logger.warning(
-                    "worker %s: completions still unwritten at exit; those jobs' leases "
-                    "will expire and the sweeper will recover them",
-                    self.worker_id,
-                    extra={"action": "exit", "worker_id": self.worker_id},
-                )
+        completer = self._completer_thread
+        # At least a few seconds: a flush is one statement, even with no grace.
+        completer.join(None if deadline is None else max(5.0, deadline - time.monotonic()))
+        if completer.is_alive():
+            unfinished.append(completer)
+            logger.warning(
+                "worker %s: completions still unwritten at exit; those jobs' leases "
+                "will expire and the sweeper will recover them",
+                self.worker_id,
+                extra={"action": "exit", "worker_id": self.worker_id},
+            )
         self._done.set()
-        for thread in self._threads:
-            # The listener notices _done within a quarter second; wait that long so its
-            # connection is closed when run() returns (tests drop the database next).
+        # The listener notices _done within a quarter second; wait that long so its
+        # connection is closed when run() returns (tests drop the database next).
+        self._listener_thread.join(1.0)
+        self._heartbeat_thread.join(5)
+        for thread in self._runner_threads:
             if thread not in unfinished:
-                thread.join(1.0 if thread.name == "pgqueue-listener" else 5)
+                thread.join(5)
         close_connection(self.alias)

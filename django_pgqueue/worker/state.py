@@ -2,17 +2,30 @@
 
 The claim loop, the runner threads, the completer, the heartbeat and the listener each
 get the same :class:`WorkerState` instead of the same half-dozen arguments, and see it
-under short attribute names through :class:`WorkerPart`.
+under short attribute names through :class:`WorkerPart`. "Is this still my claim?" is
+asked in one place, :meth:`WorkerState.entry`; the retry-until-the-lease-runs-out loop
+of every outcome write is one method, :meth:`WorkerPart.write_retrying`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
+
+from django.db import DatabaseError
+
+from .connections import backoff_delay, close_connection, first_line
 
 if TYPE_CHECKING:
     from ..models import Job
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,9 +60,9 @@ class WorkerStats:
     released: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def count(self, name: str) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + n)
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,24 @@ class WorkerState:
     wakeup: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
+    def entry(self, job: Job) -> Held | None:
+        """Is this still my claim? ``job``'s entry in ``held`` if it belongs to this
+        very claim; None if the job is no longer held, or if this worker claimed it
+        again since (its lease was taken back, and a newer attempt's entry replaced
+        this one: only the newest is extended, and an old run, once over, must touch
+        only its own entry). Call with ``lock`` held."""
+        entry = self.held.get(job.id)
+        return entry if entry is not None and entry.job is job else None
+
+    def forget(self, jobs: Iterable[Job]) -> None:
+        """Drop the entries of these claims (never a newer claim of the same job), and
+        wake the claim loop: their slots are free."""
+        with self.lock:
+            for job in jobs:
+                if self.entry(job) is not None:
+                    del self.held[job.id]
+        self.wakeup.set()
+
 
 class WorkerPart:
     """Base of the classes whose methods run on a worker's threads."""
@@ -80,3 +111,53 @@ class WorkerPart:
         self.lock = state.lock
         self.wakeup = state.wakeup
         self.done = state.done
+
+    def write_retrying(
+        self, write: Callable[[], T], *, jobs: Sequence[Job], outcome: str
+    ) -> tuple[bool, T | None]:
+        """Run ``write`` (one statement recording ``outcome`` for ``jobs``) on this
+        thread's connection; through database errors, reconnect and retry with backoff
+        for about one lease, or until the worker's threads are told to end. Return
+        (True, what ``write`` returned), or (False, None) after giving up: the jobs'
+        leases then expire and the sweeper recovers them (never recorded unfenced)."""
+        deadline = time.monotonic() + self.lease_seconds
+        failures = 0
+        extra = {"action": outcome, "worker_id": self.worker_id}
+        while True:
+            try:
+                return True, write()
+            except DatabaseError as exc:
+                failures += 1
+                close_connection(self.alias)
+                if time.monotonic() > deadline or self.done.is_set():
+                    for job in jobs:
+                        logger.error(
+                            "job %s: could not record %s (%s); its lease will expire",
+                            job.id,
+                            outcome,
+                            exc,
+                            extra={**extra, "job_id": job.id},
+                        )
+                    return False, None
+                delay = backoff_delay(failures)
+                for job in jobs:
+                    logger.warning(
+                        "job %s: could not record %s (%s); retrying in %.1fs",
+                        job.id,
+                        outcome,
+                        first_line(exc),
+                        delay,
+                        extra={**extra, "job_id": job.id},
+                    )
+                # Wakes early at shutdown's end, so a give-up is not held up by a sleep.
+                self.done.wait(delay)
+
+    def report_lost(self, job: Job, outcome: str) -> None:
+        """Count and log an outcome the fence refused: the lease was taken back."""
+        self.stats.count("lost")
+        logger.warning(
+            "job %s: lease lost before %s was recorded; another worker owns it now",
+            job.id,
+            outcome,
+            extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
+        )

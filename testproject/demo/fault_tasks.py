@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from django.db import connection, transaction
-from django.tasks import task
 
+from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
 
 from .models import Execution

@@ -6,7 +6,8 @@ import random
 import time
 
 from django.db.models import F
-from django.tasks import TaskContext, task
+
+from django_pgqueue.taskapi import TaskContext, task
 
 from .models import Delivery
 

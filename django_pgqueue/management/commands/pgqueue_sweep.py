@@ -6,17 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
-from django_pgqueue.management.commands.pgqueue_worker import (
-    configure_logging,
-    positive_float,
-)
+from django_pgqueue import limits
+from django_pgqueue.management.base import PgQueueCommand
+from django_pgqueue.management.commands.pgqueue_worker import configure_logging
 from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.sweeper import Sweeper
 
 
-class Command(BaseCommand):
+class Command(PgQueueCommand):
     help = "Run one sweep pass (or --loop): recover, dead-letter, promote, prune."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -27,13 +24,15 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--interval",
-            type=positive_float,
+            type=limits.SWEEP_INTERVAL.parse,
             default=5.0,
-            help="Seconds between passes with --loop (default: %(default)r)",
+            help="How long to wait between passes with --loop: "
+            f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
         )
 
     def handle(self, *, loop: bool, interval: float, verbosity: int, **options: Any) -> None:
         configure_logging(verbosity)
+        self.check_server()
         sweeper = Sweeper(interval=interval)
         if not loop:
             result = sweeper.run_once()

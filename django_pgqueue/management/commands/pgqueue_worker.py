@@ -7,40 +7,21 @@ import logging
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from django_pgqueue import limits
+from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.validation import QUEUE_NAME_RE
 from django_pgqueue.worker import Worker
 
 
 def positive_int(value: str) -> int:
+    """An integer >= 1 (a flag with no range of its own in ``limits``)."""
     try:
         number = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{value!r:.40} is not an integer") from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return number
-
-
-def positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} must be a positive number")
-    return number
-
-
-def non_negative_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not number >= 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} must be a number >= 0")
     return number
 
 
@@ -71,7 +52,7 @@ def configure_logging(verbosity: int) -> None:
         logger.addHandler(handler)
 
 
-class Command(BaseCommand):
+class Command(PgQueueCommand):
     help = "Run jobs from the pgqueue jobs table until stopped (SIGTERM/SIGINT)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -84,21 +65,24 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=limits.CONCURRENCY.parse,
             default=1,
-            help="Jobs run at once, one thread each (default: %(default)r)",
+            help="Jobs run at once, one thread and database connection each: "
+            f"{limits.CONCURRENCY.describe()} (default: %(default)r)",
         )
         parser.add_argument(
             "--batch-size",
-            type=positive_int,
+            type=limits.BATCH_SIZE.parse,
             default=None,
-            help="Most jobs claimed per statement (default: the concurrency)",
+            help="Most jobs claimed per statement: "
+            f"{limits.BATCH_SIZE.describe()} (default: the concurrency)",
         )
         parser.add_argument(
             "--lease-seconds",
-            type=positive_float,
+            type=limits.LEASE_SECONDS.parse,
             default=None,
-            help="Lease per claimed job (default: PGQUEUE_LEASE_SECONDS)",
+            help=f"Lease per claimed job: {limits.LEASE_SECONDS.describe()} "
+            "(default: PGQUEUE_LEASE_SECONDS)",
         )
         parser.add_argument(
             "--burst",
@@ -107,9 +91,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--max-jobs",
-            type=positive_int,
+            type=limits.MAX_JOBS.parse,
             default=None,
-            help="Exit after claiming this many jobs (default: %(default)r)",
+            help="Exit after claiming this many jobs: "
+            f"{limits.MAX_JOBS.describe()} (default: %(default)r)",
         )
         parser.add_argument(
             "--worker-id",
@@ -119,16 +104,18 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--grace-seconds",
-            type=non_negative_float,
+            type=limits.GRACE_SECONDS.parse,
             default=None,
             help="After SIGTERM, how long running jobs may take before the worker exits "
-            "and leaves them to lease expiry (default: PGQUEUE_SHUTDOWN_GRACE_SECONDS)",
+            f"and leaves them to lease expiry: {limits.GRACE_SECONDS.describe()} "
+            "(default: PGQUEUE_SHUTDOWN_GRACE_SECONDS)",
         )
         parser.add_argument(
             "--poll-interval",
-            type=positive_float,
+            type=limits.POLL_INTERVAL.parse,
             default=None,
-            help="Seconds between polls when idle (default: PGQUEUE_POLL_INTERVAL)",
+            help="How long an idle worker waits between polls: "
+            f"{limits.POLL_INTERVAL.describe()} (default: PGQUEUE_POLL_INTERVAL)",
         )
 
     def handle(
@@ -147,6 +134,7 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         configure_logging(verbosity)
+        self.check_server()
         worker = Worker(
             queues=queues,
             concurrency=concurrency,

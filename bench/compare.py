@@ -1,0 +1,451 @@
+"""Side-by-side benchmark: PgQueuer 1.6.0 and django-pgqueue on one PostgreSQL server.
+
+    python -m bench.compare [--jobs 20000] [--rounds 3] [--backlog 300000]
+                            [--concurrency 4] [--batch-size 50] [--database-url URL]
+
+Both queues run on the same server, in one database of the bench's own
+(``pgqueue_bench_compare`` on ``127.0.0.1:5432`` unless ``--database-url``), with the
+same job counts, the figures interleaved (each round alternates which side goes first)
+and the median of ``--rounds`` printed with the ratio. PgQueuer is a bench-only tool:
+it is installed into ``bench/.venv-pgqueuer`` (git-ignored) by this script, never into
+the project's environment, and driven from ``bench/pgqueuer_side.py`` with its
+defaults (asyncpg, uvloop, batch size 10). django-pgqueue runs ``manage.py
+pgqueue_worker --concurrency 4 --batch-size 50``.
+
+Figures (rates by the database clock where a worker is involved):
+
+* drain, 1 and 2 worker processes: idle workers (warmed up by one job), then ``--jobs``
+  no-op jobs enqueued in one transaction; jobs / (last completion - commit);
+* drain of a ``--backlog`` (300,000) with 2 processes, the same way;
+* pickup: one job at a time on an idle 1-process queue; start = claim - enqueue,
+  finish = recorded completion - enqueue (p50 of ``--latency-samples``);
+* ``enqueue()`` one by one in autocommit (``--loop-jobs``), timed by the client;
+* bulk: ``Job.objects.bulk_enqueue`` (binary COPY) against PgQueuer's batch
+  ``enqueue`` and against psql's ``\\copy ... (FORMAT BINARY)`` of the very rows
+  ``bulk_enqueue`` wrote (``--bulk-jobs``), timed by the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+MANAGE = REPO / "testproject" / "manage.py"
+PGQ_VENV = REPO / "bench" / ".venv-pgqueuer"
+PGQ_PYTHON = PGQ_VENV / "bin" / "python"
+PGQ_SIDE = REPO / "bench" / "pgqueuer_side.py"
+PGQ_REQUIREMENTS = ["pgqueuer==1.6.0", "asyncpg"]
+TASK = "testproject.demo.tasks.add"
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_compare"
+COLUMNS = (
+    "backend, queue, task, args, kwargs, priority, status, max_attempts, "
+    "run_at, created_at, errors, idempotency_key"
+)
+
+
+# --- set-up ---------------------------------------------------------------------------
+
+
+def ensure_pgqueuer_venv() -> None:
+    """Create ``bench/.venv-pgqueuer`` with PgQueuer 1.6.0 unless it is there already."""
+    marker = PGQ_VENV / ".pgqueuer-1.6.0"
+    if marker.exists():
+        return
+    print("creating bench/.venv-pgqueuer (PgQueuer 1.6.0, asyncpg) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(PGQ_VENV)], check=True)
+    subprocess.run([str(PGQ_PYTHON), "-m", "pip", "install", "-q", *PGQ_REQUIREMENTS], check=True)
+    marker.touch()
+
+
+def ensure_database(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    base, _, name = url.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def setup_django(url: str) -> None:
+    sys.path.insert(0, str(REPO))
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def sql_one(query: str, params: list[Any] | None = None) -> Any:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(query, params or [])
+        row = cursor.fetchone() if cursor.description else None
+    return None if row is None else row[0]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmark timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+# --- the two sides ----------------------------------------------------------------------
+
+
+class Side:
+    """One queue under test: how to start its workers and read its figures."""
+
+    name: str
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def worker_command(self) -> list[str]:
+        raise NotImplementedError
+
+    @contextmanager
+    def workers(self, n: int) -> Iterator[None]:
+        """``n`` worker processes, warmed up (each ran a job) before the block runs."""
+        self.truncate()
+        procs = [
+            subprocess.Popen(
+                self.worker_command(),
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(n)
+        ]
+        try:
+            for _ in range(2 * n):  # every process has surely connected and run one
+                self.enqueue_one()
+            wait_until(lambda: self.unfinished() == 0, 60, f"{self.name} workers to start")
+            yield
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    def drain(self, jobs: int) -> float:
+        """Enqueue ``jobs`` at once to the running workers; jobs/s by the database
+        clock, from the enqueue's commit to the last recorded completion."""
+        committed = self.bulk_for_drain(jobs)
+        wait_until(lambda: self.unfinished() == 0, 3600, f"{self.name} to drain")
+        seconds = sql_one(
+            "SELECT extract(epoch FROM %s::timestamptz - %s::timestamptz)",
+            [self.last_finish(), committed],
+        )
+        return jobs / float(seconds)
+
+    # Implemented by each side.
+    def truncate(self) -> None:
+        raise NotImplementedError
+
+    def enqueue_one(self) -> None:
+        raise NotImplementedError
+
+    def bulk_for_drain(self, jobs: int) -> Any:
+        raise NotImplementedError
+
+    def unfinished(self) -> int:
+        raise NotImplementedError
+
+    def last_finish(self) -> Any:
+        raise NotImplementedError
+
+    def latency(self, samples: int) -> tuple[list[float], list[float]]:
+        raise NotImplementedError
+
+    def loop(self, jobs: int) -> float:
+        raise NotImplementedError
+
+    def bulk(self, jobs: int) -> float:
+        raise NotImplementedError
+
+
+class PgQueuerSide(Side):
+    name = "PgQueuer"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.env["PGQ_BENCH_DSN"] = args.database_url
+
+    def run(self, *argv: str) -> str:
+        done = subprocess.run(
+            [str(PGQ_PYTHON), str(PGQ_SIDE), *argv],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return done.stdout.strip()
+
+    def worker_command(self) -> list[str]:
+        return [str(PGQ_PYTHON), str(PGQ_SIDE), "worker"]
+
+    def truncate(self) -> None:
+        self.run("truncate")
+
+    def enqueue_one(self) -> None:
+        self.run("bulk", "1")
+
+    def bulk_for_drain(self, jobs: int) -> Any:
+        return json.loads(self.run("bulk", str(jobs)))["committed"]
+
+    def unfinished(self) -> int:
+        return int(sql_one("SELECT count(*) FROM pgqueuer"))
+
+    def last_finish(self) -> Any:
+        return sql_one("SELECT max(created) FROM pgqueuer_log WHERE status = 'successful'")
+
+    def latency(self, samples: int) -> tuple[list[float], list[float]]:
+        out = json.loads(self.run("latency", str(samples)))
+        return out["start"], out["finish"]
+
+    def loop(self, jobs: int) -> float:
+        self.truncate()
+        return float(json.loads(self.run("loop", str(jobs)))["rate"])
+
+    def bulk(self, jobs: int) -> float:
+        self.truncate()
+        return float(json.loads(self.run("bulk", str(jobs)))["rate"])
+
+
+class PgQueueSide(Side):
+    name = "django-pgqueue"
+
+    def worker_command(self) -> list[str]:
+        return [
+            sys.executable, str(MANAGE), "pgqueue_worker", "-v", "0",
+            "--concurrency", str(self.args.concurrency),
+            "--batch-size", str(self.args.batch_size),
+        ]  # fmt: skip
+
+    def truncate(self) -> None:
+        sql_one("TRUNCATE pgqueue_job")
+
+    def enqueue_one(self) -> None:
+        from django_pgqueue.models import Job
+
+        Job.objects.enqueue(TASK, [0, 0])
+
+    def bulk_for_drain(self, jobs: int) -> Any:
+        from django_pgqueue.models import Job
+
+        Job.objects.bulk_enqueue({"task": TASK, "args": [i, i]} for i in range(jobs))
+        return sql_one("SELECT clock_timestamp()")
+
+    def unfinished(self) -> int:
+        return int(
+            sql_one("SELECT count(*) FROM pgqueue_job WHERE status IN ('pending', 'running')")
+        )
+
+    def last_finish(self) -> Any:
+        return sql_one("SELECT max(finished_at) FROM pgqueue_job")
+
+    def latency(self, samples: int) -> tuple[list[float], list[float]]:
+        from django_pgqueue.models import Job
+
+        starts, finishes = [], []
+        for i in range(samples):
+            job = Job.objects.enqueue(TASK, [i, i])  # autocommit: NOTIFY goes out now
+            wait_until(
+                lambda pk=job.pk: Job.objects.filter(pk=pk, status="done").exists(), 30, "a job"
+            )
+            row = Job.objects.filter(pk=job.pk).values_list(
+                "created_at", "started_at", "finished_at"
+            )[0]
+            starts.append((row[1] - row[0]).total_seconds() * 1000)
+            finishes.append((row[2] - row[0]).total_seconds() * 1000)
+            time.sleep(0.05)  # idle again: the worker waits for a wake-up
+        return starts, finishes
+
+    def loop(self, jobs: int) -> float:
+        from django_pgqueue.models import Job
+
+        self.truncate()
+        started = time.perf_counter()
+        for i in range(jobs):
+            Job.objects.enqueue(TASK, [i, i])
+        return jobs / (time.perf_counter() - started)
+
+    def bulk(self, jobs: int) -> float:
+        from django_pgqueue.models import Job
+
+        self.truncate()
+        started = time.perf_counter()
+        Job.objects.bulk_enqueue({"task": TASK, "args": [i, i]} for i in range(jobs))
+        return jobs / (time.perf_counter() - started)
+
+    def psql_copy(self, jobs: int) -> float:
+        """psql's binary ``\\copy`` of the rows ``bulk()`` wrote (the physical limit)."""
+        from django.db import connection
+
+        handle, path = tempfile.mkstemp(prefix="pgqueue-compare-", suffix=".bin")
+        try:
+            with os.fdopen(handle, "wb") as out, connection.cursor() as cursor:
+                raw = cursor.cursor  # psycopg's own cursor, for COPY TO
+                with raw.copy(
+                    f"COPY (SELECT {COLUMNS} FROM pgqueue_job ORDER BY id) "  # noqa: S608
+                    "TO STDOUT (FORMAT BINARY)"
+                ) as copy:
+                    for chunk in copy:
+                        out.write(chunk)
+            self.truncate()
+            command = f"\\copy pgqueue_job ({COLUMNS}) FROM '{path}' WITH (FORMAT BINARY)"
+            started = time.perf_counter()
+            subprocess.run(
+                ["psql", self.args.database_url, "-qX", "-v", "ON_ERROR_STOP=1", "-c", command],
+                check=True,
+            )
+            rate = jobs / (time.perf_counter() - started)
+            copied = sql_one("SELECT count(*) FROM pgqueue_job")
+            if copied != jobs:
+                raise SystemExit(f"psql copied {copied} rows, not {jobs}")
+            return rate
+        finally:
+            os.unlink(path)
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
+    )
+    parser.add_argument("--jobs", type=int, default=20_000, help="(default: %(default)r)")
+    parser.add_argument(
+        "--backlog", type=int, default=300_000, help="0 skips (default: %(default)r)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="(default: %(default)r)")
+    parser.add_argument("--concurrency", type=int, default=4, help="(default: %(default)r)")
+    parser.add_argument("--batch-size", type=int, default=50, help="(default: %(default)r)")
+    parser.add_argument("--latency-samples", type=int, default=40, help="(default: %(default)r)")
+    parser.add_argument("--loop-jobs", type=int, default=3_000, help="(default: %(default)r)")
+    parser.add_argument("--bulk-jobs", type=int, default=100_000, help="(default: %(default)r)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated figures: drain1,drain2,backlog,pickup,loop,bulk",
+    )
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+
+    def wanted(figure: str) -> bool:
+        return not only or figure in only
+
+    ensure_pgqueuer_venv()
+    ensure_database(args.database_url)
+    setup_django(args.database_url)
+    pgq, ours = PgQueuerSide(args), PgQueueSide(args)
+    pgq.run("install")
+
+    results: dict[str, dict[str, list[float]]] = {}
+
+    def record(figure: str, side: str, value: float) -> None:
+        results.setdefault(figure, {}).setdefault(side, []).append(value)
+        print(f"  {figure:<22} {side:<15} {value:>12,.1f}", flush=True)
+
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+        sides: list[Side] = [pgq, ours] if r % 2 == 0 else [ours, pgq]
+        if wanted("loop"):
+            for side in sides:
+                record("loop", side.name, side.loop(args.loop_jobs))
+        if wanted("bulk"):
+            for side in sides:
+                record("bulk", side.name, side.bulk(args.bulk_jobs))
+                if side is ours:
+                    record("bulk", "psql", ours.psql_copy(args.bulk_jobs))
+        for side in sides:
+            if wanted("drain1") or wanted("pickup"):
+                with side.workers(1):
+                    if wanted("drain1"):
+                        record("drain1", side.name, side.drain(args.jobs))
+                    if wanted("pickup"):
+                        start, finish = side.latency(args.latency_samples)
+                        record("start_p50", side.name, median(start))
+                        record("finish_p50", side.name, median(finish))
+        for side in sides:
+            if wanted("drain2") or (wanted("backlog") and args.backlog):
+                with side.workers(2):
+                    if wanted("drain2"):
+                        record("drain2", side.name, side.drain(args.jobs))
+                    if wanted("backlog") and args.backlog:
+                        side.truncate()
+                        record("backlog", side.name, side.drain(args.backlog))
+    report(args, results)
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, list[float]]]) -> None:
+    load = os.getloadavg()
+    print()
+    print(
+        f"PostgreSQL {sql_one('SHOW server_version')} at {args.database_url.rpartition('@')[2]}, "
+        f"{os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+        f"medians of {args.rounds} interleaved rounds; django-pgqueue --concurrency "
+        f"{args.concurrency} --batch-size {args.batch_size}, PgQueuer 1.6.0 defaults"
+    )
+    rows = [
+        ("drain1", f"drain, 1 worker process ({args.jobs:,} jobs)", "jobs/s", ">= 2.0x"),
+        ("drain2", f"drain, 2 worker processes ({args.jobs:,} jobs)", "jobs/s", ">= 2.0x"),
+        ("backlog", f"drain {args.backlog:,} backlog, 2 processes", "jobs/s", ">= 2.0x"),
+        ("start_p50", "pickup: start p50", "ms", "<= 1.5 ms"),
+        ("finish_p50", "pickup: finish p50", "ms", "<= 3 ms"),
+        ("loop", "enqueue() one by one, autocommit", "jobs/s", ">= 1.0x"),
+        ("bulk", "bulk enqueue (COPY)", "jobs/s", ">= 0.8x psql"),
+    ]
+    print(f"| figure | PgQueuer | django-pgqueue | ratio | target |\n|{'---|' * 5}")
+    for key, label, unit, target in rows:
+        got = results.get(key)
+        if not got:
+            continue
+        theirs = median(got.get("PgQueuer", [float("nan")]))
+        mine = median(got.get("django-pgqueue", [float("nan")]))
+        spread = ", ".join(f"{v:,.1f}" for v in got.get("django-pgqueue", []))
+        if unit == "ms":
+            ratio = ""
+            cells = f"{theirs:.2f} ms | {mine:.2f} ms ({spread})"
+        else:
+            ratio = f"{mine / theirs:.2f}x"
+            cells = f"{theirs:,.0f} | {mine:,.0f} ({spread})"
+        if key == "bulk" and "psql" in got:
+            psql = median(got["psql"])
+            ratio += f"; psql \\copy binary {psql:,.0f}: {mine / psql:.2f}x"
+        if key == "backlog" and "drain2" in results:
+            ratio += f"; vs 20k figure {mine / median(results['drain2']['django-pgqueue']):.2f}"
+        print(f"| {label} | {cells} | {ratio} | {target} |")
+
+
+if __name__ == "__main__":
+    main()

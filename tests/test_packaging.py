@@ -1,0 +1,40 @@
+"""The installed distribution: its name, version and what its commands say about it."""
+
+from __future__ import annotations
+
+from importlib.metadata import metadata, version
+from pathlib import Path
+
+import django
+import pytest
+from django.core.management import load_command_class
+
+import django_pgqueue
+
+DISTRIBUTION = "django-tasks-pgqueue"
+COMMANDS = sorted(
+    path.stem
+    for path in (Path(django_pgqueue.__file__).parent / "management" / "commands").glob("*.py")
+    if path.stem != "__init__"
+)
+
+
+def test_version__comes_from_the_distribution():
+    assert django_pgqueue.__version__ == version(DISTRIBUTION)
+    assert metadata(DISTRIBUTION)["Name"] == DISTRIBUTION
+
+
+def test_commands__there_are_some():
+    assert {"pgqueue_worker", "pgqueue_sweep"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_command__version_prints_this_packages_version(name, capsys):
+    command = load_command_class("django_pgqueue", name)
+    parser = command.create_parser("manage.py", name)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--version"])
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == version(DISTRIBUTION)
+    assert printed != django.get_version()
