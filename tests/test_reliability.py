@@ -200,7 +200,7 @@ def test_worker__row_naming_a_non_task_callable_is_dead_without_calling_it() -> 
 
 # --- connections left dirty by a task ---------------------------------------------
 
-LEAK_KINDS = [*fault_tasks.LEAKS, *(f"raw_{k}" for k in fault_tasks.LEAKS), "autocommit_off"]
+LEAK_KINDS = fault_tasks.LEAK_KINDS
 
 
 def probes_around(leaking: Job) -> tuple[Job, Job]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from django_pgqueue import __version__
 from django_pgqueue.conf import settings
 from django_pgqueue.exceptions import UnsupportedServerError
 from django_pgqueue.server import check_server_version
+
+logger = logging.getLogger(__name__)
 
 
 class PgQueueCommand(BaseCommand):
@@ -27,3 +32,11 @@ class PgQueueCommand(BaseCommand):
             check_server_version(alias or settings.DATABASE)
         except UnsupportedServerError as exc:
             raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            # Down or restarting: not a reason to exit. The command's own loop retries
+            # with backoff, and Django checks the version again at its first connection.
+            logger.warning(
+                "could not read the database server's version (%s); going on, the "
+                "connection is retried",
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )

@@ -48,7 +48,10 @@ def ledger_tx(n: int = 0, work_ms: float = 0.0) -> int:
 
 @task(max_attempts=3)
 def poison() -> None:
-    """Kills its own worker process every time it runs."""
+    """Kills its own worker process every time it runs, after a "poison" ledger row
+    (so the chaos suite can tell its SIGKILLs from ones nobody sent, e.g. the OOM
+    killer's)."""
+    record("poison")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -96,24 +99,27 @@ LEAKS: dict[str, str] = {
     "listen": "LISTEN pgqueue_leak",
     "temp_table": "CREATE TEMPORARY TABLE pgqueue_leak (id int)",
 }
+#: Every way ``leak`` knows.
+LEAK_KINDS: list[str] = [*LEAKS, *(f"raw_{k}" for k in LEAKS), "autocommit_off"]
 
 
 @task()
 def leak(kind: str, then_raise: bool = False) -> None:
     """Record an execution, then leave the connection dirty in the way ``kind`` names
-    (a key of ``LEAKS``, ``raw_`` + a key, or ``autocommit_off``), then maybe raise."""
+    (one of ``LEAK_KINDS``), then maybe raise. A "leaked" ledger row is written inside
+    the leaked transaction: it must never be committed."""
     record("plain")
     if kind == "autocommit_off":
         connection.ensure_connection()
         connection.connection.autocommit = False  # the driver's, behind Django's back
-        record("plain")  # this row now waits in an implicit transaction
+        record("leaked")  # this row now waits in an implicit transaction
     elif kind.startswith("raw_"):
         connection.connection.execute(LEAKS[kind.removeprefix("raw_")])
     else:
         with connection.cursor() as cursor:
             cursor.execute(LEAKS[kind])
     if kind in ("begin", "raw_begin"):
-        record("plain")  # this row now waits in the leaked transaction
+        record("leaked")  # this row now waits in the leaked transaction
     if then_raise:
         raise RuntimeError(f"failed after leaking {kind}")
 
