@@ -233,6 +233,19 @@ def test_runner__task_leaving_its_connection_dirty_fails_and_the_next_job_gets_a
     assert (stats.done, stats.failed) == (2, 1)
 
 
+def test_runner__task_that_reconnects_is_no_leak_and_the_next_job_gets_a_clean_connection() -> (
+    None
+):
+    """A connection the task replaced has no baseline to compare with: it is dropped
+    (so the next job starts clean) without failing a task that did nothing wrong."""
+    task = Job.objects.enqueue(fault_tasks.reconnect, priority=5)
+    before, after = probes_around(task)
+    Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    assert job(task.id).status == "done"
+    assert ledger(task.id) == [("plain", 1)]
+    assert job(after.id).result == job(before.id).result
+
+
 def test_runner__session_check_off_still_catches_transactions(settings: Any) -> None:
     """``PGQUEUE_CHECK_SESSION_STATE = False`` skips the one server-side statement, so
     session state goes unseen, but an open transaction is still caught for free."""

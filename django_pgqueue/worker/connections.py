@@ -142,8 +142,10 @@ def session_leftovers(alias: str, raw: Any) -> list[str]:
     ``connection.connection.autocommit = False`` that Django does not. Then, only if
     the task opened a cursor on the connection, one statement (``sql.SESSION_GET_STATE``)
     compared to the connection's baseline: roles, settings, advisory locks, cursors,
-    prepared statements, LISTEN, temporary tables. A connection the task replaced, or
-    one whose check fails, is reported as such: the caller discards it either way."""
+    prepared statements, LISTEN, temporary tables. A connection the task replaced (it
+    closed Django's and queried again), or one whose check fails (a terminated backend,
+    a ``statement_timeout`` too short for the check), cannot be compared: it is
+    discarded here, without blaming the task, so the next job still starts clean."""
     wrapper = connections[alias]
     current = wrapper.connection
     found: list[str] = []
@@ -151,23 +153,25 @@ def session_leftovers(alias: str, raw: Any) -> list[str]:
         found.append("an atomic block open")
     elif current is not None and not wrapper.autocommit:
         found.append("autocommit off (Django)")
-    if current is None:
-        return found  # closed by the task: nothing of its session is left
-    if current is not raw:
-        return [*found, "a connection of its own"]
-    if raw.closed or raw.broken:
-        return found  # lost (a terminated backend): nothing of the session survives
-    status = raw.info.transaction_status
+    if current is None or current.closed or current.broken:
+        return found  # closed or lost: nothing of its session survives
+    status = current.info.transaction_status
     if status != pq.TransactionStatus.IDLE:
         found.append(f"a transaction open ({status.name})")
-    if not raw.autocommit:
+    if not current.autocommit:
         found.append("autocommit off (driver)")
-    if found or not getattr(raw, "_pgqueue_cursors", 0) or not settings.CHECK_SESSION_STATE:
+    if found:
+        return found
+    if current is not raw:
+        discard_connection(alias)  # no baseline to compare it with
+        return found
+    if not getattr(raw, "_pgqueue_cursors", 0) or not settings.CHECK_SESSION_STATE:
         return found
     try:
         state = Job.objects.db_manager(alias).session_state()
-    except DatabaseError as exc:
-        return [f"a connection that failed its check ({first_line(exc)})"]
+    except DatabaseError:
+        discard_connection(alias)
+        return found
     baseline = raw._pgqueue_baseline
     return [
         f"SET {name}" if isinstance(value, str) else str(name)

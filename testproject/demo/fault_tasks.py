@@ -133,6 +133,14 @@ def leak_tx(kind: str) -> None:
 
 
 @task()
+def reconnect() -> None:
+    """Closes Django's connection mid-task, then writes on a fresh one (as a task
+    calling ``close_old_connections()`` would): not a leak."""
+    connection.close()
+    record("plain")
+
+
+@task()
 def session_probe() -> dict[str, Any]:
     """What this runner connection carries: the state a leak would have left."""
     with connection.cursor() as cursor:
