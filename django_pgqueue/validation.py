@@ -290,7 +290,7 @@ def _make_fast_encode() -> Callable[[Any], str]:
 _FAST_ENCODE = _make_fast_encode()
 
 
-def _to_json(value: list[Any] | dict[str, Any], where: str) -> str:
+def _to_json(value: list[Any] | tuple[Any, ...] | dict[str, Any], where: str) -> str:
     """JSON text of a payload part, checked as strictly as ``_check_json`` demands.
 
     Fast path: the C encoder already refuses non-JSON types and NaN/Infinity. What it
@@ -301,14 +301,19 @@ def _to_json(value: list[Any] | dict[str, Any], where: str) -> str:
     try:
         text = _FAST_ENCODE(value)
     except (TypeError, ValueError, RecursionError):
-        text = None
-    # Lone surrogates are written as \\udXXX escapes: walk those too (pairs pass the walk).
-    if text is not None and "\\u0000" not in text and "\\ud" not in text:
-        braces = text.count("{")
-        if braces == 0 or (
-            braces == 1 and isinstance(value, dict) and all(type(k) is str for k in value)
-        ):
-            return text
+        pass
+    else:
+        # Lone surrogates are written as \\udXXX escapes: walk those too (pairs pass).
+        if "\\u" not in text or ("\\u0000" not in text and "\\ud" not in text):
+            braces = text.count("{")
+            if braces == 0:
+                return text
+            if braces == 1 and type(value) is dict:
+                for key in value:
+                    if type(key) is not str:
+                        break
+                else:
+                    return text
     _check_json(value, where)
     return _ENCODE(value)
 
@@ -326,14 +331,14 @@ def result_json(value: Any) -> str:
 
 def payload(args: Any, kwargs: Any, *, max_bytes: int) -> tuple[str, str]:
     """Validate args and kwargs; return them as JSON text ready for ``::jsonb``."""
-    if not isinstance(args, list | tuple):
+    # type() first: the common case skips the slower isinstance() of a union.
+    if type(args) is not list and not isinstance(args, list | tuple):
         raise InvalidJob(f"args must be a list or tuple, not {type(args).__name__}")
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, dict):
+    if kwargs is not None and type(kwargs) is not dict and not isinstance(kwargs, dict):
         raise InvalidJob(f"kwargs must be a dict, not {type(kwargs).__name__}")
-    args_json = _to_json(list(args), "args")
-    kwargs_json = _to_json(kwargs, "kwargs")
+    # (A tuple, or a list or tuple subclass, is written as a JSON array.)
+    args_json = _to_json(args, "args") if args else "[]"
+    kwargs_json = _to_json(kwargs, "kwargs") if kwargs else "{}"
     size = len(args_json) + len(kwargs_json)  # ASCII-only text: characters are bytes
     if size > max_bytes:
         raise InvalidJob(

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from django_pgqueue import sql
+from django_pgqueue import prepared, sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
 from django_pgqueue.taskapi import FRAMEWORK
@@ -458,10 +458,13 @@ def test_claim__jobs_are_the_rows_the_orm_reads(job_factory):
 
 
 @pytest.mark.django_db
-def test_enqueue__extra_returned_columns_become_attributes(db):
-    job = Job.objects.enqueue(tasks.add, [1, 2])
-    assert job.notified == ""  # pg_notify() returns void, as text: the empty string
-    assert (job.args, job.errors) == ([1, 2], [])
+def test_jobs__extra_returned_columns_become_attributes(db):
+    made = Job.objects.enqueue(tasks.add, [1, 2])
+    (job,) = Job.objects._jobs(
+        "SELECT *, 'x' AS extra FROM pgqueue_job WHERE id = %(id)s", {"id": made.id}
+    )
+    assert job.extra == "x"
+    assert (job.id, job.args, job.errors) == (made.id, [1, 2], [])
 
 
 @pytest.mark.django_db
@@ -928,3 +931,87 @@ def test_enqueue__accepts_a_shared_non_cyclic_value():
     shared = {"a": 1}
     job = Job.objects.enqueue(tasks.add, [[shared, shared]])
     assert Job.objects.get(pk=job.pk).args == [[{"a": 1}, {"a": 1}]]
+
+
+@pytest.mark.django_db
+def test_enqueue__returns_the_job_as_stored(now):
+    job = Job.objects.enqueue(
+        tasks.add, (1, 2.5), {"z": {"b": [None, True]}, "a": "é"}, queue="q.1",
+        priority=-3, max_attempts=2, idempotency_key="k", now=now,
+    )  # fmt: skip
+    row = Job.objects.get(pk=job.pk)
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(row, f) for f in fields}
+    assert job._state.adding is False and job._state.db == "default"
+
+
+@pytest.mark.django_db
+def test_enqueue__scheduled_job_is_returned_scheduled(now):
+    later = now + dt.timedelta(hours=1)
+    job = Job.objects.enqueue(tasks.add, [1, 2], run_at=later, now=now)
+    assert (job.status, job.run_at, job.created_at) == ("scheduled", later, now)
+
+
+def prepared_enqueues() -> int:
+    """JOB_ENQUEUE statements prepared in this session (psycopg names them _pg3_N)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%INSERT INTO pgqueue_job AS j%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__is_prepared_by_default():
+    connection.close()
+    Job.objects.enqueue(tasks.add, [1, 2])
+    Job.objects.enqueue(tasks.add, [3, 4], queue="other")
+    assert prepared_enqueues() == 1  # one statement, prepared once, run twice
+    assert prepared.prepares("default")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__respects_a_prepare_threshold_of_none(monkeypatch):
+    options = {**connection.settings_dict["OPTIONS"], "prepare_threshold": None}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    connection.close()
+    try:
+        for n in range(3):
+            Job.objects.enqueue(tasks.add, [n, 1])
+        assert Job.objects.count() == 3
+        assert prepared_enqueues() == 0
+        assert not prepared.prepares("default")
+    finally:
+        connection.close()  # the next test's connection has the settings' own options
+
+
+@pytest.mark.django_db
+def test_claim__after_resumes_behind_the_position_in_claim_order(job_factory):
+    low, mid1, mid2, mid3 = (job_factory(priority=p) for p in (-5, 0, 0, 0))
+    high = job_factory(priority=9)
+    # Resuming after mid1: the higher priority first, then mid2, mid3, then lower ones;
+    # nothing of the same priority before the position (mid1 itself is not pending, but
+    # a job there would be skipped too until the next claim from the head).
+    got = Job.objects.claim("w1", limit=10, after=(0, mid1.id))
+    assert [j.id for j in got] == [high.id, mid2.id, mid3.id, low.id]
+    assert fresh(mid1).status == "pending"
+    assert [j.id for j in Job.objects.claim("w1", limit=10)] == [mid1.id]
+
+
+@pytest.mark.django_db
+def test_claim__after_is_only_for_claims_of_all_queues(job_factory):
+    with pytest.raises(ValueError, match="all queues"):
+        Job.objects.claim("w1", limit=1, queues=["default"], after=(0, 1))
+
+
+@pytest.mark.django_db
+def test_claim__queues_take_the_best_of_each_queue_by_priority(job_factory):
+    a1, a2 = job_factory(queue="a", priority=1), job_factory(queue="a", priority=1)
+    b1 = job_factory(queue="b", priority=5)
+    job_factory(queue="c", priority=99)
+    got = Job.objects.claim("w1", limit=2, queues=["a", "b"])
+    assert [j.id for j in got] == [b1.id, a1.id]
+    # The rows its other branch looked at were not kept locked or claimed.
+    assert fresh(a2).status == "pending"
+    assert [j.id for j in Job.objects.claim("w2", limit=5, queues=["a"])] == [a2.id]

@@ -27,16 +27,18 @@ class PgQueueCommand(BaseCommand):
 
     def check_server(self, alias: str | None = None) -> None:
         """Raise ``CommandError`` naming the version if the jobs database's server is
-        older than PostgreSQL 14."""
+        older than PostgreSQL 14. A server that cannot be reached is not an error here
+        (the commands wait for it)."""
+        alias = alias or settings.DATABASE
         try:
-            check_server_version(alias or settings.DATABASE)
+            check_server_version(alias)
         except UnsupportedServerError as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
-            # Down or restarting: not a reason to exit. The command's own loop retries
-            # with backoff, and Django checks the version again at its first connection.
+            # The server is down: the worker and the sweeper wait for it, retrying with
+            # backoff; Django checks its own floor when they connect.
             logger.warning(
-                "could not read the database server's version (%s); going on, the "
-                "connection is retried",
+                "database %r unreachable at start, server version not checked: %s",
+                alias,
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )

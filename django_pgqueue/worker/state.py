@@ -41,6 +41,9 @@ class Held:
     # Its outcome (fail, release, inline or transactional completion) is being written:
     # a lease extension that misses it is that write's to report, not a loss.
     recording: bool = False
+    #: Set by the heartbeat when a lease extension reports the job's cancellation was
+    #: requested; the task sees it as ``current_job().cancel_requested``.
+    cancel: threading.Event = field(default_factory=threading.Event)
 
     @property
     def finishing(self) -> bool:

@@ -9,20 +9,8 @@ from typing import Any
 
 from django_pgqueue import limits
 from django_pgqueue.management.base import PgQueueCommand
-from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.validation import QUEUE_NAME_RE
-from django_pgqueue.worker import Worker
-
-
-def positive_int(value: str) -> int:
-    """An integer >= 1 (a flag with no range of its own in ``limits``)."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r:.40} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return number
+from django_pgqueue.worker.supervisor import Supervisor, run_worker_process
 
 
 def queue_name(value: str) -> str:
@@ -56,6 +44,13 @@ class Command(PgQueueCommand):
     help = "Run jobs from the pgqueue jobs table until stopped (SIGTERM/SIGINT)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--processes",
+            type=limits.PROCESSES.parse,
+            default=1,
+            help="Worker processes under one supervisor, each with --concurrency threads: "
+            f"{limits.PROCESSES.describe()} (default: %(default)r)",
+        )
         parser.add_argument(
             "--queue",
             dest="queues",
@@ -121,6 +116,7 @@ class Command(PgQueueCommand):
     def handle(
         self,
         *,
+        processes: int,
         queues: list[str] | None,
         concurrency: int,
         batch_size: int | None,
@@ -135,24 +131,25 @@ class Command(PgQueueCommand):
     ) -> None:
         configure_logging(verbosity)
         self.check_server()
-        worker = Worker(
-            queues=queues,
-            concurrency=concurrency,
-            batch_size=batch_size,
-            lease_seconds=lease_seconds,
-            burst=burst,
-            max_jobs=max_jobs,
-            worker_id=worker_id,
-            poll_interval=poll_interval,
-            grace_seconds=grace_seconds,
-        )
-        try:
-            with on_stop(worker.stop):
-                worker.run()
-        except Abort:
-            # Second signal: leave at once; the sweeper recovers what was running.
-            sys.exit(1)
-        if worker.fatal:
-            # Exit non-zero so a supervisor restarts the worker.
-            self.stderr.write(f"pgqueue_worker: {worker.fatal}")
-            sys.exit(3)
+        worker_options = {
+            "queues": queues,
+            "concurrency": concurrency,
+            "batch_size": batch_size,
+            "lease_seconds": lease_seconds,
+            "burst": burst,
+            "max_jobs": max_jobs,
+            "worker_id": worker_id,
+            "poll_interval": poll_interval,
+            "grace_seconds": grace_seconds,
+        }
+        if processes == 1:
+            code = run_worker_process(worker_options, None)
+        else:
+            supervisor = Supervisor(
+                processes=processes,
+                run_child=lambda index: run_worker_process(worker_options, index),
+            )
+            code = supervisor.run()
+        if code:
+            # See ExitCode: 1 aborted, 3 fatal (restart me), 4 a child did not drain.
+            sys.exit(int(code))

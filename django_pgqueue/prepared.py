@@ -1,0 +1,76 @@
+"""Prepared statements for the queue's hot statements, decided in one place.
+
+Django's PostgreSQL backend binds parameters on the client (``ClientCursor``) and turns
+psycopg's statement preparation off (``prepare_threshold=None``) so that transaction
+poolers keep working. For a statement run thousands of times a second (one
+``enqueue()`` per web request, say) parsing and planning it each time costs as much
+as the Python around it: measured with ``python -m bench.enqueue --methods loop``,
+preparing ``JOB_ENQUEUE`` is most of what takes the loop from about 1,900 to about
+3,000 jobs/s.
+
+:func:`cursor` gives a Django cursor (so ``assertNumQueries``, query logging and
+``execute_wrapper`` instrumentation still see the statement) over a psycopg cursor
+that binds on the server and asks psycopg to prepare every statement it runs. Whether
+psycopg may prepare is the connection's ``prepare_threshold``:
+
+* given in the database's ``OPTIONS`` (``"prepare_threshold": None`` turns preparation
+  off, for PgBouncer in transaction mode before 1.21, for example): respected as is;
+* not given (Django's default): these cursors prepare. Only they do: Django's own
+  client-binding cursors never prepare, whatever the threshold (with
+  ``server_side_binding`` on, they would, so then nothing is prepared unless
+  ``prepare_threshold`` is given).
+
+Statements run through here must be prepareable: one statement, no client-side
+composition, parameters whose types the server can infer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from django.db import connections
+from django.db.backends.utils import CursorWrapper
+
+#: What psycopg is given as the threshold when the settings leave it to us: unused
+#: by ``prepare=True`` statements, and the number psycopg itself defaults to.
+DEFAULT_PREPARE_THRESHOLD = 5
+
+
+class PreparingCursor(psycopg.Cursor[Any]):
+    """Server-side binding; every ``execute`` asks to be prepared (psycopg prepares
+    only if the connection's ``prepare_threshold`` is not None)."""
+
+    def execute(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        prepare: bool | None = True,
+        binary: bool | None = None,
+    ) -> PreparingCursor:
+        super().execute(query, params, prepare=prepare, binary=binary)
+        return self
+
+
+def prepares(alias: str) -> bool:
+    """True if statements run through :func:`cursor` on ``alias`` are prepared."""
+    options = connections[alias].settings_dict.get("OPTIONS") or {}
+    if "prepare_threshold" in options:
+        return options["prepare_threshold"] is not None
+    # With server_side_binding, Django's own cursors would prepare too once the
+    # connection has a threshold: leave such a connection as configured.
+    return options.get("server_side_binding") is not True
+
+
+def cursor(alias: str) -> CursorWrapper:
+    """A Django cursor on ``alias`` whose statements are prepared where allowed."""
+    wrapper = connections[alias]
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if raw.prepare_threshold is None and prepares(alias):
+        raw.prepare_threshold = DEFAULT_PREPARE_THRESHOLD
+    # Django's own cursor() does the same: ensure_connection, then _prepare_cursor
+    # (debug wrapper when queries are logged, thread-sharing check).
+    with wrapper.wrap_database_errors:
+        return wrapper._prepare_cursor(PreparingCursor(raw))  # type: ignore[attr-defined]

@@ -1,0 +1,365 @@
+"""``pgqueue_worker --processes N``: one supervisor process, N worker processes.
+
+Python runs one thread of Python code at a time, so one worker process uses about one
+core however high its ``--concurrency``. The supervisor forks N children, each a full
+:class:`~django_pgqueue.worker.Worker` with its own connections and its own worker id,
+and looks after them:
+
+* the first SIGTERM or SIGINT is forwarded to every child: each stops claiming, lets
+  its running jobs finish (within its grace period), releases what it had not started,
+  and exits; the supervisor exits once all have;
+* a second SIGTERM or SIGINT is forwarded too (each child aborts at once), then the
+  supervisor exits 1;
+* a child that dies (killed, crashed, or stopped on a fatal error) is logged and
+  started again, after a backoff that grows while children keep dying young;
+* a child that exits 0 on its own (``--burst`` ran out of work, ``--max-jobs`` reached)
+  is done and not restarted; the supervisor exits when every child is done.
+
+Children run in a process group of their own, so a terminal's Ctrl-C reaches only the
+supervisor (which forwards it once) and not every process twice; each child also stops
+by itself if the supervisor disappears (it checks its parent once a second).
+
+The supervisor holds no database connection and no thread: it forks with nothing open.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from ..signals import STOP_SIGNALS, Abort, on_stop
+from .connections import backoff_delay
+
+logger = logging.getLogger(__name__)
+
+#: A child that ran at least this long before dying resets the restart backoff.
+HEALTHY_SECONDS = 30.0
+
+#: After a second signal, how long aborting children get before they are SIGKILLed.
+ABORT_SECONDS = 10.0
+
+
+class ExitCode(enum.IntEnum):
+    """What ``pgqueue_worker`` exit codes mean (one process or a supervisor)."""
+
+    #: Stopped by a signal after draining, or ran out of work (``--burst``,
+    #: ``--max-jobs``): every job it started was recorded.
+    OK = 0
+    #: Aborted by a second SIGTERM/SIGINT: jobs it was running are left to lease expiry
+    #: and the sweeper.
+    ABORTED = 1
+    #: (One process) the worker stopped on its own on a fatal error, such as its
+    #: heartbeat thread dying; restart it. A supervisor restarts such a child itself.
+    FATAL = 3
+    #: (Supervisor) stopped by a signal, but at least one child did not drain cleanly
+    #: (it died or aborted during the shutdown): its jobs go to lease expiry.
+    UNCLEAN = 4
+
+
+@dataclass
+class Slot:
+    """One of the N child positions: the current process in it and its history."""
+
+    index: int
+    pid: int | None = None
+    started: float = 0.0
+    failures: int = 0  # deaths in a row, each within HEALTHY_SECONDS of its start
+    restart_at: float | None = None  # when a dead child's replacement is due
+    finished: bool = False  # exited 0 on its own: not restarted
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 3`` or ``killed by SIGKILL`` from ``os.waitstatus_to_exitcode``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Runs ``processes`` children, each calling ``run_child(index)`` in a fork.
+
+    ``run_child`` returns the child's exit code; it runs with the supervisor's signal
+    handling removed, so it installs its own (the worker's two-signal shutdown)."""
+
+    def __init__(
+        self,
+        *,
+        processes: int,
+        run_child: Callable[[int], int],
+        healthy_seconds: float = HEALTHY_SECONDS,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be at least 1, not {processes!r}")
+        self.processes = processes
+        self.run_child = run_child
+        self.healthy_seconds = healthy_seconds
+        self.slots = [Slot(index=i) for i in range(1, processes + 1)]
+        self._signals: list[int] = []
+        self._died_while_stopping = False  # a child exited non-zero during the drain
+        self._wake_r, self._wake_w = -1, -1
+
+    # --- public ---------------------------------------------------------------------
+
+    def run(self) -> ExitCode:
+        """Start the children and look after them until they are all gone."""
+        logger.info(
+            "supervisor %d starting %d worker processes",
+            os.getpid(),
+            self.processes,
+            extra={"action": "start"},
+        )
+        # Nothing of ours may be shared with the children.
+        connections.close_all()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        previous_fd = signal.set_wakeup_fd(self._wake_w)
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (*STOP_SIGNALS, signal.SIGCHLD)
+        }
+        try:
+            return self._supervise()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(previous_fd)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    # --- the loop -------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        # Only record it: the loop acts on it (the wake-up fd ends its select()).
+        if signum != signal.SIGCHLD:
+            self._signals.append(signum)
+
+    def _supervise(self) -> ExitCode:
+        for slot in self.slots:
+            self._start(slot)
+        stopping = 0  # stop signals seen so far
+        abort_deadline: float | None = None
+        while True:
+            self._reap(stopping=bool(stopping))
+            while len(self._signals) > stopping:
+                signum = self._signals[stopping]
+                stopping += 1
+                self._forward(signum, first=stopping == 1)
+                if stopping == 2:
+                    abort_deadline = time.monotonic() + ABORT_SECONDS
+            alive = [s for s in self.slots if s.pid is not None]
+            if not alive and (stopping or all(s.finished for s in self.slots)):
+                break
+            if abort_deadline is not None and time.monotonic() > abort_deadline:
+                for slot in alive:
+                    self._kill(slot, signal.SIGKILL)
+            if not stopping:
+                self._restart_due()
+            self._sleep(self._next_timeout())
+        if stopping >= 2:
+            code = ExitCode.ABORTED
+        elif stopping and self._died_while_stopping:
+            code = ExitCode.UNCLEAN
+        else:
+            code = ExitCode.OK
+        logger.info(
+            "supervisor %d exiting (%s)",
+            os.getpid(),
+            code.name.lower(),
+            extra={"action": "exit"},
+        )
+        return code
+
+    def _next_timeout(self) -> float:
+        now = time.monotonic()
+        due = [s.restart_at - now for s in self.slots if s.restart_at is not None]
+        # A short cap: a missed SIGCHLD (two children dying at once) costs one second.
+        return max(0.0, min([1.0, *due]))
+
+    def _sleep(self, timeout: float) -> None:
+        try:
+            select.select([self._wake_r], [], [], timeout)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries select itself
+            pass
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _reap(self, *, stopping: bool) -> None:
+        """Collect every child that exited; schedule restarts for those that died."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            slot = next((s for s in self.slots if s.pid == pid), None)
+            if slot is None:
+                continue  # not one of ours (a task may fork and exit, for instance)
+            code = os.waitstatus_to_exitcode(status)
+            slot.pid = None
+            lived = time.monotonic() - slot.started
+            if code == 0 and not stopping:
+                slot.finished = True
+                logger.info(
+                    "worker process %d (pid %d) finished its work",
+                    slot.index,
+                    pid,
+                    extra={"action": "child_exit"},
+                )
+                continue
+            if stopping:
+                level = logging.INFO if code == 0 else logging.WARNING
+                if code != 0:
+                    self._died_while_stopping = True
+                logger.log(
+                    level,
+                    "worker process %d (pid %d) stopped (%s)",
+                    slot.index,
+                    pid,
+                    describe_exit(code),
+                    extra={"action": "child_exit"},
+                )
+                continue
+            slot.failures = 1 if lived >= self.healthy_seconds else slot.failures + 1
+            delay = backoff_delay(slot.failures)
+            slot.restart_at = time.monotonic() + delay
+            logger.warning(
+                "worker process %d (pid %d) died after %.1fs (%s); restarting in %.1fs",
+                slot.index,
+                pid,
+                lived,
+                describe_exit(code),
+                delay,
+                extra={"action": "child_died"},
+            )
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.restart_at is not None and slot.restart_at <= now:
+                slot.restart_at = None
+                self._start(slot)
+
+    def _forward(self, signum: int, *, first: bool) -> None:
+        name = signal.Signals(signum).name
+        if first:
+            logger.info(
+                "%s received: stopping %d worker processes (they finish their running "
+                "jobs; again to abort)",
+                name,
+                sum(1 for s in self.slots if s.pid is not None),
+                extra={"action": "stop"},
+            )
+        else:
+            logger.warning(
+                "%s received again: aborting the worker processes",
+                name,
+                extra={"action": "abort"},
+            )
+        for slot in self.slots:
+            slot.restart_at = None  # nothing is started again once stopping
+            if slot.pid is not None:
+                self._kill(slot, signal.SIGTERM)
+
+    def _kill(self, slot: Slot, signum: int) -> None:
+        if slot.pid is None:
+            return
+        try:
+            os.kill(slot.pid, signum)
+        except ProcessLookupError:
+            pass  # already gone; reaped on the next pass
+
+    # --- children -------------------------------------------------------------------
+
+    def _start(self, slot: Slot) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child (the tests see it from outside)
+            os._exit(self._child(slot.index))
+        slot.pid = pid
+        slot.started = time.monotonic()
+        logger.info(
+            "worker process %d started (pid %d)",
+            slot.index,
+            pid,
+            extra={"action": "child_start"},
+        )
+
+    def _child(self, index: int) -> int:  # pragma: no cover - runs in the child
+        code = int(ExitCode.FATAL)
+        try:
+            os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor only
+            signal.set_wakeup_fd(-1)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            for sig in (*STOP_SIGNALS, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            code = self.run_child(index)
+        except Abort:
+            code = int(ExitCode.ABORTED)
+        except BaseException:
+            logger.exception("worker process %d failed", index, extra={"action": "fatal"})
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        return code
+
+
+def watch_parent(stop: Callable[[], None], *, interval: float = 1.0) -> threading.Thread:
+    """Call ``stop()`` once if this process's parent goes away (it is re-parented)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        logger.warning(
+            "the supervisor (pid %d) is gone: stopping", parent, extra={"action": "stop"}
+        )
+        stop()
+
+    thread = threading.Thread(target=watch, name="pgqueue-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def run_worker_process(worker_options: dict[str, Any], index: int | None) -> int:
+    """Run one Worker with the two-signal shutdown; return its exit code.
+
+    ``index`` is the child's position under a supervisor (None: the only process); a
+    given worker id then gets ``:<index>`` appended so that every child's is its own."""
+    from .loop import Worker
+
+    options = dict(worker_options)
+    if index is not None and options.get("worker_id"):
+        options["worker_id"] = f"{options['worker_id']}:{index}"
+    worker = Worker(**options)
+    if index is not None:
+        watch_parent(worker.stop)
+    try:
+        with on_stop(worker.stop):
+            worker.run()
+    except Abort:
+        # Second signal: leave at once; the sweeper recovers what was running.
+        return int(ExitCode.ABORTED)
+    if worker.fatal:
+        sys.stderr.write(f"pgqueue_worker: {worker.fatal}\n")
+        return int(ExitCode.FATAL)
+    return int(ExitCode.OK)
