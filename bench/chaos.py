@@ -398,6 +398,7 @@ def run(args: argparse.Namespace) -> int:
         "poison_deaths": poison_deaths,
         "poison_runs": result["poison_runs"],
         "pill_attempts": result["pill_attempts"],
+        "poison_overrun": result["poison_overrun"],
         "oom_kills": oom_kills,
         "terminated": c.terminated,
         "pg_restarts": c.pg_restarts,
