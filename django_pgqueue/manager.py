@@ -609,6 +609,15 @@ class JobManager(models.Manager["Job"]):
         ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
         self._rows(sql.SESSION_CONFIGURE_CLAIM, {})
 
+    def session_state(self) -> dict[str, Any]:
+        """What this thread's connection carries beyond its transaction: roles, the
+        settings that change later statements, and session-level objects held (see
+        ``sql.SESSION_GET_STATE``), by name."""
+        with connections[self.db_alias].cursor() as cursor:
+            cursor.execute(sql.SESSION_GET_STATE, {})
+            names = [column.name for column in cursor.description or ()]
+            return dict(zip(names, cursor.fetchone() or (), strict=True))
+
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None
     ) -> None:

@@ -1001,6 +1001,40 @@ SELECT set_config('enable_bitmapscan', 'off', false),
        set_config('synchronous_commit', 'off', false)
 """
 
+# What a task can leave behind on a runner connection beyond its transaction: the
+# roles, the session settings that change what later jobs' SQL means or how it runs,
+# and the session-level objects (advisory locks, open cursors, prepared statements,
+# LISTEN, temporary tables). The runner reads it once per connection as a baseline and
+# again after each job that opened a cursor, and discards the connection if they differ.
+# Session-local views only, except pg_locks (filtered on this backend). pg_settings is
+# not read (about 0.4 ms per call), so a setting outside this list, or a custom one
+# (app.tenant), is not seen. psycopg's own prepared statements (_pg3_*) are not leaks.
+SESSION_GET_STATE = """
+SELECT current_user AS "role",
+       session_user AS "session authorization",
+       current_setting('search_path') AS "search_path",
+       current_setting('statement_timeout') AS "statement_timeout",
+       current_setting('lock_timeout') AS "lock_timeout",
+       current_setting('idle_in_transaction_session_timeout')
+           AS "idle_in_transaction_session_timeout",
+       current_setting('default_transaction_isolation') AS "default_transaction_isolation",
+       current_setting('default_transaction_read_only') AS "default_transaction_read_only",
+       current_setting('session_replication_role') AS "session_replication_role",
+       current_setting('synchronous_commit') AS "synchronous_commit",
+       current_setting('row_security') AS "row_security",
+       current_setting('TimeZone') AS "TimeZone",
+       current_setting('DateStyle') AS "DateStyle",
+       EXISTS (SELECT FROM pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS "advisory locks",
+       EXISTS (SELECT FROM pg_cursors WHERE name <> '') AS "open cursors",
+       EXISTS (SELECT FROM pg_prepared_statements WHERE name NOT LIKE '\\_pg3\\_%%')
+           AS "prepared statements",
+       EXISTS (SELECT FROM pg_listening_channels()) AS "LISTEN",
+       CASE WHEN pg_my_temp_schema() = 0 THEN false
+            ELSE EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema())
+       END AS "temporary tables"
+"""
+
 # Subscribe the listener's connection to the wake-up channel. A template, not a query
 # with parameters: LISTEN takes an identifier, so the caller fills {channel} in with
 # psycopg.sql.Identifier(settings.NOTIFY_CHANNEL). No table.
