@@ -60,16 +60,33 @@ class Settings:
 
     COMPLETION_FLUSH_INTERVAL: float = 0.01
     """Longest wait, in seconds, between a job's success and the batched write that
-    records it (jobs stay leased meanwhile). Larger batches cost fewer commits."""
+    records it (jobs stay leased meanwhile), while other jobs of the worker are running
+    or waiting to run: larger batches cost fewer commits. With nothing else in flight
+    the write goes out at once, unless the interval is above one second, which holds
+    every completion that long."""
 
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""
+
+    PERIODIC: dict[str, dict[str, Any]] | None = None
+    """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,
+    optionally with ``args``, ``kwargs``, ``queue``, ``priority``, ``timezone`` (default
+    ``TIME_ZONE``), ``max_attempts`` and ``enabled``. Every ``pgqueue_sweep`` pass
+    enqueues each due tick once (see the periodic jobs how-to)."""
 
     CLAIM_RESCAN_SECONDS: float = 5.0
     """A busy worker resumes each claim after its previous one rather than at the head
     of the claim index (which a long transaction elsewhere can fill with entries that
     cannot be cleaned up); it claims from the head at least this often, which is how
     long a retried or released job of the same priority may wait beyond its turn."""
+
+    LOST_WORKER_SECONDS: float = 600.0
+    """How long a lost worker (not seen for longer than its lease: killed, or cut off
+    from the database) stays listed as lost before the sweeper deletes its row."""
+
+    METRICS_TOKEN: str | None = None
+    """Bearer token that lets a scraper read ``django_pgqueue.metrics.view``
+    (``Authorization: Bearer <token>``); staff sessions may read it too. None: staff only."""
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,19 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 
-from . import bulk, prepared, sql, validation
+from . import bulk, prepared, sql, tracing, validation
 from .conf import settings
 from .taskapi import Task
 from .tasks import task_option
 
 if TYPE_CHECKING:
     from .models import Job
-
-#: Below this size (and with no statistics yet) the admin summary counts exactly.
-SMALL_TABLE_BYTES = 8 * 1024 * 1024
-
-#: Statuses the admin summary estimates on a big table (no index covers all of them).
-FINISHED_STATUSES = ("done", "dead")
 
 #: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
 MAX_SWEEP_BATCHES = 100
@@ -41,40 +36,38 @@ class SweepResult:
     dead: int = 0  # expired leases on their last attempt, dead-lettered
     promoted: int = 0  # due scheduled jobs made pending
     pruned: int = 0  # done jobs past retention deleted
+    periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
+    cancelled: int = 0  # expired leases of jobs whose cancellation was requested
+    lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
 
     def __bool__(self) -> bool:
-        return any((self.recovered, self.dead, self.promoted, self.pruned))
+        return any(
+            (
+                self.recovered,
+                self.dead,
+                self.promoted,
+                self.pruned,
+                self.periodic,
+                self.cancelled,
+                self.lost_workers,
+            )
+        )
 
 
 @dataclass(frozen=True)
-class QueueSummary:
-    """What the admin shows above the job list, from bounded or estimated queries only."""
+class CancelResult:
+    """What ``Job.objects.cancel()`` did: ``cancelled`` pending or scheduled jobs (they
+    will never run), and ``requested`` running jobs whose worker will stop them at its
+    next lease extension. Other ids (finished, unknown) are in neither."""
 
-    live: dict[tuple[str, str], int]  # (status, queue) -> jobs, for live statuses
-    totals: dict[str, int | None]  # status -> jobs (None: unknown without a full scan)
-    estimated: frozenset[str]  # statuses whose total is a planner estimate
-    capped: frozenset[str]  # live statuses that reached the cap: "at least"
-    oldest_pending_wait: dt.timedelta | None  # longest wait at the head of a line
-    expired_leases: int  # running jobs whose lease expired (capped too)
-    cap: int
-
-    @property
-    def queues(self) -> list[str]:
-        return sorted({queue for _, queue in self.live})
+    cancelled: list[int]
+    requested: list[int]
 
 
-@dataclass(frozen=True)
-class ColumnStats:
-    """Planner statistics about one column (see ``sql.JOB_GET_COLUMN_STATS``)."""
+class Owned(set[int]):
+    """The ids ``extend_leases`` still owns, and which of them were asked to cancel."""
 
-    total: int  # estimated rows in the table; -1 if never analyzed
-    bytes: int  # size of the table's heap
-    freqs: dict[str, float]  # most common values -> share of rows
-
-    def small(self, rows: int) -> bool:
-        """True if an exact answer is cheap: at most ``rows`` rows, or never analyzed
-        and under ``SMALL_TABLE_BYTES``."""
-        return 0 <= self.total <= rows or (self.total < 0 and self.bytes <= SMALL_TABLE_BYTES)
+    cancel_requested: frozenset[int] = frozenset()
 
 
 def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str, Any]:
@@ -87,6 +80,12 @@ def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str
         "worker_id": worker_id,
         "attempt": attempt,
     }
+
+
+#: How often ``cancel()`` tries again a job locked at that instant (being claimed or
+#: completed), and how long it waits in between.
+CANCEL_ROUNDS = 5
+CANCEL_RETRY_DELAY = 0.05
 
 
 def _chunks(ids: Iterable[int], size: int) -> Iterator[list[int]]:
@@ -201,6 +200,8 @@ class JobManager(models.Manager["Job"]):
             "channel": settings.NOTIFY_CHANNEL,
             "now": now,
         }
+        context = tracing.carrier()
+        params["trace_context"] = None if context is None else json.dumps(context)
         params["args"], params["kwargs"] = validation.payload(
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
@@ -221,32 +222,27 @@ class JobManager(models.Manager["Job"]):
         """The ``Job`` ``JOB_ENQUEUE`` stored: the database's id, status and times, the
         rest from what was sent (args and kwargs as jsonb gives them back)."""
         job_id, status, run_at, created_at, _ = row
-        return self.model.from_db(
-            self.db_alias,
-            [f.attname for f in self.model._meta.concrete_fields],
-            (
-                job_id,
-                params["backend"],
-                params["queue"],
-                params["task"],
-                json.loads(params["args"]),
-                json.loads(params["kwargs"]),
-                params["priority"],
-                status,
-                0,  # attempts
-                params["max_attempts"],
-                run_at,
-                None,  # lease_owner
-                None,  # lease_expires_at
-                params["idempotency_key"],
-                [],  # errors
-                None,  # result
-                created_at,
-                None,  # started_at
-                None,  # last_attempted_at
-                None,  # finished_at
-            ),
-        )
+        trace_context = params.get("trace_context")
+        known: dict[str, Any] = {
+            "id": job_id,
+            "backend": params["backend"],
+            "queue": params["queue"],
+            "task": params["task"],
+            "args": json.loads(params["args"]),
+            "kwargs": json.loads(params["kwargs"]),
+            "priority": params["priority"],
+            "status": status,
+            "attempts": 0,
+            "max_attempts": params["max_attempts"],
+            "run_at": run_at,
+            "idempotency_key": params["idempotency_key"],
+            "errors": [],
+            "created_at": created_at,
+            "trace_context": None if trace_context is None else json.loads(trace_context),
+        }
+        # Every other column of a new job is NULL (lease, result, timestamps, flags).
+        names = [f.attname for f in self.model._meta.concrete_fields]
+        return self.model.from_db(self.db_alias, names, [known.get(name) for name in names])
 
     def bulk_enqueue(
         self,
@@ -320,8 +316,9 @@ class JobManager(models.Manager["Job"]):
         *,
         lease_seconds: float | None = None,
         now: dt.datetime | None = None,
-    ) -> set[int]:
-        """Extend the leases ``worker_id`` still holds; return the ids it still owns.
+    ) -> Owned:
+        """Extend the leases ``worker_id`` still holds; return the ids it still owns
+        (``Owned``, a set whose ``cancel_requested`` holds those to stop).
 
         Give ``Job`` objects (as ``claim`` returned them) to fence on the attempt and its
         claim time as well as the owner; plain ids fence on the owner only. An id missing
@@ -335,7 +332,7 @@ class JobManager(models.Manager["Job"]):
             key=lambda o: o[0],  # ascending ids: a stable lock order
         )
         if not owned:
-            return set()
+            return Owned()
         rows = self._rows(
             sql.JOB_EXTEND_LEASES,
             {
@@ -349,7 +346,9 @@ class JobManager(models.Manager["Job"]):
                 "now": now,
             },
         )
-        return {row[0] for row in rows}
+        result = Owned(row[0] for row in rows)
+        result.cancel_requested = frozenset(row[0] for row in rows if row[1])
+        return result
 
     def complete(
         self,
@@ -360,19 +359,30 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
     ) -> bool:
         """Mark ``job`` done. False (and no change) if ``worker_id`` lost the lease."""
-        return bool(
-            self._rows(
-                sql.JOB_COMPLETE,
-                {
-                    "id": job.id,
-                    "worker_id": worker_id,
-                    "attempt": job.attempts,
-                    "claimed_at": job.last_attempted_at,
-                    "result": validation.result_json(result),
-                    "now": now,
-                },
-            )
+        return self.complete_status(job, worker_id, result=result, now=now) is not None
+
+    def complete_status(
+        self,
+        job: Job,
+        worker_id: str,
+        *,
+        result: Any = None,
+        now: dt.datetime | None = None,
+    ) -> str | None:
+        """``complete()``, returning the new status: ``done``, or ``cancelled`` if the
+        job's cancellation was requested; None if ``worker_id`` lost the lease."""
+        rows = self._rows(
+            sql.JOB_COMPLETE,
+            {
+                "id": job.id,
+                "worker_id": worker_id,
+                "attempt": job.attempts,
+                "claimed_at": job.last_attempted_at,
+                "result": validation.result_json(result),
+                "now": now,
+            },
         )
+        return rows[0][1] if rows else None
 
     def complete_many(
         self,
@@ -445,6 +455,7 @@ class JobManager(models.Manager["Job"]):
                     "worker_id": worker_id,
                     "attempt": job.attempts,
                     "claimed_at": job.last_attempted_at,
+                    "now": None,
                 },
             )
         )
@@ -476,6 +487,31 @@ class JobManager(models.Manager["Job"]):
             requeued.extend(row[0] for row in rows)
         return sorted(requeued)
 
+    def cancel(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> CancelResult:
+        """Cancel jobs by id. Pending and scheduled ones become ``cancelled`` at once;
+        running ones are marked, and their worker stops them at its next lease extension
+        (they end ``cancelled`` whatever their outcome). Finished and unknown ids are left
+        alone. One statement per ``SWEEP_BATCH_SIZE`` ids; a job locked at that instant
+        (being claimed or completed) is tried again a few times, then left as it is."""
+        cancelled: list[int] = []
+        requested: list[int] = []
+        for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
+            for round_ in range(CANCEL_ROUNDS):
+                busy = []
+                for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
+                    if status == "cancelled":
+                        cancelled.append(job_id)
+                    elif status == "running":
+                        requested.append(job_id)
+                    else:
+                        busy.append(job_id)
+                if not busy:
+                    break
+                chunk = busy
+                if round_ < CANCEL_ROUNDS - 1:
+                    time.sleep(CANCEL_RETRY_DELAY)
+        return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
+
     def discard_dead(self, ids: Iterable[int]) -> list[int]:
         """Delete dead jobs by id; return the ids deleted (never a job that stopped
         being dead meanwhile)."""
@@ -484,76 +520,13 @@ class JobManager(models.Manager["Job"]):
             deleted.extend(row[0] for row in self._rows(sql.JOB_DELETE_DEAD, {"ids": chunk}))
         return sorted(deleted)
 
-    def summary(self, *, cap: int = 10_000, now: dt.datetime | None = None) -> QueueSummary:
-        """Counts per status and queue, the longest wait, and expired leases, for the
-        admin. Never scans the table: live counts walk partial indexes under a LIMIT
-        of ``cap``; done/dead totals are planner estimates unless the table is small."""
-        live: dict[tuple[str, str], int] = {}
-        for status, queue_, jobs in self._rows(sql.JOB_COUNT_LIVE_BY_QUEUE, {"cap": cap}):
-            live[(status, queue_)] = jobs
-        totals: dict[str, int | None] = {}
-        for status in ("pending", "scheduled", "running"):
-            totals[status] = sum(n for (s, _), n in live.items() if s == status)
-        capped = frozenset(s for s, n in totals.items() if n is not None and n >= cap)
-
-        finished, estimated = self._finished_totals(cap)
-        totals.update(finished)
-
-        (wait, expired), *_ = self._rows(sql.JOB_GET_HEALTH, {"cap": cap, "now": now})
-        return QueueSummary(
-            live=live,
-            totals=totals,
-            estimated=estimated,
-            capped=capped,
-            oldest_pending_wait=wait,
-            expired_leases=expired,
-            cap=cap,
-        )
-
-    def _finished_totals(self, cap: int) -> tuple[dict[str, int | None], frozenset[str]]:
-        """done/dead totals: exact on a small table, else from planner statistics."""
-        stats = self.column_stats("status")
-        if stats.small(cap):
-            # Small table: exact, and still bounded in case the statistics are stale.
-            jobs = self.db_manager(self.db_alias).order_by()
-            return {
-                s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES
-            }, frozenset()
-        if stats.total < 0 or not stats.freqs:
-            return dict.fromkeys(FINISHED_STATUSES), frozenset()
-        return (
-            {s: round(stats.total * stats.freqs.get(s, 0.0)) for s in FINISHED_STATUSES},
-            frozenset(FINISHED_STATUSES),
-        )
-
-    def column_stats(self, column: str) -> ColumnStats:
-        """The planner's statistics about one column of the jobs table (no scan)."""
-        ((total, size, vals, freqs),) = self._rows(sql.JOB_GET_COLUMN_STATS, {"column": column})
-        pairs = zip(vals or (), freqs or (), strict=True)
-        return ColumnStats(total=total, bytes=size, freqs=dict(pairs))
-
-    def common_values(self, column: str, *, limit: int = 100) -> list[str]:
-        """Values of ``queue`` or ``task`` for the admin's filters: exact (DISTINCT) on a
-        small table, the planner's most common values on a big one (no scan; rare values
-        may be missing there, and the admin search still finds them)."""
-        if column not in ("queue", "task"):
-            raise ValueError(f"no common values for column {column!r}")
-        stats = self.column_stats(column)
-        if stats.small(limit * 100):
-            return list(
-                self.db_manager(self.db_alias)
-                .order_by(column)
-                .values_list(column, flat=True)
-                .distinct()[:limit]
-            )
-        return sorted(stats.freqs)[:limit]
-
     # --- maintenance ----------------------------------------------------------------
 
-    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int]:
-        """Return expired leases to pending (or dead on the last attempt), in bounded
-        batches. Returns (recovered, dead)."""
-        recovered = dead = 0
+    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int, int]:
+        """Return expired leases to pending (or dead on the last attempt, or cancelled if
+        their cancellation was requested), in bounded batches. Returns (recovered, dead,
+        cancelled)."""
+        recovered = dead = cancelled = 0
         params: dict[str, Any] = {
             "now": now,
             "batch_size": settings.SWEEP_BATCH_SIZE,
@@ -563,9 +536,10 @@ class JobManager(models.Manager["Job"]):
             rows = self._rows(sql.JOB_RESCUE_EXPIRED, params)
             dead += sum(1 for _, status in rows if status == "dead")
             recovered += sum(1 for _, status in rows if status == "pending")
+            cancelled += sum(1 for _, status in rows if status == "cancelled")
             if len(rows) < params["batch_size"]:
                 break
-        return recovered, dead
+        return recovered, dead, cancelled
 
     def promote_due(self, *, now: dt.datetime | None = None, batch_size: int | None = None) -> int:
         """Make due scheduled jobs pending and wake workers for their queues."""
@@ -598,17 +572,42 @@ class JobManager(models.Manager["Job"]):
 
     def sweep(self, *, now: dt.datetime | None = None) -> SweepResult:
         """One bounded maintenance pass; safe to run from several processes at once."""
-        recovered, dead = self.rescue_expired(now=now)
+        recovered, dead, cancelled = self.rescue_expired(now=now)
         return SweepResult(
             recovered=recovered,
             dead=dead,
+            cancelled=cancelled,
             promoted=self.promote_due(now=now),
             pruned=self.prune_finished(now=now),
+            lost_workers=self.prune_lost_workers(now=now),
         )
+
+    def prune_lost_workers(self, *, now: dt.datetime | None = None) -> int:
+        """Delete the rows of workers not seen for longer than their lease plus
+        ``PGQUEUE_LOST_WORKER_SECONDS``, in bounded batches."""
+        batch_size = int(settings.SWEEP_BATCH_SIZE)
+        params: dict[str, Any] = {
+            "now": now,
+            "batch_size": batch_size,
+            "keep_seconds": float(settings.LOST_WORKER_SECONDS),
+        }
+        pruned = 0
+        for _ in range(MAX_SWEEP_BATCHES):
+            count = len(self._rows(sql.WORKER_DELETE_LOST, params))
+            pruned += count
+            if count < batch_size:
+                break
+        return pruned
 
     def notify(self, queue: str) -> None:
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""
         self._rows(sql.JOB_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "queue": queue})
+
+    def configure_claim_session(self) -> None:
+        """Set up a worker's claim connection: claims keep to the claim index whatever
+        the statistics say, and commit without waiting for the disk (see
+        ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
+        self._rows(sql.SESSION_CONFIGURE_CLAIM, {})
 
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None

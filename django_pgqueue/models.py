@@ -6,13 +6,19 @@ issued by ``JobManager``; the ORM is used for reading (admin, ``get_result``) on
 
 from __future__ import annotations
 
+import datetime as dt
+
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import Q
+from django.db.models import ExpressionWrapper, F, Q, Value
+from django.db.models.lookups import LessThan
 
 from .manager import JobManager
 
 #: Statuses in which a job is still "live": an idempotency key is unique among these.
 LIVE_STATUSES = ("pending", "scheduled", "running")
+#: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
+FINISHED_STATUSES = ("done", "dead", "cancelled")
 
 
 class ClockTimestamp(models.Func):
@@ -26,12 +32,13 @@ class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
     class Status(models.TextChoices):
-        # The seed's words. Django's TaskResultStatus is mapped in backend.py only.
+        # The queue's own states; Django's TaskResultStatus is mapped in backend.py only.
         PENDING = "pending", "Pending"
         SCHEDULED = "scheduled", "Scheduled"
         RUNNING = "running", "Running"
         DONE = "done", "Done"
         DEAD = "dead", "Dead"
+        CANCELLED = "cancelled", "Cancelled"
 
     id = models.BigAutoField(primary_key=True)
     backend = models.CharField(max_length=64, default="default")
@@ -58,13 +65,21 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by Job.objects.cancel() on a running job: its worker stops it (see cancellation).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    #: The enqueuer's trace context (W3C headers) when OpenTelemetry is installed and a
+    #: trace was active; the worker links each run's span to it (see tracing.py).
+    trace_context = models.JSONField(null=True, blank=True)
 
     objects = JobManager()
 
     class Meta:
         db_table = "pgqueue_job"  # sql.py hard-codes this name; a test checks they agree
         ordering = ["-id"]
-        permissions = [("requeue_job", "Can requeue dead jobs")]
+        permissions = [
+            ("requeue_job", "Can requeue dead jobs"),
+            ("cancel_job", "Can cancel jobs"),
+        ]
         indexes = [
             # The claim path: exactly JOB_CLAIM's predicate and ORDER BY. Built
             # CONCURRENTLY in its own migration (0002) so it never locks the table.
@@ -110,7 +125,9 @@ class Job(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "scheduled", "running", "done", "dead"]),
+                condition=Q(
+                    status__in=["pending", "scheduled", "running", "done", "dead", "cancelled"]
+                ),
                 name="pgqueue_job_status_valid",
             ),
             models.CheckConstraint(
@@ -152,3 +169,92 @@ class DeadLetter(Job):
         proxy = True
         verbose_name = "dead letter"
         verbose_name_plural = "dead letters"
+
+
+class Schedule(models.Model):
+    """The state of one ``PGQUEUE_PERIODIC`` entry: the last tick enqueued for it.
+
+    Written only by the sweeper's two statements (``sql.SCHEDULE_SYNC`` and
+    ``sql.SCHEDULE_ENQUEUE_TICK``); the settings stay the source of the entry itself, so
+    a row whose entry was removed from the settings is left behind and ignored."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    task = models.CharField(max_length=255)
+    cron = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    enabled = models.BooleanField(default=True)
+    last_tick = models.DateTimeField(
+        help_text="The latest tick enqueued (or skipped: a new, changed or disabled entry)"
+    )
+    # Not a foreign key: done jobs are pruned, and the link may outlive its job.
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    updated_at = models.DateTimeField(db_default=ClockTimestamp())
+
+    class Meta:
+        db_table = "pgqueue_schedule"  # sql.py hard-codes this name too
+        ordering = ["name"]
+        verbose_name = "periodic schedule"
+
+    def __str__(self) -> str:
+        return f"Schedule {self.name} ({self.cron})"
+
+
+class Dashboard(Job):
+    """Proxy that gives the admin's queue dashboard its place on the admin index; it
+    reads nothing of its own (see ``admin.DashboardAdmin``)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+        default_permissions = ()  # shown to whoever may view jobs
+
+
+class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
+    def with_state(self) -> WorkerQuerySet:
+        """Annotate ``lost``: last seen longer ago than the worker's own lease, by the
+        database clock (the same rule as ``sql.WORKER_GET_ALL``)."""
+        lease = ExpressionWrapper(
+            Value(dt.timedelta(seconds=1)) * F("lease_seconds"),
+            output_field=models.DurationField(),
+        )
+        expires = ExpressionWrapper(F("last_seen_at") + lease, output_field=models.DateTimeField())
+        return self.annotate(lost=LessThan(expires, ClockTimestamp()))
+
+
+class WorkerProcess(models.Model):
+    """One running ``pgqueue_worker`` process, as it last reported itself.
+
+    Registered when the worker starts, refreshed by its heartbeat, deleted when it exits
+    cleanly. A row whose ``last_seen_at`` is older than the worker's own lease belongs to
+    a worker that died or lost the database: it is shown as lost, and the sweeper deletes
+    it once ``PGQUEUE_LOST_WORKER_SECONDS`` more have passed. Written only by the
+    statements of ``sql.py`` (``WORKER_*``); read by the admin and ``monitoring.py``.
+    """
+
+    id = models.CharField(max_length=255, primary_key=True, help_text="The lease owner name")
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = ArrayField(
+        models.CharField(max_length=64), null=True, blank=True, help_text="None: every queue"
+    )
+    concurrency = models.IntegerField()
+    lease_seconds = models.FloatField()
+    version = models.CharField(max_length=64)
+    started_at = models.DateTimeField(db_default=ClockTimestamp())
+    last_seen_at = models.DateTimeField(db_default=ClockTimestamp())
+    jobs_held = models.IntegerField(default=0, db_default=0)
+    jobs_done = models.BigIntegerField(default=0, db_default=0)
+    jobs_failed = models.BigIntegerField(default=0, db_default=0)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        db_table = "pgqueue_worker"  # sql.py hard-codes this name; a test checks they agree
+        ordering = ["hostname", "id"]
+        verbose_name = "worker"
+        verbose_name_plural = "workers"
+
+    def __str__(self) -> str:
+        return self.id

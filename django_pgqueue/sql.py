@@ -42,6 +42,24 @@ COPY pgqueue_job (
 ) FROM STDIN (FORMAT BINARY)
 """
 
+# COPY one bounded batch whose ids were taken from the sequence first (JOB_BULK_IDS):
+# what bulk enqueue does when task_enqueued has receivers, so each job can be announced
+# with its real id (COPY returns nothing). Otherwise as JOB_BULK_COPY.
+JOB_BULK_COPY_WITH_IDS = """
+COPY pgqueue_job (
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+) FROM STDIN (FORMAT BINARY)
+"""
+
+# Take %(count)s ids from the jobs' id sequence in one round trip, for a batch that is
+# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS).
+# No table is read; nextval never blocks and never hands an id out twice.
+JOB_BULK_IDS = """
+SELECT nextval(pg_get_serial_sequence('pgqueue_job', 'id'))
+FROM generate_series(1, %(count)s)
+"""
+
 # Insert one bounded batch that holds idempotency keys, skipping every job whose key a
 # live job in the same queue already holds (in the table, or earlier in this batch: DO
 # NOTHING sees rows this statement inserted). The partial unique index
@@ -69,6 +87,78 @@ ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
       AND status IN ('pending', 'scheduled', 'running')
     DO NOTHING
+"""
+
+# JOB_BULK_INSERT_DEDUPE with ids taken from the sequence first (JOB_BULK_IDS), for
+# announcing each job with its real id; RETURNING names the ids actually inserted (a
+# skipped job's id is simply never used). Same arbiter and order as JOB_BULK_INSERT_DEDUPE.
+JOB_BULK_INSERT_DEDUPE_WITH_IDS = """
+INSERT INTO pgqueue_job AS j (
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+)
+SELECT r.id, r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority,
+       r.status, r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb,
+       r.idempotency_key
+FROM unnest(
+    %(id)s::bigint[], %(backend)s::text[], %(queue)s::text[], %(task)s::text[],
+    %(args)s::text[], %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[],
+    %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[]
+) WITH ORDINALITY AS r(
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, idempotency_key, ord
+)
+ORDER BY r.ord
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.id
+"""
+
+# Cancel jobs by id, one bounded batch: pending and scheduled jobs become 'cancelled' at
+# once (with a JobCancelled error entry, so get_result() reports why); running jobs get
+# cancel_requested_at, which their worker's next lease extension reads back, and which
+# makes whatever write ends them (complete, fail, release, rescue) end them 'cancelled'.
+# A running job's lease fence (owner, attempts, claim time) is left untouched, so the
+# worker's writes still apply. Primary-key lookups, rows locked in id order with SKIP
+# LOCKED: a row being claimed or completed right now is not waited for but returned as
+# 'busy' (from a plain read of the ids), so the caller can try it again.
+JOB_CANCEL = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), target AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('pending', 'scheduled', 'running')
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE pgqueue_job AS j
+    SET status = CASE WHEN j.status = 'running' THEN 'running' ELSE 'cancelled' END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, clock.now),
+        finished_at = CASE WHEN j.status = 'running' THEN j.finished_at ELSE clock.now END,
+        errors = CASE WHEN j.status = 'running' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                          'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                          'traceback', 'django_pgqueue.exceptions.JobCancelled: cancelled '
+                              || 'before it ran (' || j.status || ')',
+                          'worker_id', '',
+                          'attempt', j.attempts,
+                          'at', clock.now)) END
+    FROM target, clock
+    WHERE j.id = target.id
+      AND j.status IN ('pending', 'scheduled', 'running')
+    RETURNING j.id, j.status
+)
+SELECT id, status FROM changed
+UNION ALL
+SELECT id, 'busy'
+FROM pgqueue_job
+WHERE id = ANY(%(ids)s::bigint[])
+  AND status IN ('pending', 'scheduled', 'running')
+  AND id NOT IN (SELECT id FROM target)
 """
 
 # Claim up to %(limit)s pending jobs of any queue for one worker, in priority order,
@@ -188,28 +278,42 @@ RETURNING j.*
 """
 
 
-# Mark a job done with its result, only while this worker still owns this attempt.
+# Mark a job done with its result, only while this worker still owns this attempt (or
+# 'cancelled', with a JobCancelled error entry, if its cancellation was requested).
 # Primary-key lookup; the fence makes a late (zombie) completion update zero rows.
 JOB_COMPLETE = """
-UPDATE pgqueue_job
-SET status = 'done',
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
     result = %(result)s::jsonb,
-    finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
-    lease_expires_at = NULL
-WHERE id = %(id)s
-  AND status = 'running'
-  AND lease_owner = %(worker_id)s
-  AND attempts = %(attempt)s
-  AND last_attempted_at::timestamp = %(claimed_at)s::timestamp
-RETURNING id
+    finished_at = clock.now,
+    lease_expires_at = NULL,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
+                          || 'requested while running; the task returned',
+                      'worker_id', j.lease_owner,
+                      'attempt', j.attempts,
+                      'at', clock.now)) END
+FROM clock
+WHERE j.id = %(id)s
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND j.attempts = %(attempt)s
+  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+RETURNING j.id, j.status
 """
 
 # Mark many jobs done with their results in one statement (the worker's batched
 # completion), each only while this worker still owns that attempt: the fence of
-# JOB_COMPLETE, row by row. Primary-key lookups via unnest; the caller sorts the input
-# by id so rows are locked in the order JOB_EXTEND_LEASES locks them (no deadlock with
-# the heartbeat). Returns the input position (1-based) of every row it changed: a
-# position missing from the result is a lost lease, and that job is left alone.
+# JOB_COMPLETE, row by row ('cancelled' where cancellation was requested). Primary-key
+# lookups via unnest; the caller sorts the input by id so rows are locked in the order
+# JOB_EXTEND_LEASES locks them (no deadlock with the heartbeat). Returns the input
+# position (1-based) of every row it changed: a position missing from the result is a
+# lost lease, and that job is left alone.
 # "(status = 'running') IS TRUE" is the same fence (status is NOT NULL) in a form that
 # does not match pgqueue_job_lease_idx's predicate: with "status = 'running'" the
 # planner, expecting few running rows, read that whole index instead of the 50 ids,
@@ -218,10 +322,18 @@ RETURNING id
 # 133 ms instead of 0.2 ms per batch after two minutes of a pinned horizon).
 JOB_COMPLETE_MANY = """
 UPDATE pgqueue_job AS j
-SET status = 'done',
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
     result = c.result,
     finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
+                          || 'requested while running; the task returned',
+                      'worker_id', j.lease_owner,
+                      'attempt', j.attempts,
+                      'at', coalesce(%(now)s::timestamptz, clock_timestamp()))) END
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
             %(results)s::jsonb[]) WITH ORDINALITY AS c(id, attempt, claimed_at, result, ord)
 WHERE j.id = c.id
@@ -256,6 +368,40 @@ WITH live AS (
 )
 SELECT status, queue, count(*) AS jobs
 FROM live
+GROUP BY status, queue
+ORDER BY status, queue
+"""
+
+# Status figures per queue (pending, scheduled, running, dead): up to %(cap)s rows of
+# each status, counted per queue, with the oldest run_at among the pending ones. Each
+# branch reads only its own partial index (claim, scheduled, lease, dead) and stops at
+# the LIMIT, so the cost is bounded however large the backlog; a status whose sample
+# reaches the cap is scaled up to the planner's estimate by the caller (monitoring.py).
+# No ORDER BY: any %(cap)s rows will do for a count.
+JOB_COUNT_SAMPLE_BY_QUEUE = """
+WITH sample AS (
+    (SELECT 'pending'::text AS status, queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'scheduled'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'scheduled'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'running'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'running'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'dead'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'dead'
+     LIMIT %(cap)s)
+)
+SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
+FROM sample
 GROUP BY status, queue
 ORDER BY status, queue
 """
@@ -305,6 +451,7 @@ WHERE j.id = old.id
 # one notification per job, delivered at commit (none if the caller rolls back).
 # Prepared (prepared.py): it returns only what the database decided (the caller has the
 # rest), so a column added to the table never changes a prepared statement's result.
+# trace_context is NULL unless OpenTelemetry is installed and a trace is active.
 JOB_ENQUEUE = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
@@ -312,13 +459,13 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at
+    run_at, idempotency_key, errors, created_at, trace_context
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -330,8 +477,10 @@ RETURNING j.id, j.status, j.run_at, j.created_at, pg_notify(%(channel)s, j.queue
 # Push the lease of jobs this worker still owns further into the future.
 # Primary-key lookups via unnest; fenced on owner and attempt (and its claim time) so a
 # worker can never extend a lease it lost. Returns the ids still owned, so a lost lease
-# is visible. The status test is written as in JOB_COMPLETE_MANY, and for its reason:
-# by primary key, never a walk of pgqueue_job_lease_idx.
+# is visible, and whether each one's cancellation was requested: the same statement
+# tells the worker to stop a cancelled job, at no extra query.
+# The status test is written as in JOB_COMPLETE_MANY, and for its reason: by primary
+# key, never a walk of pgqueue_job_lease_idx.
 JOB_EXTEND_LEASES = """
 UPDATE pgqueue_job AS j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
@@ -344,33 +493,50 @@ WHERE j.id = owned.id
   AND (owned.attempt IS NULL
        OR (j.attempts = owned.attempt
            AND j.last_attempted_at::timestamp = owned.claimed_at))
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 """
 
 # Record a failed attempt: retry later with exponential backoff and jitter while
-# attempts remain (and %(retry)s is true), else dead-letter. Primary-key lookup, fenced
+# attempts remain (and %(retry)s is true), else dead-letter; a job whose cancellation
+# was requested ends 'cancelled' instead (no retry, no dead letter), with a JobCancelled
+# entry after the task's own error. Primary-key lookup, fenced
 # like JOB_COMPLETE. The error list keeps only the newest %(keep_errors)s entries.
 JOB_FAIL = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 )
 UPDATE pgqueue_job AS j
-SET status = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN %(retry)s AND j.attempts < j.max_attempts
                   THEN 'scheduled' ELSE 'dead' END,
-    run_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+    run_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s
+                       AND j.attempts < j.max_attempts
                   THEN clock.now + make_interval(secs => least(
                       %(backoff_max)s::float8,
                       %(backoff_base)s::float8 * power(2, least(j.attempts - 1, 40))
                           * (0.75 + random() * 0.5)))
                   ELSE j.run_at END,
-    finished_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s
+                            AND j.attempts < j.max_attempts
                        THEN NULL ELSE clock.now END,
     lease_expires_at = NULL,
     errors = (
         SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
-        FROM jsonb_array_elements(j.errors || jsonb_build_array(%(error)s::jsonb))
-             WITH ORDINALITY AS e
-        WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
+        FROM (SELECT j.errors || jsonb_build_array(%(error)s::jsonb)
+                     || CASE WHEN j.cancel_requested_at IS NOT NULL
+                                  AND %(error)s::jsonb ->> 'exception_class_path'
+                                      <> 'django_pgqueue.exceptions.JobCancelled'
+                             THEN jsonb_build_array(jsonb_build_object(
+                                 'exception_class_path',
+                                 'django_pgqueue.exceptions.JobCancelled',
+                                 'traceback', 'django_pgqueue.exceptions.JobCancelled: '
+                                     || 'cancellation requested while running',
+                                 'worker_id', j.lease_owner,
+                                 'attempt', j.attempts,
+                                 'at', clock.now))
+                             ELSE '[]'::jsonb END AS entries) AS x,
+             jsonb_array_elements(x.entries) WITH ORDINALITY AS e
+        WHERE e.ordinality > jsonb_array_length(x.entries) - %(keep_errors)s
     )
 FROM clock
 WHERE j.id = %(id)s
@@ -444,6 +610,77 @@ SELECT greatest(clock.now - least(
 FROM clock
 """
 
+# Per-minute history for the dashboard's charts, over the last %(minutes)s minutes
+# (the last one still running): for each minute, up to %(cap)s done jobs that finished
+# in it (a range scan of pgqueue_job_done_idx, so at most minutes x cap index entries
+# whatever the table's size) with their first and last finish time, so the caller can
+# scale a capped minute up by its rate, and the average and longest wait of those jobs
+# before their last attempt started (last_attempted_at - run_at: the queue's latency);
+# plus the dead letters that died in each minute, among the newest %(cap)s (a backward
+# walk of pgqueue_job_dead_idx: dead letters are rare, and this stays bounded when not).
+JOB_GET_HISTORY = """
+WITH clock AS (
+    SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
+), minutes AS (
+    SELECT generate_series(clock.minute - make_interval(mins => %(minutes)s - 1),
+                           clock.minute, interval '1 minute') AS start
+    FROM clock
+), dead AS (
+    SELECT date_trunc('minute', d.finished_at) AS start, count(*) AS jobs
+    FROM (SELECT finished_at
+          FROM pgqueue_job
+          WHERE status = 'dead'
+          ORDER BY id DESC
+          LIMIT %(cap)s) AS d, clock
+    WHERE d.finished_at >= clock.minute - make_interval(mins => %(minutes)s - 1)
+    GROUP BY 1
+)
+SELECT m.start, done.jobs, done.first_at, done.last_at, done.wait_avg, done.wait_max,
+       coalesce(dead.jobs, 0) AS dead
+FROM minutes AS m
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs, min(s.finished_at) AS first_at, max(s.finished_at) AS last_at,
+           avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
+           max(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_max
+    FROM (SELECT finished_at, last_attempted_at, run_at
+          FROM pgqueue_job
+          WHERE status = 'done'
+            AND finished_at >= m.start
+            AND finished_at < m.start + interval '1 minute'
+          ORDER BY finished_at
+          LIMIT %(cap)s) AS s
+) AS done
+LEFT JOIN dead ON dead.start = m.start
+ORDER BY m.start
+"""
+
+# The head of each priority's line of pending jobs (queue and run_at): the jobs that
+# have waited longest at each priority, whatever the backlog. A loose index scan of
+# pgqueue_job_claim_idx: one seek per distinct priority (at most 201). With the pending
+# sample of JOB_COUNT_SAMPLE_BY_QUEUE it gives each queue's oldest pending job: exact
+# while the backlog is under the cap, a lower bound above it.
+JOB_GET_PENDING_HEADS = """
+WITH RECURSIVE head AS (
+    (SELECT priority, queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY priority DESC, id
+     LIMIT 1)
+    UNION ALL
+    SELECT nxt.priority, nxt.queue, nxt.run_at
+    FROM head,
+         LATERAL (SELECT priority, queue, run_at
+                  FROM pgqueue_job
+                  WHERE status = 'pending'
+                    AND priority < head.priority
+                  ORDER BY priority DESC, id
+                  LIMIT 1) AS nxt
+)
+SELECT queue, min(run_at)
+FROM head
+GROUP BY queue
+"""
+
 # Wake idle workers listening on the channel (payload: the queue name). Used after
 # promotions and requeues; delivered when the surrounding transaction commits.
 JOB_NOTIFY = """
@@ -479,19 +716,33 @@ RETURNING j.queue
 """
 
 # Give a claimed job back without charging the attempt (graceful shutdown before the
-# task started). Primary-key lookup, fenced like JOB_COMPLETE.
+# task started); a job whose cancellation was requested meanwhile ends 'cancelled'.
+# Primary-key lookup, fenced like JOB_COMPLETE.
 JOB_RELEASE = """
-UPDATE pgqueue_job
-SET status = 'pending',
-    attempts = attempts - 1,
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+    attempts = j.attempts - 1,
     lease_owner = NULL,
-    lease_expires_at = NULL
-WHERE id = %(id)s
-  AND status = 'running'
-  AND lease_owner = %(worker_id)s
-  AND attempts = %(attempt)s
-  AND last_attempted_at::timestamp = %(claimed_at)s::timestamp
-RETURNING id
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancelled '
+                          || 'before it ran (released at shutdown)',
+                      'worker_id', j.lease_owner,
+                      'attempt', j.attempts - 1,
+                      'at', clock.now)) END
+FROM clock
+WHERE j.id = %(id)s
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND j.attempts = %(attempt)s
+  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+RETURNING j.id
 """
 
 # Requeue dead letters by id (admin): back to pending with attempts reset and run_at
@@ -542,7 +793,8 @@ RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
 # Take back running jobs whose lease expired: to pending, or to dead once the attempt
-# limit is reached (a job that kills its worker every time must not loop forever).
+# limit is reached (a job that kills its worker every time must not loop forever), or to
+# cancelled if its cancellation was requested (its worker died before it could stop it).
 # Uses pgqueue_job_lease_idx; one bounded batch; SKIP LOCKED so it never waits on a
 # worker completing the same row (that worker's fenced write then wins or loses
 # cleanly). An error entry records whose lease expired.
@@ -559,26 +811,163 @@ WITH clock AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgqueue_job AS j
-SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
-    lease_owner = CASE WHEN j.attempts >= j.max_attempts THEN j.lease_owner END,
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    lease_owner = CASE WHEN j.attempts >= j.max_attempts
+                            OR j.cancel_requested_at IS NOT NULL THEN j.lease_owner END,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock.now END,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts
+                            OR j.cancel_requested_at IS NOT NULL THEN clock.now END,
     errors = (
         SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
-        FROM jsonb_array_elements(j.errors || jsonb_build_array(jsonb_build_object(
-                 'exception_class_path', 'django_pgqueue.exceptions.LeaseExpired',
-                 'traceback', 'LeaseExpired: lease of worker ' || j.lease_owner
-                     || ' expired after attempt ' || j.attempts
-                     || ' of ' || j.max_attempts,
-                 'worker_id', j.lease_owner,
-                 'attempt', j.attempts,
-                 'at', clock.now)))
+        FROM jsonb_array_elements(j.errors || jsonb_build_array(
+                 CASE WHEN j.cancel_requested_at IS NULL THEN jsonb_build_object(
+                     'exception_class_path', 'django_pgqueue.exceptions.LeaseExpired',
+                     'traceback', 'LeaseExpired: lease of worker ' || j.lease_owner
+                         || ' expired after attempt ' || j.attempts
+                         || ' of ' || j.max_attempts,
+                     'worker_id', j.lease_owner,
+                     'attempt', j.attempts,
+                     'at', clock.now)
+                 ELSE jsonb_build_object(
+                     'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                     'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
+                         || 'requested while running; the lease of worker '
+                         || j.lease_owner || ' expired',
+                     'worker_id', j.lease_owner,
+                     'attempt', j.attempts,
+                     'at', clock.now) END))
              WITH ORDINALITY AS e
         WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
     )
 FROM expired, clock
 WHERE j.id = expired.id
 RETURNING j.id, j.status
+"""
+
+# Jobs that finished in the last %(window_seconds)s seconds, per outcome and queue:
+# up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)
+# and the dead letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
+# per queue, in the last minute too, with the oldest finish time in the sample so the
+# caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries:
+# the window's start is a scalar subquery (an InitPlan), so it is the done index's
+# range condition; joined as a CTE it would be a filter, and an empty window would
+# walk the whole index.
+JOB_SAMPLE_FINISHED = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), done AS (
+    SELECT queue, finished_at
+    FROM pgqueue_job
+    WHERE status = 'done'
+      AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+), dead AS (
+    SELECT d.queue, d.finished_at
+    FROM (SELECT queue, finished_at
+          FROM pgqueue_job
+          WHERE status = 'dead'
+          ORDER BY id DESC
+          LIMIT %(cap)s) AS d, clock
+    WHERE d.finished_at >= clock.now - make_interval(secs => %(window_seconds)s)
+)
+SELECT 'done'::text AS outcome, queue, count(*) AS jobs,
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute') AS last_minute,
+       min(finished_at) AS oldest, clock.now
+FROM done, clock
+GROUP BY queue, clock.now
+UNION ALL
+SELECT 'dead'::text, queue, count(*),
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
+       min(finished_at), clock.now
+FROM dead, clock
+GROUP BY queue, clock.now
+"""
+
+# Enqueue one tick of a periodic entry, exactly once however many sweepers run: advance
+# the entry's row to the tick only if its last tick is older (and its cron and time zone
+# are the ones this tick was computed from), and insert the job from that same row, in one
+# statement. Primary-key lookup on pgqueue_schedule. SKIP LOCKED: a sweeper that finds
+# the row locked by another one skips it; the other enqueues the tick, or, if it rolls
+# back, the next pass does. The job's id is drawn in the UPDATE so the row links to the
+# job it enqueued; run_at is the tick, and the idempotency key periodic:<name>:<tick>
+# keeps it through retries. A live job already holding that key (enqueued by hand) is
+# that tick's job: the row advances and nothing is inserted (the partial unique index
+# pgqueue_job_idempotency_uniq is the arbiter). pg_notify in RETURNING wakes idle
+# workers at commit.
+SCHEDULE_ENQUEUE_TICK = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), due AS (
+    SELECT s.name
+    FROM pgqueue_schedule AS s, clock
+    WHERE s.name = %(name)s
+      AND s.last_tick < %(tick)s::timestamptz
+      AND s.cron = %(cron)s
+      AND s.timezone = %(timezone)s
+      AND %(tick)s::timestamptz <= clock.now
+    FOR UPDATE OF s SKIP LOCKED
+), advanced AS (
+    UPDATE pgqueue_schedule AS s
+    SET last_tick = %(tick)s::timestamptz,
+        last_job_id = nextval(pg_get_serial_sequence('pgqueue_job', 'id')),
+        updated_at = clock.now
+    FROM due, clock
+    WHERE s.name = due.name
+    RETURNING s.last_job_id
+)
+INSERT INTO pgqueue_job AS j (
+    id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+    run_at, idempotency_key, errors, created_at
+)
+SELECT advanced.last_job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
+       %(kwargs)s::jsonb, %(priority)s, 'pending', 0, %(max_attempts)s,
+       %(tick)s::timestamptz, %(idempotency_key)s, '[]'::jsonb, clock.now
+FROM advanced, clock
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
+"""
+
+# Make a periodic entry's row agree with the settings, taking no lock when it already
+# does. A new entry starts at its latest past tick (%(tick)s) without a job, so it first
+# runs at its next tick. A changed cron or time zone, or a disabled entry, moves the last
+# tick up to the latest past tick of the new cron (never back), so the change takes effect
+# at its next tick and no tick of the old cron is enqueued late. Primary-key lookup;
+# the UPDATE matches no row when nothing changed, and ON CONFLICT DO NOTHING (not DO
+# UPDATE, which would lock the row every pass) leaves an existing row alone.
+SCHEDULE_SYNC = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), changed AS (
+    UPDATE pgqueue_schedule AS s
+    SET task = %(task)s,
+        cron = %(cron)s,
+        timezone = %(timezone)s,
+        enabled = %(enabled)s,
+        last_tick = CASE WHEN s.cron <> %(cron)s OR s.timezone <> %(timezone)s
+                               OR NOT %(enabled)s
+                          THEN greatest(s.last_tick, %(tick)s::timestamptz)
+                          ELSE s.last_tick END,
+        updated_at = clock.now
+    FROM clock
+    WHERE s.name = %(name)s
+      AND (s.task <> %(task)s OR s.cron <> %(cron)s OR s.timezone <> %(timezone)s
+           OR s.enabled <> %(enabled)s
+           OR (NOT %(enabled)s AND s.last_tick < %(tick)s::timestamptz))
+    RETURNING s.name
+)
+INSERT INTO pgqueue_schedule (
+    name, task, cron, timezone, enabled, last_tick, created_at, updated_at
+)
+SELECT %(name)s, %(task)s, %(cron)s, %(timezone)s, %(enabled)s, %(tick)s::timestamptz,
+       clock.now, clock.now
+FROM clock
+WHERE NOT EXISTS (SELECT 1 FROM changed)
+ON CONFLICT (name) DO NOTHING
 """
 
 # Label a worker's connection and bound its statements: application_name shows which
@@ -593,6 +982,25 @@ SELECT set_config('application_name', %(application_name)s, false),
                   false)
 """
 
+# Set up a worker's claim connection, which runs nothing but the claim and promote
+# statements (both ordered index scans under a LIMIT):
+# * no bitmap scans, which keeps claims on pgqueue_job_claim_idx whatever the planner's
+#   statistics say. Right after a bulk load, or when the last ANALYZE saw few pending
+#   jobs, the planner estimates a handful of pending rows and picks a bitmap scan of
+#   every pending entry plus a sort: a cost that grows with the backlog, paid by every
+#   claim (measured on 20,000 fresh pending jobs: 14 ms per claim instead of 0.1 ms);
+#   without bitmap scans the ordered index scan that stops at the LIMIT is the
+#   cheapest plan left;
+# * asynchronous commit: a claim (or promotion) that a server crash loses is one never
+#   made, and the job is pending (or scheduled) again, attempt not charged, as if the
+#   claim had not happened; and any later durable commit (the job's completion or
+#   failure, on another connection) flushes the WAL of the claim before it. So the
+#   claim and its round trip do not wait for a disk flush. No table.
+SESSION_CONFIGURE_CLAIM = """
+SELECT set_config('enable_bitmapscan', 'off', false),
+       set_config('synchronous_commit', 'off', false)
+"""
+
 # Subscribe the listener's connection to the wake-up channel. A template, not a query
 # with parameters: LISTEN takes an identifier, so the caller fills {channel} in with
 # psycopg.sql.Identifier(settings.NOTIFY_CHANNEL). No table.
@@ -604,4 +1012,84 @@ LISTEN {channel}
 # listener only waits for notifications, and a cheap query raises if it did. No table.
 SESSION_PING = """
 SELECT 1
+"""
+
+# Forget a worker that exits cleanly (the last thing it does). Primary-key lookup.
+WORKER_DELETE = """
+DELETE FROM pgqueue_worker
+WHERE id = %(id)s
+"""
+
+# Delete workers lost for longer than %(keep_seconds)s beyond their own lease (killed,
+# or cut off from the database), one bounded batch. The workers table holds one row per
+# process, so this is a scan of a handful of rows; LIMIT and SKIP LOCKED keep it bounded
+# and let several sweepers run at once.
+WORKER_DELETE_LOST = """
+WITH lost AS (
+    SELECT id
+    FROM pgqueue_worker
+    WHERE last_seen_at + make_interval(secs => lease_seconds + %(keep_seconds)s)
+          < coalesce(%(now)s::timestamptz, clock_timestamp())
+    ORDER BY last_seen_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue_worker AS w
+USING lost
+WHERE w.id = lost.id
+RETURNING w.id
+"""
+
+# Every registered worker, with whether it is lost (not seen for longer than its own
+# lease) judged by the database clock. The table holds one row per worker process, so
+# a plain ordered scan; %(limit)s bounds it anyway.
+WORKER_GET_ALL = """
+SELECT id, hostname, pid, queues, concurrency, lease_seconds, version, started_at,
+       last_seen_at, jobs_held, jobs_done, jobs_failed,
+       last_seen_at + make_interval(secs => lease_seconds)
+           < coalesce(%(now)s::timestamptz, clock_timestamp()) AS lost,
+       coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at AS unseen_for
+FROM pgqueue_worker
+ORDER BY hostname, id
+LIMIT %(limit)s
+"""
+
+# Register a worker process at start (or again, after the sweeper deleted a worker that
+# was cut off and came back). A restarted worker reusing its id takes the row over with
+# a fresh start time. Primary-key upsert.
+WORKER_REGISTER = """
+INSERT INTO pgqueue_worker AS w (
+    id, hostname, pid, queues, concurrency, lease_seconds, version,
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+)
+VALUES (
+    %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
+    %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
+    coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
+    %(jobs_failed)s
+)
+ON CONFLICT (id) DO UPDATE
+SET hostname = excluded.hostname,
+    pid = excluded.pid,
+    queues = excluded.queues,
+    concurrency = excluded.concurrency,
+    lease_seconds = excluded.lease_seconds,
+    version = excluded.version,
+    started_at = CASE WHEN %(restart)s THEN excluded.started_at ELSE w.started_at END,
+    last_seen_at = excluded.last_seen_at,
+    jobs_held = excluded.jobs_held,
+    jobs_done = excluded.jobs_done,
+    jobs_failed = excluded.jobs_failed
+"""
+
+# The heartbeat's "still alive": last seen now, with how many jobs the worker holds and
+# its running totals. Primary-key update, one per beat; zero rows means the row is gone
+# (pruned while the worker was cut off), and the worker registers again.
+WORKER_TOUCH = """
+UPDATE pgqueue_worker
+SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    jobs_held = %(jobs_held)s,
+    jobs_done = %(jobs_done)s,
+    jobs_failed = %(jobs_failed)s
+WHERE id = %(id)s
 """

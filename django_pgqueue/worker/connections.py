@@ -36,16 +36,20 @@ def configure_session(
     """Label (and bound) this thread's connection once per physical connection.
 
     The label is ``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name``;
-    ``statement_timeout`` is in seconds (None: keep the connection's own)."""
+    ``statement_timeout`` is in seconds (None: keep the connection's own). The claim
+    connection is also set up for claiming (``sql.SESSION_CONFIGURE_CLAIM``)."""
     wrapper = connections[alias]
     raw = wrapper.connection
     if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
         return
     wrapper.ensure_connection()
-    Job.objects.db_manager(alias).configure_session(
+    manager = Job.objects.db_manager(alias)
+    manager.configure_session(
         f"pgqueue {role} {worker_id}",
         statement_timeout_ms=None if statement_timeout is None else int(statement_timeout * 1000),
     )
+    if role == "claim":
+        manager.configure_claim_session()
     wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
 
 

@@ -16,6 +16,7 @@ from django.db import DatabaseError
 
 from ..conf import settings
 from ..models import Job
+from . import presence
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
@@ -63,6 +64,7 @@ class Heartbeat(WorkerPart):
     def beat(self) -> None:
         """Extend the leases of held jobs, fenced on (owner, attempt), except those
         whose task ran past its timeout; mark leases found lost."""
+        presence.touch(self.state)  # the workers table: last seen now
         now = time.monotonic()
         default_timeout = settings.JOB_TIMEOUT_SECONDS
         held: list[Job] = []
@@ -105,6 +107,8 @@ class Heartbeat(WorkerPart):
         )
         self.ok_at = now
         for job in held:
+            if job.id in owned.cancel_requested:
+                self._request_cancel(job)
             if job.id not in owned:
                 with self.lock:
                     entry = self.state.entry(job)
@@ -119,3 +123,17 @@ class Heartbeat(WorkerPart):
                         "worker_id": self.worker_id,
                     },
                 )
+
+    def _request_cancel(self, job: Job) -> None:
+        """Tell the running task (``current_job().cancel_requested``; an async task's
+        coroutine is cancelled by the runner) that its job was cancelled."""
+        with self.lock:
+            entry = self.state.entry(job)
+            if entry is None or entry.cancel.is_set():
+                return
+            entry.cancel.set()
+        logger.info(
+            "job %s: cancellation requested; telling the task to stop",
+            job.id,
+            extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+        )

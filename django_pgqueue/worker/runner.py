@@ -9,14 +9,20 @@ with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable, Coroutine
+from inspect import iscoroutinefunction
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
-from .. import validation
+from .. import tracing, validation
 from ..backend import load_task, to_task_result
-from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
+from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
 from ..taskapi import (
     Task,
@@ -40,6 +46,28 @@ from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
 
+CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effects rolled back"
+#: How often a running coroutine task's cancellation flag is checked, in seconds.
+ASYNC_CANCEL_POLL = 0.05
+
+
+async def cancellable(
+    func: Callable[..., Coroutine[Any, Any, Any]],
+    cancel: threading.Event,
+    /,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Await ``func(*args, **kwargs)``; cancel it (``asyncio.CancelledError`` raised at
+    its current ``await``) once ``cancel`` is set by the heartbeat thread."""
+    job = asyncio.ensure_future(func(*args, **kwargs))
+    while not job.done():
+        await asyncio.wait({job}, timeout=ASYNC_CANCEL_POLL)
+        if cancel.is_set() and not job.done():
+            job.cancel()
+            break
+    return await job
+
 
 class JobRunner(WorkerPart):
     """Runs claimed jobs for one worker; its runner threads share one instance.
@@ -54,6 +82,15 @@ class JobRunner(WorkerPart):
         super().__init__(state)
         self.reporter = reporter
         self.completer = completer
+        #: Tasks already imported, by path (a worker runs few distinct tasks, many times).
+        self._tasks: dict[str, Task] = {}
+
+    def _load(self, path: str) -> Task:
+        """The task at ``path`` (see ``backend.load_task``), imported once per worker."""
+        task = self._tasks.get(path)
+        if task is None:
+            task = self._tasks[path] = load_task(path)
+        return task
 
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
@@ -87,10 +124,17 @@ class JobRunner(WorkerPart):
         True if the job went to the completer, which removes it from ``held`` once its
         completion is written; otherwise the caller removes it afterwards."""
         recycle_connections()
+        try:
+            task: Task | None = self._load(job.task)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - recorded below, once started
+            task, error = None, exc
+        timeout = task_option(task, "timeout") if task is not None else None
         with self.lock:
             held = self.state.entry(job)
             if held is not None and not held.lost:
                 held.started = time.monotonic()
+                held.timeout = float(timeout) if isinstance(timeout, int | float) else None
         if held is None or held.lost:
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused), or that was claimed again: another run owns it;
@@ -102,21 +146,33 @@ class JobRunner(WorkerPart):
                 extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
             return False
-        try:
-            task = load_task(job.task)
-        except ValueError as exc:
+        if held.cancel.is_set():
+            # Prefetched, and cancelled before it started: never run it. The release
+            # statement ends a cancel-requested job 'cancelled' (attempt not charged).
+            written, _ = self.write_retrying(
+                lambda: Job.objects.db_manager(self.alias).release(job, self.worker_id),
+                jobs=[job],
+                outcome="cancel",
+            )
+            if written:
+                logger.info(
+                    "job %s cancelled before it started; not running it",
+                    job.id,
+                    extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+                )
+            return False
+        if isinstance(error, ValueError):
             # Never retried: the code is gone or the path is not a Task.
-            self._record_failure(job, TaskNotFound(str(exc)), retry=False)
+            self._record_failure(job, TaskNotFound(str(error)), retry=False)
             return False
-        except BaseException as exc:  # noqa: BLE001 - the task's module raised on import
-            # Recorded like a task error (and retried: it may be a deploy in progress),
-            # rather than lost to a lease expiry with no reason kept.
-            self._record_failure(job, exc)
+        if task is None:
+            # The task's module raised on import: recorded like a task error (and
+            # retried: it may be a deploy in progress), rather than lost to a lease
+            # expiry with no reason kept.
+            assert error is not None
+            self._record_failure(job, error)
             return False
-        timeout = task_option(task, "timeout")
         transactional = bool(task_option(task, "transactional"))
-        with self.lock:
-            held.timeout = float(timeout) if isinstance(timeout, int | float) else None
         token = _current.set(
             CurrentJob(
                 id=job.id,
@@ -126,28 +182,47 @@ class JobRunner(WorkerPart):
                 queue=job.queue,
                 worker_id=self.worker_id,
                 transactional=transactional,
+                run_at=job.run_at,
+                cancel=held.cancel,
             )
         )
         try:
-            return self._run(job, task, transactional=transactional)
+            with tracing.job_span(job):
+                return self._run(job, task, transactional=transactional, cancel=held.cancel)
         finally:
             _current.reset(token)
 
-    def _call(self, job: Job, task: Task, task_result: TaskResult) -> object:
-        """Call the task; return its JSON-safe value (a bad value raises here)."""
+    def _call(
+        self, job: Job, task: Task, task_result: TaskResult | None, cancel: threading.Event
+    ) -> object:
+        """Call the task; return its JSON-safe value (a bad value raises here). A
+        coroutine task is cancelled (``asyncio.CancelledError`` inside it) once
+        ``cancel`` is set. ``task_result`` is built whenever the task takes a context."""
+        args: list[Any] = list(job.args)
         if task.takes_context:
-            value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+            assert task_result is not None
+            args.insert(0, TaskContext(task_result=task_result))
+        if iscoroutinefunction(task.func):
+            value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.call(*job.args, **job.kwargs)
+            value = task.call(*args, **job.kwargs)
         value = normalize_json(value)
         validation.result_json(value)  # a bad return value fails the job here
         return value
 
-    def _run(self, job: Job, task: Task, *, transactional: bool) -> bool:
+    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: threading.Event) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        task_result = to_task_result(job, task)
-        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-        self.reporter.signal(task_started, task_result)
+        # Django's TaskResult only when something reads it: the task's context, or a
+        # receiver of task_started or task_finished.
+        task_result = None
+        if (
+            task.takes_context
+            or self.reporter.wants(task_started)
+            or self.reporter.wants(task_finished)
+        ):
+            task_result = to_task_result(job, task)
+            object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+            self.reporter.signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
         try:
@@ -156,17 +231,22 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value = self._call(job, task, task_result)
-                    if not Job.objects.db_manager(self.alias).complete(
+                    value = self._call(job, task, task_result, cancel)
+                    if cancel.is_set():
+                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
+                    status = Job.objects.db_manager(self.alias).complete_status(
                         job, self.worker_id, result=value
-                    ):
+                    )
+                    if status is None:
                         raise LeaseLost(
                             f"job {job.id}: lease lost before completion; "
                             "the task's effects were rolled back"
                         )
+                    if status == "cancelled":  # requested since the last lease extension
+                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     completed_in_tx = True
             else:
-                value = self._call(job, task, task_result)
+                value = self._call(job, task, task_result, cancel)
                 wrapper = connections[self.alias]
                 if wrapper.in_atomic_block or not wrapper.get_autocommit():
                     discard_connection(self.alias)
@@ -175,6 +255,7 @@ class JobRunner(WorkerPart):
                         "rolled back and the connection discarded"
                     )
         except LeaseLost:
+            tracing.outcome(tracing.LOST)
             self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
@@ -194,6 +275,7 @@ class JobRunner(WorkerPart):
                 and not connections[self.alias].in_atomic_block
             ):
                 # Committed: only an on_commit callback raised after the commit.
+                tracing.outcome(tracing.SUCCEEDED)
                 self.stats.count("done")
                 logger.error(
                     "job %s %s done (transactional), but an on_commit callback raised",
@@ -205,8 +287,22 @@ class JobRunner(WorkerPart):
                 return False
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
+            tracing.outcome(tracing.FAILED, exc)
             status = self._record_failure(job, exc)
-            if status is not None:
+            if status == "cancelled":
+                logger.info(
+                    "job %s %s cancelled after %.3fs (%s: %s)",
+                    job.id,
+                    job.task,
+                    elapsed,
+                    type(exc).__name__,
+                    exc,
+                    extra={"action": "cancel", **log_extra},
+                )
+                if task_result is not None:
+                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                    self.reporter.signal(task_finished, task_result)
+            elif status is not None:
                 logger.error(
                     "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
                     job.id,
@@ -218,13 +314,20 @@ class JobRunner(WorkerPart):
                     exc_info=exc,
                     extra={"action": "fail", **log_extra},
                 )
-                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                self.reporter.signal(task_finished, task_result)
+                if task_result is not None:
+                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                    self.reporter.signal(task_finished, task_result)
             return False
         elapsed = time.perf_counter() - started
+        tracing.outcome(tracing.SUCCEEDED)
         if transactional:
             self.stats.count("done")
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
+            return False
+        if cancel.is_set():
+            # Cancelled, and the task returned (a cooperative stop): written now rather
+            # than in a batch, so the log and the signal say "cancelled", not "done".
+            self._record_cancelled(job, value, elapsed, task_result)
             return False
         # Recorded in a batch by the completer thread, which logs it and sends
         # task_finished once the fenced write succeeded; the job stays held (its lease
@@ -233,8 +336,39 @@ class JobRunner(WorkerPart):
             held = self.state.entry(job)
             if held is not None:
                 held.completing = True
-        self.completer.submit(Completion(job, value, elapsed, task_result, _current.get()))
+            last = not self.state.in_flight_locked()
+        self.completer.submit(
+            Completion(job, value, elapsed, task_result, _current.get()), last=last
+        )
         return True
+
+    def _record_cancelled(
+        self, job: Job, value: object, elapsed: float, task_result: TaskResult | None
+    ) -> None:
+        """Write the outcome of a task that returned after its job's cancellation was
+        requested: the fenced completion ends it ``cancelled`` (result kept)."""
+        manager = Job.objects.db_manager(self.alias)
+        written, status = self.write_retrying(
+            lambda: manager.complete_status(job, self.worker_id, result=value),
+            jobs=[job],
+            outcome="cancel",
+        )
+        if not written:
+            return
+        if status is None:
+            self.report_lost(job, "cancel")
+            return
+        logger.info(
+            "job %s %s %s after %.3fs (the task stopped)",
+            job.id,
+            job.task,
+            status,
+            elapsed,
+            extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+        )
+        if task_result is not None:
+            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+            self.reporter.signal(task_finished, task_result)
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
         """Write a failed attempt, fenced; return the job's new status, or None if it
