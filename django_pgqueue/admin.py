@@ -28,6 +28,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
@@ -37,8 +38,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from . import periodic
 from .exceptions import InvalidJob
-from .models import LIVE_STATUSES, DeadLetter, Job
+from .models import LIVE_STATUSES, DeadLetter, Job, Schedule
 from .paginator import EstimatedCountPaginator
 from .summary import common_values, queue_summary
 
@@ -48,8 +50,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
+CANCEL_PERMISSION = "django_pgqueue.cancel_job"
+#: Jobs listed by name on the cancel confirmation page (all of them are posted back).
+CANCEL_SHOWN = 100
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
+#: Digits of the largest job id (a bigint).
+MAX_ID_DIGITS = 19
 
 
 # --- display helpers -------------------------------------------------------------------
@@ -85,6 +92,28 @@ def human_duration(value: dt.timedelta | None) -> str:
     parts = [(days, "d"), (hours, "h"), (minutes, "min"), (seconds, "s")]
     shown = [f"{n} {unit}" for n, unit in parts if n][:2]
     return " ".join(shown) or "0 s"
+
+
+def job_id(text: str) -> int | None:
+    """The job id ``text`` spells in ASCII digits (a bigint), else None: never an
+    exception, and never a number the database would refuse as out of range."""
+    text = text.strip()
+    if not (text.isascii() and text.isdecimal()) or len(text) > MAX_ID_DIGITS:
+        return None
+    number = int(text)
+    return number if 0 < number < 2**63 else None
+
+
+def storable(text: str) -> bool:
+    """Whether PostgreSQL can take ``text`` as a text parameter: no NUL character, and
+    valid Unicode (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def actor(request: HttpRequest) -> dict[str, Any]:
@@ -213,6 +242,44 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexedOrderChangeList
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        # An empty ?_to_field= makes Django look up a field named "" (a 500); an empty
+        # value means no field, as it does on the list page.
+        return super().get_object(request, object_id, from_field or None)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Django's action dispatch, with the posted selection reduced to valid job ids
+        first: Django filters ``pk__in`` with whatever was posted, and a value that is
+        not a bigint ("x", "1.5", 2**63) raised there, a 500."""
+        posted = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ids = [i for i in map(job_id, posted) if i is not None]
+        if len(ids) != len(posted):
+            post = request.POST.copy()
+            post.setlist(helpers.ACTION_CHECKBOX_NAME, [str(i) for i in ids])
+            request.POST = post  # type: ignore[assignment]
+        return super().response_action(request, queryset, *args, **kwargs)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """Refuse a filter or search no text column can match, before any query:
+        PostgreSQL rejects a NUL character in a text parameter with an error (a 500),
+        not with "no rows". Django's admin then shows the unfiltered list (``?e=1``),
+        and the message says which parameter was dropped."""
+        for name, values in request.GET.lists():
+            bad = next((v for v in (name, *values) if not storable(v)), None)
+            if bad is not None:
+                self.message_user(
+                    request,
+                    f"Ignored the filters: {name[:40]!r} holds a NUL character or invalid "
+                    "Unicode, which no job's text can hold.",
+                    messages.WARNING,
+                )
+                raise IncorrectLookupParameters(f"unstorable text in {name!r}")
+        return super().get_changelist_instance(request)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
         match = request.resolver_match
@@ -231,7 +298,9 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit() and int(term) < 2**63:
+        # isdecimal(), not isdigit(): "²" is a digit that int() refuses. At most 19
+        # digits: a bigint, and never past Python's int-to-str digit limit.
+        if term.isdecimal() and len(term) <= MAX_ID_DIGITS and int(term) < 2**63:
             return queryset.filter(pk=int(term)), False
         return (
             queryset.filter(
@@ -317,7 +386,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "last_error_line",
     )
     list_filter = ("status", QueueFilter, TaskFilter, ("created_at", admin.DateFieldListFilter))
-    actions = None
+    actions = ("cancel_selected",)
     readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
     fieldsets = tuple(
         (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
@@ -340,6 +409,76 @@ class JobAdmin(ReadOnlyJobAdmin):
         # Dead letters are discarded from their own page; other jobs are not deleted
         # by hand (done jobs are pruned by the sweeper).
         return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    @admin.action(permissions=["cancel"], description="Cancel selected jobs")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """A confirmation page first; then one guarded statement per batch
+        (``Job.objects.cancel``), and a message saying what changed and what did not."""
+        ids = DeadLetterAdmin.selected_ids(request, queryset)
+        if not request.POST.get("post"):
+            jobs = list(
+                Job.objects.filter(pk__in=ids).order_by("id").only("id", "task", "status", "queue")
+            )
+            return TemplateResponse(
+                request,
+                "admin/django_pgqueue/job/cancel_selected_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Cancel jobs",
+                    "opts": self.model._meta,
+                    "jobs": jobs,
+                    "shown": jobs[:CANCEL_SHOWN],
+                    "more": max(0, len(jobs) - CANCEL_SHOWN),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        result = Job.objects.cancel(ids)
+        logger.info(
+            "%s cancelled %d and requested cancellation of %d of %d selected jobs: %s %s",
+            request.user.get_username(),
+            len(result.cancelled),
+            len(result.requested),
+            len(ids),
+            result.cancelled,
+            result.requested,
+            extra={
+                "action": "cancel",
+                "job_ids": result.cancelled + result.requested,
+                **actor(request),
+            },
+        )
+        changed = result.cancelled + result.requested
+        if changed:
+            assert request.user.pk is not None  # the admin lets only staff users in
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=Job.objects.filter(pk__in=changed),
+                action_flag=CHANGE,
+                change_message="Cancelled from the admin.",
+            )
+        parts = [
+            f"Cancelled {len(result.cancelled)} job{'s' if len(result.cancelled) != 1 else ''}"
+        ]
+        if result.requested:
+            parts.append(
+                f"asked {len(result.requested)} running job"
+                f"{'s' if len(result.requested) != 1 else ''} to stop (job "
+                + ", ".join(str(i) for i in result.requested[:10])
+                + ")"
+            )
+        missed = len(ids) - len(changed)
+        if missed:
+            parts.append(
+                f"{missed} of {len(ids)} selected not cancelled: already finished (done, "
+                "dead or cancelled) or busy at that instant"
+            )
+        self.message_user(
+            request, "; ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
+        )
+        return None
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -576,13 +715,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         posted: Iterable[str] = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         if request.POST.get("select_across") == "1":
             return list(queryset.values_list("pk", flat=True))
-        ids = []
-        for value in posted:
-            try:
-                ids.append(int(value))
-            except ValueError:
-                continue
-        return sorted(set(ids))
+        return sorted({i for i in map(job_id, posted) if i is not None})
 
     def report(
         self,
@@ -606,3 +739,73 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
             if verb == "Requeued":
                 text += " or a live job holds the same idempotency key"
         self.message_user(request, text + ".", messages.SUCCESS if changed else messages.WARNING)
+
+
+# --- periodic schedules -----------------------------------------------------------------
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Every periodic entry the sweepers have seen, read-only: the settings
+    (``PGQUEUE_PERIODIC``) are where entries are added, changed and removed."""
+
+    list_display = (
+        "name",
+        "task",
+        "cron",
+        "timezone",
+        "state",
+        "next_tick",
+        "last_tick",
+        "last_job_link",
+    )
+    readonly_fields = (
+        *list_display,
+        "enabled",
+        "created_at",
+        "updated_at",
+    )
+    fields = readonly_fields
+    sortable_by = ("name",)
+    ordering = ("name",)
+    search_fields = ("name", "task")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _entry(self, obj: Schedule) -> periodic.PeriodicEntry | None:
+        valid, _ = periodic.entries()
+        return next((e for e in valid if e.name == obj.name), None)
+
+    @admin.display(description="state")
+    def state(self, obj: Schedule) -> str:
+        entry = self._entry(obj)
+        if entry is None:
+            return "removed from settings (no longer enqueued)"
+        return "enabled" if entry.enabled else "disabled"
+
+    @admin.display(description="next tick")
+    def next_tick(self, obj: Schedule) -> dt.datetime | str:
+        """From the entry as the settings give it now (a changed cron shows here at once)."""
+        entry = self._entry(obj)
+        if entry is None or not entry.enabled:
+            return "—"
+        tick = entry.next_tick(dt.datetime.now(dt.UTC))
+        return "—" if tick is None else tick
+
+    @admin.display(description="last job")
+    def last_job_link(self, obj: Schedule) -> str:
+        if obj.last_job_id is None:
+            return "—"
+        url = reverse(
+            "admin:django_pgqueue_job_change",
+            args=[obj.last_job_id],
+            current_app=self.admin_site.name,
+        )
+        return format_html('<a href="{}">job {}</a>', url, obj.last_job_id)

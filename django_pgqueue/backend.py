@@ -31,6 +31,7 @@ STATUS_MAP = {
     "running": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "dead": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,  # its errors end with a JobCancelled entry
 }
 
 

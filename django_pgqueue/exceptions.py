@@ -34,3 +34,10 @@ class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
 class UnsupportedServerError(PgQueueError):
     """The database server is older than django-pgqueue supports (PostgreSQL 14); the
     message names both versions. Raised before anything is written."""
+
+
+class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
+    """Recorded in the ``errors`` of a job that was cancelled (``Job.objects.cancel``).
+
+    A transactional task whose cancellation is seen before it commits raises it inside
+    its transaction, so its effects roll back; a cooperative task may raise it too."""

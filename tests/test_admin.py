@@ -174,6 +174,59 @@ def test_dead_letter_list__filters_by_queue_and_task_and_searches(admin_client, 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "term",
+    ["\u00b2", "\u0661", "9" * 5000, str(2**63), "12\u00b2"],
+    ids=["superscript-two", "arabic-one", "5000-digits", "2**63", "digits-and-superscript"],
+)
+def test_job_list__search_for_a_number_that_is_no_job_id_is_text(admin_client, job_factory, term):
+    """SUPERSCRIPT TWO is isdigit() but int() refuses it (a 500); now it is searched as text."""
+    job_factory()
+    response = admin_client.get(reverse(JOB_LIST), {"q": term})
+    assert response.status_code == 200
+    assert list(response.context["cl"].result_list) == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("parameter", ["queue", "task", "status__exact", "q"])
+@pytest.mark.parametrize("url", [JOB_LIST, DEAD_LIST])
+def test_lists__nul_in_a_filter_drops_the_filters_with_a_message(
+    admin_client, dead_factory, url, parameter
+):
+    """PostgreSQL refuses NUL in text (a DataError, a 500): the admin shows the list
+    unfiltered (Django's ?e=1) and says which parameter it ignored."""
+    dead_factory(queue="mail")
+    response = admin_client.get(reverse(url) + f"?{parameter}=mail%00x", follow=True)
+    assert response.status_code == 200
+    assert response.redirect_chain == [(reverse(url) + "?e=1", 302)]
+    assert f"Ignored the filters: '{parameter}' holds a NUL character" in texts(response)[0]
+    assert len(response.context["cl"].result_list) == 1
+
+
+@pytest.mark.django_db
+def test_requeue_action__selection_that_is_no_job_id_is_ignored(admin_client, dead_factory):
+    """Django filtered pk__in with the posted values: "x" or 2**63 raised (a 500)."""
+    job = dead_factory()
+    response = post_action(admin_client, "requeue", ["x", str(2**63), "\u00b2", "9" * 5000])
+    assert response.status_code == 302
+    assert texts(response) == [
+        "Items must be selected in order to perform actions on them. No items have been changed."
+    ]
+    assert status_of(job) == ["dead"]
+    response = post_action(admin_client, "requeue", ["x", str(job.pk)])
+    assert any("Requeued 1 dead letter" in text for text in texts(response))
+    assert status_of(job) == ["pending"]
+
+
+@pytest.mark.django_db
+def test_dead_letter_detail__empty_to_field_is_no_field(admin_client, dead_factory):
+    """Django looked up a field named "" for ?_to_field= (FieldDoesNotExist, a 500)."""
+    job = dead_factory()
+    url = reverse("admin:django_pgqueue_deadletter_change", args=[job.pk])
+    assert admin_client.get(url + "?_to_field=").status_code == 200
+
+
+@pytest.mark.django_db
 def test_dead_letter_detail__is_read_only_and_shows_everything(admin_client, dead_factory):
     job = dead_factory(args=[1, 2], kwargs={}, idempotency_key="k-1")
     response = admin_client.get(reverse("admin:django_pgqueue_deadletter_change", args=[job.pk]))
@@ -563,7 +616,14 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
         ("running", "mail"): 1,
         ("scheduled", "mail"): 1,
     }
-    assert summary.totals == {"pending": 2, "scheduled": 1, "running": 1, "done": 0, "dead": 1}
+    assert summary.totals == {
+        "pending": 2,
+        "scheduled": 1,
+        "running": 1,
+        "done": 0,
+        "dead": 1,
+        "cancelled": 0,
+    }
     assert not summary.estimated and not summary.capped
     assert dt.timedelta(hours=2) <= summary.oldest_pending_wait < dt.timedelta(hours=2, minutes=5)
     assert summary.expired_leases == 1
@@ -592,7 +652,7 @@ def test_job_admin__summary_uses_planner_estimates_on_a_big_table(job_factory, d
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgqueue_job")
     summary = queue_summary(Job.objects.db_alias, cap=5)  # 8 rows > cap: estimate done/dead
-    assert summary.estimated == {"done", "dead"}
+    assert summary.estimated == {"done", "dead", "cancelled"}
     assert summary.totals["dead"] == 2 and summary.totals["done"] == 0
     assert common_values(Job.objects.db_alias, "queue") == ["default"]
 
@@ -700,3 +760,73 @@ def test_requeue_and_discard__overlapping_selections_do_not_deadlock(
     assert result["ids"] == [a.pk]
     a.refresh_from_db()
     assert a.status == "pending"
+
+
+# --- cancel action -------------------------------------------------------------------------
+
+
+def post_job_action(client: Client, action: str, ids: list[int], **extra: Any) -> Any:
+    data = {
+        "action": action,
+        "_selected_action": [str(i) for i in ids],
+        "index": "0",
+        "select_across": "0",
+        **extra,
+    }
+    return client.post(reverse(JOB_LIST), data)
+
+
+def test_cancel_action__needs_its_own_permission(staff, job_factory):
+    job = job_factory()
+    viewer = staff("view_job")
+    page = viewer.get(reverse(JOB_LIST)).content.decode()
+    assert "cancel_selected" not in page
+    post_job_action(viewer, "cancel_selected", [job.pk], post="yes")
+    assert status_of(job) == ["pending"]
+    operator = staff("view_job", "cancel_job")
+    assert "Cancel selected jobs" in operator.get(reverse(JOB_LIST)).content.decode()
+
+
+def test_cancel_action__confirms_first_with_escaped_job_data(staff, job_factory):
+    job = job_factory()
+    Job.objects.filter(pk=job.pk).update(task=XSS)
+    response = post_job_action(staff("view_job", "cancel_job"), "cancel_selected", [job.pk])
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert escape(XSS) in html and XSS not in html
+    assert 'name="post" value="yes"' in html
+    assert status_of(job) == ["pending"]  # nothing changes before the confirmation
+
+
+def test_cancel_action__cancels_requests_and_reports_what_did_not_change(
+    staff, job_factory, caplog
+):
+    job_factory()
+    (running,) = Job.objects.claim("w1", limit=1)
+    pending, done = job_factory(), job_factory()
+    Job.objects.filter(pk=done.pk).update(status="done", finished_at=Now())
+    caplog.set_level(logging.INFO, logger="django_pgqueue.admin")
+    response = post_job_action(
+        staff("view_job", "cancel_job"),
+        "cancel_selected",
+        [pending.pk, running.pk, done.pk],
+        post="yes",
+    )
+    assert status_of(pending, running, done) == ["cancelled", "running", "done"]
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    (message,) = texts(response)
+    assert message == (
+        f"Cancelled 1 job; asked 1 running job to stop (job {running.pk}); "
+        "1 of 3 selected not cancelled: already finished (done, dead or cancelled) or busy "
+        "at that instant."
+    )
+    assert "cancelled 1 and requested cancellation of 1 of 3 selected jobs" in caplog.text
+    assert LogEntry.objects.filter(change_message="Cancelled from the admin.").count() == 2
+    # A second click (a stale page, another operator) changes nothing and says so.
+    again = post_job_action(
+        staff("view_job", "cancel_job"), "cancel_selected", [pending.pk], post="yes"
+    )
+    assert texts(again) == [
+        "Cancelled 0 jobs; 1 of 1 selected not cancelled: already finished (done, dead or "
+        "cancelled) or busy at that instant."
+    ]
