@@ -272,6 +272,7 @@ class JobManager(models.Manager["Job"]):
                 None,  # started_at
                 None,  # last_attempted_at
                 None,  # finished_at
+                None,  # cancel_requested_at
             ),
         )
 
