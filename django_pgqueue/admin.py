@@ -28,6 +28,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
@@ -39,8 +40,9 @@ from django.utils.html import format_html, format_html_join
 
 from . import periodic
 from .exceptions import InvalidJob
-from .models import DeadLetter, Job, Schedule
+from .models import LIVE_STATUSES, DeadLetter, Job, Schedule
 from .paginator import EstimatedCountPaginator
+from .summary import common_values, queue_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -51,9 +53,10 @@ REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
 CANCEL_PERMISSION = "django_pgqueue.cancel_job"
 #: Jobs listed by name on the cancel confirmation page (all of them are posted back).
 CANCEL_SHOWN = 100
-LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
+#: Digits of the largest job id (a bigint).
+MAX_ID_DIGITS = 19
 
 
 # --- display helpers -------------------------------------------------------------------
@@ -91,6 +94,28 @@ def human_duration(value: dt.timedelta | None) -> str:
     return " ".join(shown) or "0 s"
 
 
+def job_id(text: str) -> int | None:
+    """The job id ``text`` spells in ASCII digits (a bigint), else None: never an
+    exception, and never a number the database would refuse as out of range."""
+    text = text.strip()
+    if not (text.isascii() and text.isdecimal()) or len(text) > MAX_ID_DIGITS:
+        return None
+    number = int(text)
+    return number if 0 < number < 2**63 else None
+
+
+def storable(text: str) -> bool:
+    """Whether PostgreSQL can take ``text`` as a text parameter: no NUL character, and
+    valid Unicode (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def actor(request: HttpRequest) -> dict[str, Any]:
     """Who did it, for log records' ``extra``."""
     user = request.user
@@ -103,12 +128,12 @@ def actor(request: HttpRequest) -> dict[str, Any]:
 class CommonValueFilter(admin.SimpleListFilter):
     """Choices for a text column without ``SELECT DISTINCT`` over a big table: exact on a
     small table, the planner's most common values on a big one (see
-    ``JobManager.common_values``). The value in the URL is always offered."""
+    ``summary.common_values``). The value in the URL is always offered."""
 
     column = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = Job.objects.common_values(self.column)
+        values = common_values(Job.objects.db_alias, self.column)
         current = self.value()
         if current and current not in values:
             values = [current, *values]
@@ -217,6 +242,44 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexedOrderChangeList
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        # An empty ?_to_field= makes Django look up a field named "" (a 500); an empty
+        # value means no field, as it does on the list page.
+        return super().get_object(request, object_id, from_field or None)
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Django's action dispatch, with the posted selection reduced to valid job ids
+        first: Django filters ``pk__in`` with whatever was posted, and a value that is
+        not a bigint ("x", "1.5", 2**63) raised there, a 500."""
+        posted = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        ids = [i for i in map(job_id, posted) if i is not None]
+        if len(ids) != len(posted):
+            post = request.POST.copy()
+            post.setlist(helpers.ACTION_CHECKBOX_NAME, [str(i) for i in ids])
+            request.POST = post  # type: ignore[assignment]
+        return super().response_action(request, queryset, *args, **kwargs)
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """Refuse a filter or search no text column can match, before any query:
+        PostgreSQL rejects a NUL character in a text parameter with an error (a 500),
+        not with "no rows". Django's admin then shows the unfiltered list (``?e=1``),
+        and the message says which parameter was dropped."""
+        for name, values in request.GET.lists():
+            bad = next((v for v in (name, *values) if not storable(v)), None)
+            if bad is not None:
+                self.message_user(
+                    request,
+                    f"Ignored the filters: {name[:40]!r} holds a NUL character or invalid "
+                    "Unicode, which no job's text can hold.",
+                    messages.WARNING,
+                )
+                raise IncorrectLookupParameters(f"unstorable text in {name!r}")
+        return super().get_changelist_instance(request)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
         match = request.resolver_match
@@ -235,7 +298,9 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit() and int(term) < 2**63:
+        # isdecimal(), not isdigit(): "²" is a digit that int() refuses. At most 19
+        # digits: a bigint, and never past Python's int-to-str digit limit.
+        if term.isdecimal() and len(term) <= MAX_ID_DIGITS and int(term) < 2**63:
             return queryset.filter(pk=int(term)), False
         return (
             queryset.filter(
@@ -424,7 +489,7 @@ class JobAdmin(ReadOnlyJobAdmin):
 
     def summary_context(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per status and queue, the longest wait and expired leases."""
-        summary = Job.objects.summary()
+        summary = queue_summary(Job.objects.db_alias)
         totals = []
         for status, label in Job.Status.choices:
             total = summary.totals.get(status)
@@ -474,11 +539,23 @@ class RequeueActionForm(helpers.ActionForm):
     )
 
 
+#: Django 6.1 offers admin actions on the change form too (``ActionLocation``); on 5.2
+#: and 6.0 the dead letters' actions are on the list page only.
+CHANGE_FORM_ACTIONS = hasattr(admin, "ActionLocation")
+ACTION_LOCATIONS: dict[str, Any] = (
+    {"location": [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]}
+    if CHANGE_FORM_ACTIONS
+    else {}
+)
+#: How Django prefixes the fields of the change form's action form.
+CHANGE_FORM_PREFIX = "CHANGE_FORM-"
+
+
 def requeue_options(request: HttpRequest) -> tuple[str | None, int | None]:
     """Queue and priority typed into whichever action form was submitted (the list's
     or the detail page's, which Django prefixes). Raises ``InvalidJob`` naming a bad
     value; the manager validates the range and the queue name."""
-    prefix = f"{admin.ActionLocation.CHANGE_FORM.value}-"
+    prefix = CHANGE_FORM_PREFIX
     if f"{prefix}action" not in request.POST:
         prefix = ""
     queue = request.POST.get(f"{prefix}requeue_queue", "").strip() or None
@@ -521,7 +598,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
     @admin.action(
         permissions=["requeue"],
         description="Requeue selected dead letters",
-        location=[admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM],
+        **ACTION_LOCATIONS,
     )
     def requeue(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """Back to pending, attempts reset, errors kept: one guarded statement."""
@@ -627,7 +704,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
 
     @staticmethod
     def from_change_form(request: HttpRequest) -> bool:
-        return f"{admin.ActionLocation.CHANGE_FORM.value}-action" in request.POST
+        return f"{CHANGE_FORM_PREFIX}action" in request.POST
 
     @staticmethod
     def selected_ids(request: HttpRequest, queryset: QuerySet) -> list[int]:
@@ -638,13 +715,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         posted: Iterable[str] = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         if request.POST.get("select_across") == "1":
             return list(queryset.values_list("pk", flat=True))
-        ids = []
-        for value in posted:
-            try:
-                ids.append(int(value))
-            except ValueError:
-                continue
-        return sorted(set(ids))
+        return sorted({i for i in map(job_id, posted) if i is not None})
 
     def report(
         self,

@@ -24,12 +24,6 @@ from .tasks import task_option
 if TYPE_CHECKING:
     from .models import Job
 
-#: Below this size (and with no statistics yet) the admin summary counts exactly.
-SMALL_TABLE_BYTES = 8 * 1024 * 1024
-
-#: Statuses the admin summary estimates on a big table (no index covers all of them).
-FINISHED_STATUSES = ("done", "dead", "cancelled")
-
 #: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
 MAX_SWEEP_BATCHES = 100
 
@@ -65,37 +59,6 @@ class Owned(set[int]):
     """The ids ``extend_leases`` still owns, and which of them were asked to cancel."""
 
     cancel_requested: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True)
-class QueueSummary:
-    """What the admin shows above the job list, from bounded or estimated queries only."""
-
-    live: dict[tuple[str, str], int]  # (status, queue) -> jobs, for live statuses
-    totals: dict[str, int | None]  # status -> jobs (None: unknown without a full scan)
-    estimated: frozenset[str]  # statuses whose total is a planner estimate
-    capped: frozenset[str]  # live statuses that reached the cap: "at least"
-    oldest_pending_wait: dt.timedelta | None  # longest wait at the head of a line
-    expired_leases: int  # running jobs whose lease expired (capped too)
-    cap: int
-
-    @property
-    def queues(self) -> list[str]:
-        return sorted({queue for _, queue in self.live})
-
-
-@dataclass(frozen=True)
-class ColumnStats:
-    """Planner statistics about one column (see ``sql.JOB_GET_COLUMN_STATS``)."""
-
-    total: int  # estimated rows in the table; -1 if never analyzed
-    bytes: int  # size of the table's heap
-    freqs: dict[str, float]  # most common values -> share of rows
-
-    def small(self, rows: int) -> bool:
-        """True if an exact answer is cheap: at most ``rows`` rows, or never analyzed
-        and under ``SMALL_TABLE_BYTES``."""
-        return 0 <= self.total <= rows or (self.total < 0 and self.bytes <= SMALL_TABLE_BYTES)
 
 
 def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str, Any]:
@@ -310,23 +273,34 @@ class JobManager(models.Manager["Job"]):
         limit: int,
         queues: Iterable[str] | None = None,
         lease_seconds: float | None = None,
+        after: tuple[int, int] | None = None,
         now: dt.datetime | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first."""
+        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first.
+
+        ``queues``: only those (through the per-queue claim index). ``after``: the
+        ``(priority, id)`` of the last job of this worker's previous claim of all
+        queues; the claim resumes there instead of at the head of the claim index
+        (see ``sql.JOB_CLAIM_AFTER``), and may miss jobs of that priority behind it."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
-        jobs = self._jobs(
-            sql.JOB_CLAIM,
-            {
-                "worker_id": worker_id,
-                "limit": limit,
-                "queues": None if queues is None else list(queues),
-                "lease_seconds": settings.LEASE_SECONDS
-                if lease_seconds is None
-                else lease_seconds,
-                "now": now,
-            },
-        )
+        params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "limit": limit,
+            "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
+            "now": now,
+        }
+        if queues is not None:
+            if after is not None:
+                raise ValueError("claim(after=...) is for claims of all queues")
+            query = sql.JOB_CLAIM_QUEUES
+            params["queues"] = list(queues)
+        elif after is not None:
+            query = sql.JOB_CLAIM_AFTER
+            params["after_priority"], params["after_id"] = after
+        else:
+            query = sql.JOB_CLAIM
+        jobs = self._jobs(query, params)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
 
@@ -540,70 +514,6 @@ class JobManager(models.Manager["Job"]):
         for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
             deleted.extend(row[0] for row in self._rows(sql.JOB_DELETE_DEAD, {"ids": chunk}))
         return sorted(deleted)
-
-    def summary(self, *, cap: int = 10_000, now: dt.datetime | None = None) -> QueueSummary:
-        """Counts per status and queue, the longest wait, and expired leases, for the
-        admin. Never scans the table: live counts walk partial indexes under a LIMIT
-        of ``cap``; done/dead totals are planner estimates unless the table is small."""
-        live: dict[tuple[str, str], int] = {}
-        for status, queue_, jobs in self._rows(sql.JOB_COUNT_LIVE_BY_QUEUE, {"cap": cap}):
-            live[(status, queue_)] = jobs
-        totals: dict[str, int | None] = {}
-        for status in ("pending", "scheduled", "running"):
-            totals[status] = sum(n for (s, _), n in live.items() if s == status)
-        capped = frozenset(s for s, n in totals.items() if n is not None and n >= cap)
-
-        finished, estimated = self._finished_totals(cap)
-        totals.update(finished)
-
-        (wait, expired), *_ = self._rows(sql.JOB_GET_HEALTH, {"cap": cap, "now": now})
-        return QueueSummary(
-            live=live,
-            totals=totals,
-            estimated=estimated,
-            capped=capped,
-            oldest_pending_wait=wait,
-            expired_leases=expired,
-            cap=cap,
-        )
-
-    def _finished_totals(self, cap: int) -> tuple[dict[str, int | None], frozenset[str]]:
-        """done/dead totals: exact on a small table, else from planner statistics."""
-        stats = self.column_stats("status")
-        if stats.small(cap):
-            # Small table: exact, and still bounded in case the statistics are stale.
-            jobs = self.db_manager(self.db_alias).order_by()
-            return {
-                s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES
-            }, frozenset()
-        if stats.total < 0 or not stats.freqs:
-            return dict.fromkeys(FINISHED_STATUSES), frozenset()
-        return (
-            {s: round(stats.total * stats.freqs.get(s, 0.0)) for s in FINISHED_STATUSES},
-            frozenset(FINISHED_STATUSES),
-        )
-
-    def column_stats(self, column: str) -> ColumnStats:
-        """The planner's statistics about one column of the jobs table (no scan)."""
-        ((total, size, vals, freqs),) = self._rows(sql.JOB_GET_COLUMN_STATS, {"column": column})
-        pairs = zip(vals or (), freqs or (), strict=True)
-        return ColumnStats(total=total, bytes=size, freqs=dict(pairs))
-
-    def common_values(self, column: str, *, limit: int = 100) -> list[str]:
-        """Values of ``queue`` or ``task`` for the admin's filters: exact (DISTINCT) on a
-        small table, the planner's most common values on a big one (no scan; rare values
-        may be missing there, and the admin search still finds them)."""
-        if column not in ("queue", "task"):
-            raise ValueError(f"no common values for column {column!r}")
-        stats = self.column_stats(column)
-        if stats.small(limit * 100):
-            return list(
-                self.db_manager(self.db_alias)
-                .order_by(column)
-                .values_list(column, flat=True)
-                .distinct()[:limit]
-            )
-        return sorted(stats.freqs)[:limit]
 
     # --- maintenance ----------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from .manager import JobManager
 
 #: Statuses in which a job is still "live": an idempotency key is unique among these.
 LIVE_STATUSES = ("pending", "scheduled", "running")
+#: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
+FINISHED_STATUSES = ("done", "dead", "cancelled")
 
 
 class ClockTimestamp(models.Func):
@@ -26,7 +28,7 @@ class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
     class Status(models.TextChoices):
-        # The seed's words. Django's TaskResultStatus is mapped in backend.py only.
+        # The queue's own states; Django's TaskResultStatus is mapped in backend.py only.
         PENDING = "pending", "Pending"
         SCHEDULED = "scheduled", "Scheduled"
         RUNNING = "running", "Running"
@@ -77,6 +79,14 @@ class Job(models.Model):
             models.Index(
                 fields=["-priority", "id"],
                 name="pgqueue_job_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # The claim path of a worker of some queues (JOB_CLAIM_QUEUES): each queue's
+            # pending jobs in claim order, so a small queue is never reached by walking
+            # a huge one's entries. Built CONCURRENTLY in its own migration (0007).
+            models.Index(
+                fields=["queue", "-priority", "id"],
+                name="pgqueue_job_queue_claim_idx",
                 condition=Q(status="pending"),
             ),
             # The sweeper's rescue scan: only leased rows, by expiry.

@@ -166,7 +166,7 @@ def test_commands__out_of_range_flag_exits_2_naming_the_range(manage):
 
 @pytest.mark.parametrize("name", ["pgqueue_worker", "pgqueue_sweep"])
 def test_commands__help_states_every_default(name):
-    """STYLE rule 14: each of our options says its default in --help."""
+    """Each of our options says its default in --help."""
     module = import_module(f"django_pgqueue.management.commands.{name}")
     base = {a.dest for a in BaseCommand().create_parser("manage.py", "base")._actions}
     parser = module.Command().create_parser("manage.py", name)

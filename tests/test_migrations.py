@@ -110,3 +110,12 @@ def test_migration_0005__widens_the_status_check_without_a_locked_scan(db):
         validated, definition = cursor.fetchone()
     assert validated is True
     assert "'cancelled'" in definition
+
+
+@pytest.mark.django_db
+def test_migration_0008__sets_the_tables_autovacuum_settings():
+    autovacuum = importlib.import_module("django_pgqueue.migrations.0008_job_autovacuum")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgqueue_job'::regclass")
+        (options,) = cursor.fetchone()
+    assert dict(option.split("=", 1) for option in options) == autovacuum.SETTINGS

@@ -1,0 +1,275 @@
+"""The admin never answers 500: every query parameter of every page, fuzzed.
+
+Each page of the admin (job list, dead letters, detail, delete and history pages, the
+actions and their confirmation page) is requested once per (parameter, odd value): NUL
+characters, lone surrogates and broken UTF-8, huge and non-ASCII numbers, SQL and HTML
+metacharacters, very long strings, bad dates. Values go into the raw query string or
+form body, percent-encoded, exactly as a browser or an attacker could send them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Now
+from django.test import Client
+from django.urls import reverse
+
+from django_pgqueue.models import Job
+
+logger = logging.getLogger(__name__)
+
+#: Odd values for any parameter (str, or bytes sent as they are: broken UTF-8).
+ODD_VALUES: list[str | bytes] = [
+    "",
+    " ",
+    "\x00",
+    "a\x00b",
+    "1\x00",
+    "\ud800",
+    "x\udfff",
+    b"\xff\xfe",
+    b"\xc3\x28",
+    b"\xed\xa0\x80",  # a surrogate, UTF-8 encoded
+    "\u00b2",  # SUPERSCRIPT TWO: isdigit() but not int()
+    "\u0661\u0662",  # ARABIC-INDIC 12: isdecimal() and int()
+    "\uff11\uff12",  # FULLWIDTH 12
+    "\u216b",  # ROMAN NUMERAL TWELVE: isnumeric()
+    "\U0001d7d9",  # MATHEMATICAL DOUBLE-STRUCK ONE
+    "0",
+    "-1",
+    "1.5",
+    "1e9",
+    "nan",
+    "inf",
+    "0x10",
+    str(2**31),
+    str(2**63 - 1),
+    str(2**63),
+    str(-(2**63) - 1),
+    "9" * 30,
+    "9" * 5000,  # past Python's int-to-str digit limit
+    "' OR 1=1 --",
+    '"; DROP TABLE pgqueue_job; --',
+    "%",
+    "_",
+    "\\",
+    "%00",
+    "<script>alert(1)</script>",
+    "{{ 7|add:7 }}",
+    "${7*7}",
+    "&amp;&lt;",
+    "\n",
+    "\r\n\t",
+    "\u202e\u200b\ufeff\uffff",
+    "\U0001f600",
+    "a" * 10_000,
+    "2030-13-45",
+    "0000-00-00",
+    "9999-12-31 23:59:59",
+    "10000-01-01",
+    "-0001-01-01",
+    "2030-01-01T00:00:00+99:00",
+    "None",
+    "null",
+    "true",
+    "[]",
+    "{}",
+    "__proto__",
+    "pk",
+    "-id",
+    "id__gt",
+    "pending",
+    "dead",
+]
+
+
+def encode(value: str | bytes) -> str:
+    """Percent-encode a value as a raw query or form component (surrogates too)."""
+    if isinstance(value, bytes):
+        return quote(value, safe="")
+    return quote(value, safe="", errors="surrogatepass")
+
+
+@dataclass
+class Fuzz:
+    """Requests made and the ones answered with a 500 (or that raised)."""
+
+    client: Client
+    requests: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def _record(self, what: str, send: Any) -> None:
+        self.requests += 1
+        try:
+            # A savepoint: a request that breaks the transaction must not break the next.
+            with transaction.atomic():
+                response = send()
+        except Exception as exc:  # noqa: BLE001 - a 500: the test client re-raises it
+            self.failures.append(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        if response.status_code >= 500:
+            self.failures.append(f"{what}: HTTP {response.status_code}")
+
+    def get(self, path: str, query: str = "") -> None:
+        url = f"{path}?{query}" if query else path
+        self._record(f"GET {url[:160]!r}", lambda: self.client.get(url))
+
+    def post(self, path: str, body: str) -> None:
+        self._record(
+            f"POST {path} {body[:160]!r}",
+            lambda: self.client.post(path, body, content_type="application/x-www-form-urlencoded"),
+        )
+
+
+def form(**fields: str | bytes | list[str | bytes]) -> str:
+    parts = []
+    for name, value in fields.items():
+        for item in value if isinstance(value, list) else [value]:
+            parts.append(f"{encode(name)}={encode(item)}")
+    return "&".join(parts)
+
+
+def odd_values() -> Iterator[str | bytes]:
+    yield from ODD_VALUES
+
+
+#: The GET parameters each list reads: search, filters (their exact names), sorting,
+#: paging, Django's own flags, and one nobody reads.
+LIST_PARAMETERS = {
+    "admin:django_pgqueue_job_changelist": [
+        "q",
+        "status__exact",
+        "queue",
+        "task",
+        "created_at__gte",
+        "created_at__lt",
+        "created_at__isnull",
+        "o",
+        "p",
+        "all",
+        "e",
+        "_to_field",
+        "_popup",
+        "_facets",
+        "zzz",
+    ],
+    "admin:django_pgqueue_deadletter_changelist": [
+        "q",
+        "queue",
+        "task",
+        "finished_at__gte",
+        "finished_at__lt",
+        "finished_at__isnull",
+        "o",
+        "p",
+        "all",
+        "e",
+        "_to_field",
+        "_popup",
+        "zzz",
+    ],
+}
+DETAIL_PARAMETERS = ["_changelist_filters", "_to_field", "_popup"]
+
+
+@pytest.fixture
+def jobs(job_factory: Any) -> dict[str, Job]:
+    """One job of each kind the pages show: pending, dead (with an error), done."""
+    pending = job_factory(queue="fuzz", idempotency_key="k1")
+    dead = job_factory(queue="fuzz")
+    Job.objects.filter(pk=dead.pk).update(
+        status="dead",
+        attempts=F("max_attempts"),
+        started_at=Now(),
+        last_attempted_at=Now(),
+        finished_at=Now(),
+        errors=[{"exception_class_path": "builtins.ValueError", "traceback": "E: x\x01"}],
+    )
+    done = job_factory()
+    Job.objects.filter(pk=done.pk).update(
+        status="done", attempts=1, started_at=Now(), finished_at=Now(), result={"r": 1}
+    )
+    return {"pending": pending, "dead": dead, "done": done}
+
+
+@pytest.mark.django_db
+# Django's date filter makes a date-and-time given without a zone aware, and warns.
+@pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime:RuntimeWarning")
+def test_admin__no_page_answers_500_to_any_odd_parameter(admin_user, jobs):
+    client = Client(raise_request_exception=True)
+    client.force_login(admin_user)
+    fuzz = Fuzz(client)
+    dead_id = str(jobs["dead"].pk)
+
+    # The lists: each parameter alone, then all of them at once with the same value.
+    for name, parameters in LIST_PARAMETERS.items():
+        path = reverse(name)
+        for value in odd_values():
+            for parameter in parameters:
+                fuzz.get(path, f"{encode(parameter)}={encode(value)}")
+            fuzz.get(path, "&".join(f"{encode(p)}={encode(value)}" for p in parameters))
+
+    # Detail, delete and history pages: odd object ids in the path, odd query
+    # parameters on a real one.
+    pages = [
+        ("admin:django_pgqueue_job_change", str(jobs["pending"].pk)),
+        ("admin:django_pgqueue_job_history", str(jobs["done"].pk)),
+        ("admin:django_pgqueue_deadletter_change", dead_id),
+        ("admin:django_pgqueue_deadletter_delete", dead_id),
+        ("admin:django_pgqueue_deadletter_history", dead_id),
+    ]
+    for name, real_id in pages:
+        real = reverse(name, args=[real_id])
+        for value in odd_values():
+            fuzz.get(real.replace(f"/{real_id}/", f"/{encode(value) or '%20'}/"))
+            for parameter in DETAIL_PARAMETERS:
+                fuzz.get(real, f"{parameter}={encode(value)}")
+
+    # Actions on the dead-letter list, and the discard confirmation page: each field of
+    # the action form odd in turn, the others valid.
+    dead_list = reverse("admin:django_pgqueue_deadletter_changelist")
+    valid = {
+        "action": "requeue",
+        "_selected_action": dead_id,
+        "index": "0",
+        "select_across": "0",
+        "requeue_queue": "",
+        "requeue_priority": "",
+    }
+    for action in ("requeue", "delete_selected"):
+        for key in [*valid, "post"]:
+            for value in odd_values():
+                fields: dict[str, Any] = {**valid, "action": action, key: value}
+                if action == "delete_selected" and key != "post":
+                    fields.pop("index")  # the confirmation page, not the deletion
+                fuzz.post(dead_list, form(**fields))
+                # Requeued or discarded by the last request: make it dead again.
+                Job.objects.filter(pk=jobs["dead"].pk).update(status="dead", attempts=3)
+                if not Job.objects.filter(pk=jobs["dead"].pk).exists():
+                    jobs["dead"].save(force_insert=True)
+    # The detail page's own action form (prefixed) with odd options.
+    dead_page = reverse("admin:django_pgqueue_deadletter_change", args=[dead_id])
+    for key in ("action", "requeue_queue", "requeue_priority"):
+        for value in odd_values():
+            fields = {
+                "CHANGE_FORM-action": "requeue",
+                "CHANGE_FORM-requeue_queue": "",
+                "CHANGE_FORM-requeue_priority": "",
+                "_selected_action": dead_id,
+                f"CHANGE_FORM-{key}": value,
+            }
+            fuzz.post(dead_page, form(**fields))
+            Job.objects.filter(pk=jobs["dead"].pk).update(status="dead")
+
+    logger.warning("admin fuzz: %d requests, %d errors", fuzz.requests, len(fuzz.failures))
+    print(f"admin fuzz: {fuzz.requests} requests, {len(fuzz.failures)} errors")  # noqa: T201
+    assert fuzz.requests > 4000
+    assert not fuzz.failures, "\n".join(fuzz.failures[:40])
