@@ -48,7 +48,18 @@ ALIASES = {
     "@hourly": "0 * * * *",
 }
 ENTRY_KEYS = frozenset(
-    {"task", "cron", "args", "kwargs", "queue", "priority", "timezone", "max_attempts", "enabled"}
+    {
+        "task",
+        "cron",
+        "args",
+        "kwargs",
+        "queue",
+        "priority",
+        "timezone",
+        "max_attempts",
+        "enabled",
+        "backend",
+    }
 )
 MAX_NAME_LENGTH = 200
 #: Longer than any daylight saving shift: ticks are re-walked forwards over this window
@@ -70,6 +81,7 @@ class PeriodicEntry:
     priority: int | None = None  # None: the task's own priority
     max_attempts: int | None = None  # None: the task's option, else PGQUEUE_MAX_ATTEMPTS
     enabled: bool = True
+    backend: str = "default"  # the TASKS alias its jobs' results are read back through
 
     @property
     def expression(self) -> str:
@@ -192,6 +204,7 @@ def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
         priority=None if priority is None else validation.priority(priority),
         max_attempts=None if max_attempts is None else validation.max_attempts(max_attempts),
         enabled=enabled,
+        backend=validation.backend_alias(raw.get("backend", "default")),
     )
 
 
@@ -287,7 +300,7 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
         columns["timezones"].append(entry.timezone)
         columns["ticks"].append(tick)
         columns["keys"].append(f"periodic:{entry.name}:{tick.isoformat()}")
-        columns["backends"].append("default")
+        columns["backends"].append(entry.backend)
         columns["queues"].append(entry.queue or task.queue_name)
         columns["tasks"].append(entry.task)
         columns["args"].append(args)

@@ -55,6 +55,7 @@ def run_ats() -> list[dt.datetime]:
         (entry(priority=1000), "out of range"),
         (entry(max_attempts=0), "max_attempts"),
         (entry(enabled="yes"), "enabled must be True or False"),
+        (entry(backend="nope"), "backend 'nope' is not an alias in settings.TASKS"),
         (entry(schedule="daily"), "unknown key(s) 'schedule'"),
         ({"cron": "* * * * *"}, "'task' key is missing"),
         ("0 3 * * *", "must be a dict"),
