@@ -211,33 +211,26 @@ class JobManager(models.Manager["Job"]):
         """The ``Job`` ``JOB_ENQUEUE`` stored: the database's id, status and times, the
         rest from what was sent (args and kwargs as jsonb gives them back)."""
         job_id, status, run_at, created_at, _ = row
-        return self.model.from_db(
-            self.db_alias,
-            [f.attname for f in self.model._meta.concrete_fields],
-            (
-                job_id,
-                params["backend"],
-                params["queue"],
-                params["task"],
-                json.loads(params["args"]),
-                json.loads(params["kwargs"]),
-                params["priority"],
-                status,
-                0,  # attempts
-                params["max_attempts"],
-                run_at,
-                None,  # lease_owner
-                None,  # lease_expires_at
-                params["idempotency_key"],
-                [],  # errors
-                None,  # result
-                created_at,
-                None,  # started_at
-                None,  # last_attempted_at
-                None,  # finished_at
-                None,  # cancel_requested_at
-            ),
-        )
+        # By field name, so a column added later (None until written) cannot shift the
+        # others; attempts and errors start empty, everything else not sent is NULL.
+        known = {
+            "id": job_id,
+            "backend": params["backend"],
+            "queue": params["queue"],
+            "task": params["task"],
+            "args": json.loads(params["args"]),
+            "kwargs": json.loads(params["kwargs"]),
+            "priority": params["priority"],
+            "status": status,
+            "attempts": 0,
+            "max_attempts": params["max_attempts"],
+            "run_at": run_at,
+            "idempotency_key": params["idempotency_key"],
+            "errors": [],
+            "created_at": created_at,
+        }
+        names = [f.attname for f in self.model._meta.concrete_fields]
+        return self.model.from_db(self.db_alias, names, [known.get(name) for name in names])
 
     def bulk_enqueue(
         self,
