@@ -176,12 +176,17 @@ def test_worker__through_pgbouncer_runs_every_job_nothing_prepared(
     assert bouncer.server_connections() <= POOL_SIZE
 
 
+#: Session settings a worker sets on a direct connection (sql.SESSION_CONFIGURE and
+#: SESSION_CONFIGURE_CLAIM): behind a pooler none may stay on a server connection.
+WORKER_SETTINGS = ("statement_timeout", "enable_bitmapscan", "synchronous_commit")
+
+
 def test_worker__through_pgbouncer_leaves_no_session_settings(
     pooled: Callable[..., ManagedProcess], bouncer: PrivateBouncer
 ) -> None:
-    """The claim and heartbeat bounds are SET LOCAL behind a pooler: after workers ran,
-    every server connection of the pool still has the server's own statement_timeout,
-    so no other client of the pool inherits a worker's bound."""
+    """The claim's and heartbeat's settings are SET LOCAL behind a pooler: after workers
+    ran, every server connection of the pool still has the server's own values, so no
+    other client of the pool inherits a worker's bound or its asynchronous commit."""
     run_python(pooled, ENQUEUE.format(single=40, total=400))
     worker = pooled(
         "pgqueue_worker", "--concurrency", "8", "--lease-seconds", "1.5", "--burst",
@@ -189,20 +194,19 @@ def test_worker__through_pgbouncer_leaves_no_session_settings(
     )  # fmt: skip
     assert worker.wait(120) == 0, worker.output()
     url = bouncer.url(connection.settings_dict["NAME"])
+    show = "SELECT " + ", ".join(f"current_setting('{name}')" for name in WORKER_SETTINGS)
     held = [psycopg.connect(url) for _ in range(POOL_SIZE)]
     try:
         # Each client holds a transaction open, so each sits on its own server connection.
-        seen = {conn.execute("SHOW statement_timeout").fetchone()[0] for conn in held}
+        seen = {conn.execute(show).fetchone() for conn in held}
         pids = {conn.execute("SELECT pg_backend_pid()").fetchone()[0] for conn in held}
     finally:
         for conn in held:
             conn.close()
-    with connect_test_db(autocommit=True) as direct:
-        (default,) = direct.execute(
-            "SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'"
-        ).fetchone()
+    with psycopg.connect(test_database_url(), autocommit=True) as fresh:
+        (defaults,) = {fresh.execute(show).fetchone()}
     assert len(pids) == POOL_SIZE
-    assert seen == {"0" if default == "0" else f"{default}ms"}, seen
+    assert seen == {defaults}, seen
     assert_nothing_prepared(worker)
 
 
