@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from . import sql
-from .conf import settings
+from .databases import default_database
 
 #: Most workers listed (the workers table holds one row per process).
 MAX_WORKERS = 1000
@@ -34,7 +34,7 @@ COUNTED = ("pending", "scheduled", "running", "dead")
 
 
 def _rows(using: str | None, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    with connections[using or settings.DATABASE].cursor() as cursor:
+    with connections[using or default_database()].cursor() as cursor:
         cursor.execute(query, params)
         return cursor.fetchall()
 
@@ -149,7 +149,7 @@ def _status_estimates(using: str | None) -> dict[str, int]:
     """Rows per status from planner statistics (no scan): reltuples x frequency."""
     from .summary import column_stats
 
-    stats = column_stats(using or settings.DATABASE, "status")
+    stats = column_stats(using or default_database(), "status")
     if stats.total < 0:
         return {}
     return {status: round(stats.total * share) for status, share in stats.freqs.items()}

@@ -259,3 +259,18 @@ def test_sweeper__periodic_ticks_only_in_the_default_backends_database(
                 sweeper.run_once()
     assert Job.objects.using("second").count() == 0
     assert Job.objects.using("default").filter(task="testproject.demo.tasks.add").count() == 2
+
+
+def test_status__backend_reports_its_databases_queues() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    add.using(queue_name="in-default").enqueue(1, 1)
+    add.using(backend="second", queue_name="in-second").enqueue(2, 2)
+    out = StringIO()
+    call_command("pgqueue_status", "--json", "--backend", "second", stdout=out)
+    assert "in-second" in out.getvalue() and "in-default" not in out.getvalue()
+    out = StringIO()
+    call_command("pgqueue_status", "--json", stdout=out)
+    assert "in-default" in out.getvalue() and "in-second" not in out.getvalue()

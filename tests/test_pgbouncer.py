@@ -244,6 +244,7 @@ def test_listener__listen_database_wakes_a_worker_behind_pgbouncer(
 COMMAND_RUNS: dict[str, tuple[list[str], str]] = {
     "pgqueue_worker": (["--burst", "--concurrency", "2"], "stopped: done=3"),
     "pgqueue_sweep": ([], "recovered=0 dead=0 promoted=0 pruned=0"),
+    "pgqueue_status": (["--json"], '"workers"'),
 }
 
 

@@ -10,8 +10,10 @@ import time
 from typing import Any
 
 from django_pgqueue import monitoring
+from django_pgqueue.databases import backend_database
 from django_pgqueue.limits import DAY, Bounds
 from django_pgqueue.management.base import PgQueueCommand
+from django_pgqueue.management.commands.pgqueue_worker import add_backend_argument
 from django_pgqueue.monitoring import Snapshot
 
 #: ANSI: cursor home, clear screen (``--watch`` redraws in place).
@@ -204,6 +206,7 @@ class Command(PgQueueCommand):
             metavar="N",
             help="With --check: fewest live workers (default: %(default)r)",
         )
+        add_backend_argument(parser)
 
     def handle(
         self,
@@ -214,8 +217,10 @@ class Command(PgQueueCommand):
         max_latency: float | None,
         max_dead: int | None,
         min_workers: int | None,
+        backend: str | None,
         **options: Any,
     ) -> None:
+        using = backend_database(backend)
         thresholds: dict[str, Any] = {
             "max_latency": max_latency,
             "max_dead": max_dead,
@@ -229,7 +234,7 @@ class Command(PgQueueCommand):
             self.stderr.write("pgqueue_status: --check and --watch do not go together")
             sys.exit(2)
         if check:
-            snap = monitoring.snapshot()
+            snap = monitoring.snapshot(using=using)
             found = problems(snap, **thresholds)
             if json:
                 self.stdout.write(_dumps({**snap.as_json(), "problems": found}))
@@ -242,7 +247,7 @@ class Command(PgQueueCommand):
             return
         try:
             while True:
-                snap = monitoring.snapshot()
+                snap = monitoring.snapshot(using=using)
                 if json:
                     self.stdout.write(_dumps(snap.as_json()))
                 else:
