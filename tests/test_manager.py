@@ -207,6 +207,7 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "now": None,
         "args": "[1, 2]",
         "kwargs": "{}",
+        "trace_context": None,
     }
     cursor = psycopg.ClientCursor(conn)
     cursor.execute(sql.JOB_ENQUEUE, params)
