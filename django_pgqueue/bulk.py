@@ -33,7 +33,7 @@ from psycopg.adapt import Dumper
 from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
-from . import sql, validation
+from . import schema, sql, validation
 from .conf import settings
 from .exceptions import InvalidJob
 from .taskapi import FRAMEWORK, InvalidTask, Task
@@ -237,10 +237,24 @@ def bulk_enqueue(
     0-based position ("job #5123: ..."), and nothing from the call is kept. Jobs whose
     idempotency key a live job in their queue already holds (or an earlier job of the
     same call) are skipped: counted in ``result.skipped``, not in the result. Idle
-    workers are woken once per queue at commit.
+    workers are woken once per queue at commit. An unmigrated database raises
+    ``NotMigrated``, which says to run ``manage.py migrate``.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
+    try:
+        return _store(jobs, using=using, batch_size=batch_size, now=now)
+    except DatabaseError as exc:
+        missing = schema.not_migrated(exc, using)
+        if missing is None:
+            raise
+        raise missing from exc
+
+
+def _store(
+    jobs: Iterable[Mapping[str, Any]], *, using: str, batch_size: int, now: dt.datetime | None
+) -> BulkResult:
+    """``bulk_enqueue`` once its arguments are checked."""
     connection = connections[using]
     created = skipped = 0
     with transaction.atomic(using=using), connection.cursor() as cursor:

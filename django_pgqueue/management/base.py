@@ -6,7 +6,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_pgqueue import __version__
 from django_pgqueue.conf import settings
-from django_pgqueue.exceptions import UnsupportedServerError
+from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError
+from django_pgqueue.schema import check_migrated
 from django_pgqueue.server import check_server_version
 
 
@@ -15,7 +16,8 @@ class PgQueueCommand(BaseCommand):
 
     ``--version`` prints this package's version (``BaseCommand`` prints Django's), and
     :meth:`check_server` stops the command with a clear error on a server older than
-    django-pgqueue supports, before it touches a job."""
+    django-pgqueue supports, and :meth:`check_migrated` on a database that lacks its
+    migrations, before it touches a job."""
 
     def get_version(self) -> str:
         return __version__
@@ -26,4 +28,12 @@ class PgQueueCommand(BaseCommand):
         try:
             check_server_version(alias or settings.DATABASE)
         except UnsupportedServerError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def check_migrated(self, alias: str | None = None) -> None:
+        """Raise ``CommandError`` naming ``migrate`` if the jobs database lacks any of
+        django-pgqueue's migrations: a missing table is no fault a retry can cure."""
+        try:
+            check_migrated(alias or settings.DATABASE)
+        except NotMigrated as exc:
             raise CommandError(str(exc)) from exc

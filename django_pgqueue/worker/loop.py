@@ -38,6 +38,7 @@ from django.db import DatabaseError
 
 from ..backend import PgQueueBackend
 from ..conf import settings
+from ..exceptions import NotMigrated
 from ..models import Job
 from .completer import Completer
 from .connections import (
@@ -223,6 +224,16 @@ class Worker:
                     last_promote = time.monotonic()
                     promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
             except DatabaseError as exc:
+                if isinstance(exc, NotMigrated):
+                    # No retry cures a missing table: stop, and say how to fix it.
+                    self.fatal = str(exc)
+                    logger.error(
+                        "worker %s: %s",
+                        self.worker_id,
+                        exc,
+                        extra={"action": "fatal", "worker_id": self.worker_id},
+                    )
+                    break
                 failures += 1
                 delay = backoff_delay(failures)
                 logger.warning(

@@ -6,7 +6,10 @@ import argparse
 import sys
 from typing import Any
 
+from django.core.management.base import CommandError
+
 from django_pgqueue import limits
+from django_pgqueue.exceptions import NotMigrated
 from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.management.commands.pgqueue_worker import configure_logging
 from django_pgqueue.signals import Abort, on_stop
@@ -33,16 +36,19 @@ class Command(PgQueueCommand):
     def handle(self, *, loop: bool, interval: float, verbosity: int, **options: Any) -> None:
         configure_logging(verbosity)
         self.check_server()
+        self.check_migrated()
         sweeper = Sweeper(interval=interval)
-        if not loop:
-            result = sweeper.run_once()
-            self.stdout.write(
-                f"recovered={result.recovered} dead={result.dead} "
-                f"promoted={result.promoted} pruned={result.pruned}"
-            )
-            return
         try:
+            if not loop:
+                result = sweeper.run_once()
+                self.stdout.write(
+                    f"recovered={result.recovered} dead={result.dead} "
+                    f"promoted={result.promoted} pruned={result.pruned}"
+                )
+                return
             with on_stop(sweeper.stop):
                 sweeper.run_forever()
         except Abort:
             sys.exit(1)
+        except NotMigrated as exc:  # the tables went away after the start-up check
+            raise CommandError(str(exc)) from exc

@@ -131,6 +131,7 @@ class Command(PgQueueCommand):
     ) -> None:
         configure_logging(verbosity)
         self.check_server()
+        self.check_migrated()
         worker_options = {
             "queues": queues,
             "concurrency": concurrency,
