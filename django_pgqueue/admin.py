@@ -38,9 +38,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from . import periodic
 from .exceptions import InvalidJob
-from .models import DeadLetter, Job
+from .models import LIVE_STATUSES, DeadLetter, Job, Schedule
 from .paginator import EstimatedCountPaginator
+from .summary import common_values, queue_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -48,7 +50,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 REQUEUE_PERMISSION = "django_pgqueue.requeue_job"
-LIVE_STATUSES = ("pending", "scheduled", "running")
+CANCEL_PERMISSION = "django_pgqueue.cancel_job"
+#: Jobs listed by name on the cancel confirmation page (all of them are posted back).
+CANCEL_SHOWN = 100
 #: Longest "last error" shown in a list cell.
 ERROR_LINE_CHARS = 200
 #: Digits of the largest job id (a bigint).
@@ -124,12 +128,12 @@ def actor(request: HttpRequest) -> dict[str, Any]:
 class CommonValueFilter(admin.SimpleListFilter):
     """Choices for a text column without ``SELECT DISTINCT`` over a big table: exact on a
     small table, the planner's most common values on a big one (see
-    ``JobManager.common_values``). The value in the URL is always offered."""
+    ``summary.common_values``). The value in the URL is always offered."""
 
     column = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = Job.objects.common_values(self.column)
+        values = common_values(Job.objects.db_alias, self.column)
         current = self.value()
         if current and current not in values:
             values = [current, *values]
@@ -382,7 +386,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "last_error_line",
     )
     list_filter = ("status", QueueFilter, TaskFilter, ("created_at", admin.DateFieldListFilter))
-    actions = None
+    actions = ("cancel_selected",)
     readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
     fieldsets = tuple(
         (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
@@ -406,6 +410,76 @@ class JobAdmin(ReadOnlyJobAdmin):
         # by hand (done jobs are pruned by the sweeper).
         return False
 
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    @admin.action(permissions=["cancel"], description="Cancel selected jobs")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """A confirmation page first; then one guarded statement per batch
+        (``Job.objects.cancel``), and a message saying what changed and what did not."""
+        ids = DeadLetterAdmin.selected_ids(request, queryset)
+        if not request.POST.get("post"):
+            jobs = list(
+                Job.objects.filter(pk__in=ids).order_by("id").only("id", "task", "status", "queue")
+            )
+            return TemplateResponse(
+                request,
+                "admin/django_pgqueue/job/cancel_selected_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Cancel jobs",
+                    "opts": self.model._meta,
+                    "jobs": jobs,
+                    "shown": jobs[:CANCEL_SHOWN],
+                    "more": max(0, len(jobs) - CANCEL_SHOWN),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        result = Job.objects.cancel(ids)
+        logger.info(
+            "%s cancelled %d and requested cancellation of %d of %d selected jobs: %s %s",
+            request.user.get_username(),
+            len(result.cancelled),
+            len(result.requested),
+            len(ids),
+            result.cancelled,
+            result.requested,
+            extra={
+                "action": "cancel",
+                "job_ids": result.cancelled + result.requested,
+                **actor(request),
+            },
+        )
+        changed = result.cancelled + result.requested
+        if changed:
+            assert request.user.pk is not None  # the admin lets only staff users in
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=Job.objects.filter(pk__in=changed),
+                action_flag=CHANGE,
+                change_message="Cancelled from the admin.",
+            )
+        parts = [
+            f"Cancelled {len(result.cancelled)} job{'s' if len(result.cancelled) != 1 else ''}"
+        ]
+        if result.requested:
+            parts.append(
+                f"asked {len(result.requested)} running job"
+                f"{'s' if len(result.requested) != 1 else ''} to stop (job "
+                + ", ".join(str(i) for i in result.requested[:10])
+                + ")"
+            )
+        missed = len(ids) - len(changed)
+        if missed:
+            parts.append(
+                f"{missed} of {len(ids)} selected not cancelled: already finished (done, "
+                "dead or cancelled) or busy at that instant"
+            )
+        self.message_user(
+            request, "; ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
+        )
+        return None
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
@@ -415,7 +489,7 @@ class JobAdmin(ReadOnlyJobAdmin):
 
     def summary_context(self, request: HttpRequest) -> dict[str, Any]:
         """Counts per status and queue, the longest wait and expired leases."""
-        summary = Job.objects.summary()
+        summary = queue_summary(Job.objects.db_alias)
         totals = []
         for status, label in Job.Status.choices:
             total = summary.totals.get(status)
@@ -465,11 +539,23 @@ class RequeueActionForm(helpers.ActionForm):
     )
 
 
+#: Django 6.1 offers admin actions on the change form too (``ActionLocation``); on 5.2
+#: and 6.0 the dead letters' actions are on the list page only.
+CHANGE_FORM_ACTIONS = hasattr(admin, "ActionLocation")
+ACTION_LOCATIONS: dict[str, Any] = (
+    {"location": [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]}
+    if CHANGE_FORM_ACTIONS
+    else {}
+)
+#: How Django prefixes the fields of the change form's action form.
+CHANGE_FORM_PREFIX = "CHANGE_FORM-"
+
+
 def requeue_options(request: HttpRequest) -> tuple[str | None, int | None]:
     """Queue and priority typed into whichever action form was submitted (the list's
     or the detail page's, which Django prefixes). Raises ``InvalidJob`` naming a bad
     value; the manager validates the range and the queue name."""
-    prefix = f"{admin.ActionLocation.CHANGE_FORM.value}-"
+    prefix = CHANGE_FORM_PREFIX
     if f"{prefix}action" not in request.POST:
         prefix = ""
     queue = request.POST.get(f"{prefix}requeue_queue", "").strip() or None
@@ -512,7 +598,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
     @admin.action(
         permissions=["requeue"],
         description="Requeue selected dead letters",
-        location=[admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM],
+        **ACTION_LOCATIONS,
     )
     def requeue(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """Back to pending, attempts reset, errors kept: one guarded statement."""
@@ -618,7 +704,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
 
     @staticmethod
     def from_change_form(request: HttpRequest) -> bool:
-        return f"{admin.ActionLocation.CHANGE_FORM.value}-action" in request.POST
+        return f"{CHANGE_FORM_PREFIX}action" in request.POST
 
     @staticmethod
     def selected_ids(request: HttpRequest, queryset: QuerySet) -> list[int]:
@@ -653,3 +739,73 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
             if verb == "Requeued":
                 text += " or a live job holds the same idempotency key"
         self.message_user(request, text + ".", messages.SUCCESS if changed else messages.WARNING)
+
+
+# --- periodic schedules -----------------------------------------------------------------
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Every periodic entry the sweepers have seen, read-only: the settings
+    (``PGQUEUE_PERIODIC``) are where entries are added, changed and removed."""
+
+    list_display = (
+        "name",
+        "task",
+        "cron",
+        "timezone",
+        "state",
+        "next_tick",
+        "last_tick",
+        "last_job_link",
+    )
+    readonly_fields = (
+        *list_display,
+        "enabled",
+        "created_at",
+        "updated_at",
+    )
+    fields = readonly_fields
+    sortable_by = ("name",)
+    ordering = ("name",)
+    search_fields = ("name", "task")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _entry(self, obj: Schedule) -> periodic.PeriodicEntry | None:
+        valid, _ = periodic.entries()
+        return next((e for e in valid if e.name == obj.name), None)
+
+    @admin.display(description="state")
+    def state(self, obj: Schedule) -> str:
+        entry = self._entry(obj)
+        if entry is None:
+            return "removed from settings (no longer enqueued)"
+        return "enabled" if entry.enabled else "disabled"
+
+    @admin.display(description="next tick")
+    def next_tick(self, obj: Schedule) -> dt.datetime | str:
+        """From the entry as the settings give it now (a changed cron shows here at once)."""
+        entry = self._entry(obj)
+        if entry is None or not entry.enabled:
+            return "—"
+        tick = entry.next_tick(dt.datetime.now(dt.UTC))
+        return "—" if tick is None else tick
+
+    @admin.display(description="last job")
+    def last_job_link(self, obj: Schedule) -> str:
+        if obj.last_job_id is None:
+            return "—"
+        url = reverse(
+            "admin:django_pgqueue_job_change",
+            args=[obj.last_job_id],
+            current_app=self.admin_site.name,
+        )
+        return format_html('<a href="{}">job {}</a>', url, obj.last_job_id)

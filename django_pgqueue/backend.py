@@ -1,7 +1,7 @@
 """``PgQueueBackend``: django-pgqueue as a backend for Django's Tasks framework.
 
 This is the only module that speaks Django's ``TaskResultStatus``; the rest of the app
-uses the seed's words for job states.
+uses the job states of the jobs table (pending, scheduled, running, done, dead).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ STATUS_MAP = {
     "running": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "dead": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,  # its errors end with a JobCancelled entry
 }
 
 

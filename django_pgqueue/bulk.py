@@ -1,6 +1,6 @@
 """Bulk enqueue: many jobs in one call, through COPY, all or nothing.
 
-The order of preference is the seed's (section 2, "Batch writes"):
+Writes are chosen in this order of preference, cheapest per row first:
 
 1. **COPY** (psycopg 3 ``cursor.copy()``, binary format) for every batch it can express:
    jobs without an idempotency key.
@@ -96,6 +96,10 @@ COPY_TYPES = (
 
 _ERRORS_EMPTY = "[]"
 
+#: Keys of a job whose other values are all defaults (see ``_RowMaker._plain``).
+PLAIN_KEYS = frozenset({"task", "args", "kwargs"})
+_DEFAULT_NAMES = ("default", "default")  # (queue, backend) of such a job
+
 
 class BulkResult(int):
     """How many jobs a bulk call created (it *is* that ``int``), plus ``skipped``: the
@@ -154,6 +158,8 @@ class _RowMaker:
             raise InvalidJob(f"unknown key {unknown}: use {', '.join(sorted(JOB_KEYS))}")
         get = job.get
         task = get("task")
+        if type(task) is str and job.keys() <= PLAIN_KEYS:
+            return self._plain(task, get("args", ()), get("kwargs"))
         queue = get("queue")
         priority = get("priority")
         if type(task) is str or isinstance(task, str):
@@ -220,6 +226,32 @@ class _RowMaker:
             self.now,
             _ERRORS_EMPTY,
             key,
+        )
+
+    def _plain(self, task: str, args: Any, kwargs: Any) -> tuple[Any, ...]:
+        """The row of a job that gives only a task path, args and kwargs (the common
+        shape): every other value is its default, checked once per call."""
+        path = self.task_paths.get(task)
+        if path is None:
+            path = self.task_paths[task] = validation.task_path(task)
+        if _DEFAULT_NAMES not in self.names_ok:
+            validation.backend_alias("default")  # TASKS may have no "default" backend
+            self.queues.add("default")
+            self.names_ok.add(_DEFAULT_NAMES)
+        args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
+        return (
+            "default",
+            "default",
+            path,
+            args_json,
+            kwargs_json,
+            0,
+            "pending",
+            self.max_attempts,
+            self.now,
+            self.now,
+            _ERRORS_EMPTY,
+            None,
         )
 
 

@@ -89,3 +89,20 @@ def check_migrated(
                 )
             )
     return messages
+
+
+@checks.register("pgqueue")
+def check_periodic(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """One error per bad ``PGQUEUE_PERIODIC`` entry, naming it (the sweeper skips it)."""
+    from .periodic import entries
+
+    _, errors = entries()
+    return [
+        checks.Error(
+            f"PGQUEUE_PERIODIC[{name!r}]: {message}" if name else message,
+            hint="Fix or remove the entry; see the periodic jobs how-to for its keys.",
+            obj=f"PGQUEUE_PERIODIC[{name!r}]" if name else "PGQUEUE_PERIODIC",
+            id="pgqueue.E030",
+        )
+        for name, message in errors.items()
+    ]

@@ -65,6 +65,18 @@ class Settings:
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""
 
+    PERIODIC: dict[str, dict[str, Any]] | None = None
+    """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,
+    optionally with ``args``, ``kwargs``, ``queue``, ``priority``, ``timezone`` (default
+    ``TIME_ZONE``), ``max_attempts`` and ``enabled``. Every ``pgqueue_sweep`` pass
+    enqueues each due tick once (see the periodic jobs how-to)."""
+
+    CLAIM_RESCAN_SECONDS: float = 5.0
+    """A busy worker resumes each claim after its previous one rather than at the head
+    of the claim index (which a long transaction elsewhere can fill with entries that
+    cannot be cleaned up); it claims from the head at least this often, which is how
+    long a retried or released job of the same priority may wait beyond its turn."""
+
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
             return getattr(django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name))

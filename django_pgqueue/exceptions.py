@@ -43,3 +43,10 @@ class NotMigrated(PgQueueError, ProgrammingError):  # noqa: N818 - names the sta
     message names the database and says to run ``manage.py migrate``. A Django
     ``ProgrammingError`` too, so code that catches database errors still does; the
     worker and the sweeper treat it as fatal, not as a fault to retry."""
+
+
+class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
+    """Recorded in the ``errors`` of a job that was cancelled (``Job.objects.cancel``).
+
+    A transactional task whose cancellation is seen before it commits raises it inside
+    its transaction, so its effects roll back; a cooperative task may raise it too."""

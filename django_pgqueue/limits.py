@@ -112,6 +112,8 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "SHUTDOWN_GRACE_SECONDS": (GRACE_SECONDS, True, "pgqueue.E020"),
     "COMPLETION_FLUSH_INTERVAL": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E021"),
     "COMPLETION_BATCH_SIZE": (Bounds(1, 10_000, integer=True), False, "pgqueue.E022"),
+    # 0: every claim from the head of the claim index (as before claims resumed).
+    "CLAIM_RESCAN_SECONDS": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E023"),
 }
 
 

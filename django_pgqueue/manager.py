@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,12 +24,6 @@ from .tasks import task_option
 if TYPE_CHECKING:
     from .models import Job
 
-#: Below this size (and with no statistics yet) the admin summary counts exactly.
-SMALL_TABLE_BYTES = 8 * 1024 * 1024
-
-#: Statuses the admin summary estimates on a big table (no index covers all of them).
-FINISHED_STATUSES = ("done", "dead")
-
 #: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
 MAX_SWEEP_BATCHES = 100
 
@@ -41,40 +36,29 @@ class SweepResult:
     dead: int = 0  # expired leases on their last attempt, dead-lettered
     promoted: int = 0  # due scheduled jobs made pending
     pruned: int = 0  # done jobs past retention deleted
+    periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
+    cancelled: int = 0  # expired leases of jobs whose cancellation was requested
 
     def __bool__(self) -> bool:
-        return any((self.recovered, self.dead, self.promoted, self.pruned))
+        return any(
+            (self.recovered, self.dead, self.promoted, self.pruned, self.periodic, self.cancelled)
+        )
 
 
 @dataclass(frozen=True)
-class QueueSummary:
-    """What the admin shows above the job list, from bounded or estimated queries only."""
+class CancelResult:
+    """What ``Job.objects.cancel()`` did: ``cancelled`` pending or scheduled jobs (they
+    will never run), and ``requested`` running jobs whose worker will stop them at its
+    next lease extension. Other ids (finished, unknown) are in neither."""
 
-    live: dict[tuple[str, str], int]  # (status, queue) -> jobs, for live statuses
-    totals: dict[str, int | None]  # status -> jobs (None: unknown without a full scan)
-    estimated: frozenset[str]  # statuses whose total is a planner estimate
-    capped: frozenset[str]  # live statuses that reached the cap: "at least"
-    oldest_pending_wait: dt.timedelta | None  # longest wait at the head of a line
-    expired_leases: int  # running jobs whose lease expired (capped too)
-    cap: int
-
-    @property
-    def queues(self) -> list[str]:
-        return sorted({queue for _, queue in self.live})
+    cancelled: list[int]
+    requested: list[int]
 
 
-@dataclass(frozen=True)
-class ColumnStats:
-    """Planner statistics about one column (see ``sql.JOB_GET_COLUMN_STATS``)."""
+class Owned(set[int]):
+    """The ids ``extend_leases`` still owns, and which of them were asked to cancel."""
 
-    total: int  # estimated rows in the table; -1 if never analyzed
-    bytes: int  # size of the table's heap
-    freqs: dict[str, float]  # most common values -> share of rows
-
-    def small(self, rows: int) -> bool:
-        """True if an exact answer is cheap: at most ``rows`` rows, or never analyzed
-        and under ``SMALL_TABLE_BYTES``."""
-        return 0 <= self.total <= rows or (self.total < 0 and self.bytes <= SMALL_TABLE_BYTES)
+    cancel_requested: frozenset[int] = frozenset()
 
 
 def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str, Any]:
@@ -87,6 +71,12 @@ def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str
         "worker_id": worker_id,
         "attempt": attempt,
     }
+
+
+#: How often ``cancel()`` tries again a job locked at that instant (being claimed or
+#: completed), and how long it waits in between.
+CANCEL_ROUNDS = 5
+CANCEL_RETRY_DELAY = 0.05
 
 
 def _chunks(ids: Iterable[int], size: int) -> Iterator[list[int]]:
@@ -305,23 +295,34 @@ class JobManager(models.Manager["Job"]):
         limit: int,
         queues: Iterable[str] | None = None,
         lease_seconds: float | None = None,
+        after: tuple[int, int] | None = None,
         now: dt.datetime | None = None,
     ) -> list[Job]:
-        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first."""
+        """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first.
+
+        ``queues``: only those (through the per-queue claim index). ``after``: the
+        ``(priority, id)`` of the last job of this worker's previous claim of all
+        queues; the claim resumes there instead of at the head of the claim index
+        (see ``sql.JOB_CLAIM_AFTER``), and may miss jobs of that priority behind it."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
-        jobs = self._jobs(
-            sql.JOB_CLAIM,
-            {
-                "worker_id": worker_id,
-                "limit": limit,
-                "queues": None if queues is None else list(queues),
-                "lease_seconds": settings.LEASE_SECONDS
-                if lease_seconds is None
-                else lease_seconds,
-                "now": now,
-            },
-        )
+        params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "limit": limit,
+            "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
+            "now": now,
+        }
+        if queues is not None:
+            if after is not None:
+                raise ValueError("claim(after=...) is for claims of all queues")
+            query = sql.JOB_CLAIM_QUEUES
+            params["queues"] = list(queues)
+        elif after is not None:
+            query = sql.JOB_CLAIM_AFTER
+            params["after_priority"], params["after_id"] = after
+        else:
+            query = sql.JOB_CLAIM
+        jobs = self._jobs(query, params)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
 
@@ -332,8 +333,9 @@ class JobManager(models.Manager["Job"]):
         *,
         lease_seconds: float | None = None,
         now: dt.datetime | None = None,
-    ) -> set[int]:
-        """Extend the leases ``worker_id`` still holds; return the ids it still owns.
+    ) -> Owned:
+        """Extend the leases ``worker_id`` still holds; return the ids it still owns
+        (``Owned``, a set whose ``cancel_requested`` holds those to stop).
 
         Give ``Job`` objects (as ``claim`` returned them) to fence on the attempt and its
         claim time as well as the owner; plain ids fence on the owner only. An id missing
@@ -347,7 +349,7 @@ class JobManager(models.Manager["Job"]):
             key=lambda o: o[0],  # ascending ids: a stable lock order
         )
         if not owned:
-            return set()
+            return Owned()
         rows = self._rows(
             sql.JOB_EXTEND_LEASES,
             {
@@ -361,7 +363,9 @@ class JobManager(models.Manager["Job"]):
                 "now": now,
             },
         )
-        return {row[0] for row in rows}
+        result = Owned(row[0] for row in rows)
+        result.cancel_requested = frozenset(row[0] for row in rows if row[1])
+        return result
 
     def complete(
         self,
@@ -372,19 +376,30 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
     ) -> bool:
         """Mark ``job`` done. False (and no change) if ``worker_id`` lost the lease."""
-        return bool(
-            self._rows(
-                sql.JOB_COMPLETE,
-                {
-                    "id": job.id,
-                    "worker_id": worker_id,
-                    "attempt": job.attempts,
-                    "claimed_at": job.last_attempted_at,
-                    "result": validation.result_json(result),
-                    "now": now,
-                },
-            )
+        return self.complete_status(job, worker_id, result=result, now=now) is not None
+
+    def complete_status(
+        self,
+        job: Job,
+        worker_id: str,
+        *,
+        result: Any = None,
+        now: dt.datetime | None = None,
+    ) -> str | None:
+        """``complete()``, returning the new status: ``done``, or ``cancelled`` if the
+        job's cancellation was requested; None if ``worker_id`` lost the lease."""
+        rows = self._rows(
+            sql.JOB_COMPLETE,
+            {
+                "id": job.id,
+                "worker_id": worker_id,
+                "attempt": job.attempts,
+                "claimed_at": job.last_attempted_at,
+                "result": validation.result_json(result),
+                "now": now,
+            },
         )
+        return rows[0][1] if rows else None
 
     def complete_many(
         self,
@@ -457,6 +472,7 @@ class JobManager(models.Manager["Job"]):
                     "worker_id": worker_id,
                     "attempt": job.attempts,
                     "claimed_at": job.last_attempted_at,
+                    "now": None,
                 },
             )
         )
@@ -488,6 +504,31 @@ class JobManager(models.Manager["Job"]):
             requeued.extend(row[0] for row in rows)
         return sorted(requeued)
 
+    def cancel(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> CancelResult:
+        """Cancel jobs by id. Pending and scheduled ones become ``cancelled`` at once;
+        running ones are marked, and their worker stops them at its next lease extension
+        (they end ``cancelled`` whatever their outcome). Finished and unknown ids are left
+        alone. One statement per ``SWEEP_BATCH_SIZE`` ids; a job locked at that instant
+        (being claimed or completed) is tried again a few times, then left as it is."""
+        cancelled: list[int] = []
+        requested: list[int] = []
+        for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
+            for round_ in range(CANCEL_ROUNDS):
+                busy = []
+                for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
+                    if status == "cancelled":
+                        cancelled.append(job_id)
+                    elif status == "running":
+                        requested.append(job_id)
+                    else:
+                        busy.append(job_id)
+                if not busy:
+                    break
+                chunk = busy
+                if round_ < CANCEL_ROUNDS - 1:
+                    time.sleep(CANCEL_RETRY_DELAY)
+        return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
+
     def discard_dead(self, ids: Iterable[int]) -> list[int]:
         """Delete dead jobs by id; return the ids deleted (never a job that stopped
         being dead meanwhile)."""
@@ -496,76 +537,13 @@ class JobManager(models.Manager["Job"]):
             deleted.extend(row[0] for row in self._rows(sql.JOB_DELETE_DEAD, {"ids": chunk}))
         return sorted(deleted)
 
-    def summary(self, *, cap: int = 10_000, now: dt.datetime | None = None) -> QueueSummary:
-        """Counts per status and queue, the longest wait, and expired leases, for the
-        admin. Never scans the table: live counts walk partial indexes under a LIMIT
-        of ``cap``; done/dead totals are planner estimates unless the table is small."""
-        live: dict[tuple[str, str], int] = {}
-        for status, queue_, jobs in self._rows(sql.JOB_COUNT_LIVE_BY_QUEUE, {"cap": cap}):
-            live[(status, queue_)] = jobs
-        totals: dict[str, int | None] = {}
-        for status in ("pending", "scheduled", "running"):
-            totals[status] = sum(n for (s, _), n in live.items() if s == status)
-        capped = frozenset(s for s, n in totals.items() if n is not None and n >= cap)
-
-        finished, estimated = self._finished_totals(cap)
-        totals.update(finished)
-
-        (wait, expired), *_ = self._rows(sql.JOB_GET_HEALTH, {"cap": cap, "now": now})
-        return QueueSummary(
-            live=live,
-            totals=totals,
-            estimated=estimated,
-            capped=capped,
-            oldest_pending_wait=wait,
-            expired_leases=expired,
-            cap=cap,
-        )
-
-    def _finished_totals(self, cap: int) -> tuple[dict[str, int | None], frozenset[str]]:
-        """done/dead totals: exact on a small table, else from planner statistics."""
-        stats = self.column_stats("status")
-        if stats.small(cap):
-            # Small table: exact, and still bounded in case the statistics are stale.
-            jobs = self.db_manager(self.db_alias).order_by()
-            return {
-                s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES
-            }, frozenset()
-        if stats.total < 0 or not stats.freqs:
-            return dict.fromkeys(FINISHED_STATUSES), frozenset()
-        return (
-            {s: round(stats.total * stats.freqs.get(s, 0.0)) for s in FINISHED_STATUSES},
-            frozenset(FINISHED_STATUSES),
-        )
-
-    def column_stats(self, column: str) -> ColumnStats:
-        """The planner's statistics about one column of the jobs table (no scan)."""
-        ((total, size, vals, freqs),) = self._rows(sql.JOB_GET_COLUMN_STATS, {"column": column})
-        pairs = zip(vals or (), freqs or (), strict=True)
-        return ColumnStats(total=total, bytes=size, freqs=dict(pairs))
-
-    def common_values(self, column: str, *, limit: int = 100) -> list[str]:
-        """Values of ``queue`` or ``task`` for the admin's filters: exact (DISTINCT) on a
-        small table, the planner's most common values on a big one (no scan; rare values
-        may be missing there, and the admin search still finds them)."""
-        if column not in ("queue", "task"):
-            raise ValueError(f"no common values for column {column!r}")
-        stats = self.column_stats(column)
-        if stats.small(limit * 100):
-            return list(
-                self.db_manager(self.db_alias)
-                .order_by(column)
-                .values_list(column, flat=True)
-                .distinct()[:limit]
-            )
-        return sorted(stats.freqs)[:limit]
-
     # --- maintenance ----------------------------------------------------------------
 
-    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int]:
-        """Return expired leases to pending (or dead on the last attempt), in bounded
-        batches. Returns (recovered, dead)."""
-        recovered = dead = 0
+    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int, int]:
+        """Return expired leases to pending (or dead on the last attempt, or cancelled if
+        their cancellation was requested), in bounded batches. Returns (recovered, dead,
+        cancelled)."""
+        recovered = dead = cancelled = 0
         params: dict[str, Any] = {
             "now": now,
             "batch_size": settings.SWEEP_BATCH_SIZE,
@@ -575,9 +553,10 @@ class JobManager(models.Manager["Job"]):
             rows = self._rows(sql.JOB_RESCUE_EXPIRED, params)
             dead += sum(1 for _, status in rows if status == "dead")
             recovered += sum(1 for _, status in rows if status == "pending")
+            cancelled += sum(1 for _, status in rows if status == "cancelled")
             if len(rows) < params["batch_size"]:
                 break
-        return recovered, dead
+        return recovered, dead, cancelled
 
     def promote_due(self, *, now: dt.datetime | None = None, batch_size: int | None = None) -> int:
         """Make due scheduled jobs pending and wake workers for their queues."""
@@ -610,10 +589,11 @@ class JobManager(models.Manager["Job"]):
 
     def sweep(self, *, now: dt.datetime | None = None) -> SweepResult:
         """One bounded maintenance pass; safe to run from several processes at once."""
-        recovered, dead = self.rescue_expired(now=now)
+        recovered, dead, cancelled = self.rescue_expired(now=now)
         return SweepResult(
             recovered=recovered,
             dead=dead,
+            cancelled=cancelled,
             promoted=self.promote_due(now=now),
             pruned=self.prune_finished(now=now),
         )

@@ -13,6 +13,8 @@ from .manager import JobManager
 
 #: Statuses in which a job is still "live": an idempotency key is unique among these.
 LIVE_STATUSES = ("pending", "scheduled", "running")
+#: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
+FINISHED_STATUSES = ("done", "dead", "cancelled")
 
 
 class ClockTimestamp(models.Func):
@@ -26,12 +28,13 @@ class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
     class Status(models.TextChoices):
-        # The seed's words. Django's TaskResultStatus is mapped in backend.py only.
+        # The queue's own states; Django's TaskResultStatus is mapped in backend.py only.
         PENDING = "pending", "Pending"
         SCHEDULED = "scheduled", "Scheduled"
         RUNNING = "running", "Running"
         DONE = "done", "Done"
         DEAD = "dead", "Dead"
+        CANCELLED = "cancelled", "Cancelled"
 
     id = models.BigAutoField(primary_key=True)
     backend = models.CharField(max_length=64, default="default")
@@ -58,19 +61,32 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by Job.objects.cancel() on a running job: its worker stops it (see cancellation).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     objects = JobManager()
 
     class Meta:
         db_table = "pgqueue_job"  # sql.py hard-codes this name; a test checks they agree
         ordering = ["-id"]
-        permissions = [("requeue_job", "Can requeue dead jobs")]
+        permissions = [
+            ("requeue_job", "Can requeue dead jobs"),
+            ("cancel_job", "Can cancel jobs"),
+        ]
         indexes = [
             # The claim path: exactly JOB_CLAIM's predicate and ORDER BY. Built
             # CONCURRENTLY in its own migration (0002) so it never locks the table.
             models.Index(
                 fields=["-priority", "id"],
                 name="pgqueue_job_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # The claim path of a worker of some queues (JOB_CLAIM_QUEUES): each queue's
+            # pending jobs in claim order, so a small queue is never reached by walking
+            # a huge one's entries. Built CONCURRENTLY in its own migration (0007).
+            models.Index(
+                fields=["queue", "-priority", "id"],
+                name="pgqueue_job_queue_claim_idx",
                 condition=Q(status="pending"),
             ),
             # The sweeper's rescue scan: only leased rows, by expiry.
@@ -102,7 +118,9 @@ class Job(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "scheduled", "running", "done", "dead"]),
+                condition=Q(
+                    status__in=["pending", "scheduled", "running", "done", "dead", "cancelled"]
+                ),
                 name="pgqueue_job_status_valid",
             ),
             models.CheckConstraint(
@@ -144,3 +162,32 @@ class DeadLetter(Job):
         proxy = True
         verbose_name = "dead letter"
         verbose_name_plural = "dead letters"
+
+
+class Schedule(models.Model):
+    """The state of one ``PGQUEUE_PERIODIC`` entry: the last tick enqueued for it.
+
+    Written only by the sweeper's two statements (``sql.SCHEDULE_SYNC`` and
+    ``sql.SCHEDULE_ENQUEUE_TICK``); the settings stay the source of the entry itself, so
+    a row whose entry was removed from the settings is left behind and ignored."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    task = models.CharField(max_length=255)
+    cron = models.CharField(max_length=255)
+    timezone = models.CharField(max_length=64)
+    enabled = models.BooleanField(default=True)
+    last_tick = models.DateTimeField(
+        help_text="The latest tick enqueued (or skipped: a new, changed or disabled entry)"
+    )
+    # Not a foreign key: done jobs are pruned, and the link may outlive its job.
+    last_job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    updated_at = models.DateTimeField(db_default=ClockTimestamp())
+
+    class Meta:
+        db_table = "pgqueue_schedule"  # sql.py hard-codes this name too
+        ordering = ["name"]
+        verbose_name = "periodic schedule"
+
+    def __str__(self) -> str:
+        return f"Schedule {self.name} ({self.cron})"

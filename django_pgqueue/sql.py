@@ -71,17 +71,63 @@ ON CONFLICT (queue, idempotency_key)
     DO NOTHING
 """
 
-# Claim up to %(limit)s pending jobs for one worker, in priority order, in one statement.
-# Uses pgqueue_job_claim_idx: WHERE and ORDER BY match its predicate and columns exactly.
-# SKIP LOCKED lets competing workers take disjoint rows without waiting on each other;
-# selection and update are one statement, so no commit can release a lock before
-# ownership is recorded. Attempts are charged here, so a crash counts as an attempt.
+# Cancel jobs by id, one bounded batch: pending and scheduled jobs become 'cancelled' at
+# once (with a JobCancelled error entry, so get_result() reports why); running jobs get
+# cancel_requested_at, which their worker's next lease extension reads back, and which
+# makes whatever write ends them (complete, fail, release, rescue) end them 'cancelled'.
+# A running job's lease fence (owner, attempts, claim time) is left untouched, so the
+# worker's writes still apply. Primary-key lookups, rows locked in id order with SKIP
+# LOCKED: a row being claimed or completed right now is not waited for but returned as
+# 'busy' (from a plain read of the ids), so the caller can try it again.
+JOB_CANCEL = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), target AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('pending', 'scheduled', 'running')
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE pgqueue_job AS j
+    SET status = CASE WHEN j.status = 'running' THEN 'running' ELSE 'cancelled' END,
+        cancel_requested_at = coalesce(j.cancel_requested_at, clock.now),
+        finished_at = CASE WHEN j.status = 'running' THEN j.finished_at ELSE clock.now END,
+        errors = CASE WHEN j.status = 'running' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                          'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                          'traceback', 'django_pgqueue.exceptions.JobCancelled: cancelled '
+                              || 'before it ran (' || j.status || ')',
+                          'worker_id', '',
+                          'attempt', j.attempts,
+                          'at', clock.now)) END
+    FROM target, clock
+    WHERE j.id = target.id
+      AND j.status IN ('pending', 'scheduled', 'running')
+    RETURNING j.id, j.status
+)
+SELECT id, status FROM changed
+UNION ALL
+SELECT id, 'busy'
+FROM pgqueue_job
+WHERE id = ANY(%(ids)s::bigint[])
+  AND status IN ('pending', 'scheduled', 'running')
+  AND id NOT IN (SELECT id FROM target)
+"""
+
+# Claim up to %(limit)s pending jobs of any queue for one worker, in priority order,
+# from the head of pgqueue_job_claim_idx (WHERE and ORDER BY match its predicate and
+# columns exactly). SKIP LOCKED lets competing workers take disjoint rows without
+# waiting on each other; selection and update are one statement, so no commit can
+# release a lock before ownership is recorded. Attempts are charged here, so a crash
+# counts as an attempt. JOB_CLAIM_AFTER and JOB_CLAIM_QUEUES choose their candidates
+# differently and lease them with this same UPDATE (a test keeps the three alike).
 JOB_CLAIM = """
 WITH candidate AS (
     SELECT id
     FROM pgqueue_job
     WHERE status = 'pending'
-      AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
     ORDER BY priority DESC, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -100,38 +146,153 @@ WHERE j.id = candidate.id
 RETURNING j.*
 """
 
-# Mark a job done with its result, only while this worker still owns this attempt.
+# JOB_CLAIM resumed after the worker's previous claim, (after_priority, after_id) in
+# the index's order: jobs of a higher priority, then those of the same priority after
+# after_id, then lower priorities. Each branch is a range of pgqueue_job_claim_idx that
+# starts where it must, so a claim never walks the entries of jobs already claimed:
+# while a long transaction elsewhere pins the xmin horizon, those entries cannot be
+# cleaned up, and a scan from the head would step over every one of them, each claim
+# slower than the last. The branches are lazy CTEs (FOR UPDATE cannot go in a UNION):
+# one that the LIMIT does not need is never run, so it locks nothing. Jobs of the same
+# priority behind the position (a retry keeps its id) wait for the worker's next head
+# claim (JOB_CLAIM), which it makes every PGQUEUE_CLAIM_RESCAN_SECONDS.
+JOB_CLAIM_AFTER = """
+WITH above AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND priority > %(after_priority)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), level AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND priority = %(after_priority)s AND id > %(after_id)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), below AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND priority < %(after_priority)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), candidate AS (
+    SELECT id
+    FROM (SELECT id FROM above UNION ALL SELECT id FROM level
+          UNION ALL SELECT id FROM below) AS branches
+    LIMIT %(limit)s
+), clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM candidate, clock
+WHERE j.id = candidate.id
+RETURNING j.*
+"""
+
+# JOB_CLAIM for a worker of some queues only: per queue, the head of that queue's own
+# range of pgqueue_job_queue_claim_idx (queue, priority DESC, id), so a small queue
+# behind a huge one is reached without scanning past the huge one's entries; then the
+# best %(limit)s of those by priority. Each queue's branch locks at most %(limit)s rows,
+# released at the statement's commit unless claimed.
+JOB_CLAIM_QUEUES = """
+WITH candidate AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.id
+    LIMIT %(limit)s
+), clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM candidate, clock
+WHERE j.id = candidate.id
+RETURNING j.*
+"""
+
+
+# Mark a job done with its result, only while this worker still owns this attempt (or
+# 'cancelled', with a JobCancelled error entry, if its cancellation was requested).
 # Primary-key lookup; the fence makes a late (zombie) completion update zero rows.
 JOB_COMPLETE = """
-UPDATE pgqueue_job
-SET status = 'done',
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
     result = %(result)s::jsonb,
-    finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
-    lease_expires_at = NULL
-WHERE id = %(id)s
-  AND status = 'running'
-  AND lease_owner = %(worker_id)s
-  AND attempts = %(attempt)s
-  AND last_attempted_at::timestamp = %(claimed_at)s::timestamp
-RETURNING id
+    finished_at = clock.now,
+    lease_expires_at = NULL,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
+                          || 'requested while running; the task returned',
+                      'worker_id', j.lease_owner,
+                      'attempt', j.attempts,
+                      'at', clock.now)) END
+FROM clock
+WHERE j.id = %(id)s
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND j.attempts = %(attempt)s
+  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+RETURNING j.id, j.status
 """
 
 # Mark many jobs done with their results in one statement (the worker's batched
 # completion), each only while this worker still owns that attempt: the fence of
-# JOB_COMPLETE, row by row. Primary-key lookups via unnest; the caller sorts the input
-# by id so rows are locked in the order JOB_EXTEND_LEASES locks them (no deadlock with
-# the heartbeat). Returns the input position (1-based) of every row it changed: a
-# position missing from the result is a lost lease, and that job is left alone.
+# JOB_COMPLETE, row by row ('cancelled' where cancellation was requested). Primary-key
+# lookups via unnest; the caller sorts the input by id so rows are locked in the order
+# JOB_EXTEND_LEASES locks them (no deadlock with the heartbeat). Returns the input
+# position (1-based) of every row it changed: a position missing from the result is a
+# lost lease, and that job is left alone.
+# "(status = 'running') IS TRUE" is the same fence (status is NOT NULL) in a form that
+# does not match pgqueue_job_lease_idx's predicate: with "status = 'running'" the
+# planner, expecting few running rows, read that whole index instead of the 50 ids,
+# and every dead entry in it (all the jobs finished since the last VACUUM, a million
+# while a long transaction pins the xmin horizon) made each batch slower (measured:
+# 133 ms instead of 0.2 ms per batch after two minutes of a pinned horizon).
 JOB_COMPLETE_MANY = """
 UPDATE pgqueue_job AS j
-SET status = 'done',
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
     result = c.result,
     finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
+                          || 'requested while running; the task returned',
+                      'worker_id', j.lease_owner,
+                      'attempt', j.attempts,
+                      'at', coalesce(%(now)s::timestamptz, clock_timestamp()))) END
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
             %(results)s::jsonb[]) WITH ORDINALITY AS c(id, attempt, claimed_at, result, ord)
 WHERE j.id = c.id
-  AND j.status = 'running'
+  AND (j.status = 'running') IS TRUE
   AND j.lease_owner = %(worker_id)s
   AND j.attempts = c.attempt
   AND j.last_attempted_at::timestamp = c.claimed_at
@@ -236,7 +397,10 @@ RETURNING j.id, j.status, j.run_at, j.created_at, pg_notify(%(channel)s, j.queue
 # Push the lease of jobs this worker still owns further into the future.
 # Primary-key lookups via unnest; fenced on owner and attempt (and its claim time) so a
 # worker can never extend a lease it lost. Returns the ids still owned, so a lost lease
-# is visible.
+# is visible, and whether each one's cancellation was requested: the same statement
+# tells the worker to stop a cancelled job, at no extra query.
+# The status test is written as in JOB_COMPLETE_MANY, and for its reason: by primary
+# key, never a walk of pgqueue_job_lease_idx.
 JOB_EXTEND_LEASES = """
 UPDATE pgqueue_job AS j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
@@ -244,38 +408,55 @@ SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[])
      AS owned(id, attempt, claimed_at)
 WHERE j.id = owned.id
-  AND j.status = 'running'
+  AND (j.status = 'running') IS TRUE
   AND j.lease_owner = %(worker_id)s
   AND (owned.attempt IS NULL
        OR (j.attempts = owned.attempt
            AND j.last_attempted_at::timestamp = owned.claimed_at))
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 """
 
 # Record a failed attempt: retry later with exponential backoff and jitter while
-# attempts remain (and %(retry)s is true), else dead-letter. Primary-key lookup, fenced
+# attempts remain (and %(retry)s is true), else dead-letter; a job whose cancellation
+# was requested ends 'cancelled' instead (no retry, no dead letter), with a JobCancelled
+# entry after the task's own error. Primary-key lookup, fenced
 # like JOB_COMPLETE. The error list keeps only the newest %(keep_errors)s entries.
 JOB_FAIL = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 )
 UPDATE pgqueue_job AS j
-SET status = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN %(retry)s AND j.attempts < j.max_attempts
                   THEN 'scheduled' ELSE 'dead' END,
-    run_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+    run_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s
+                       AND j.attempts < j.max_attempts
                   THEN clock.now + make_interval(secs => least(
                       %(backoff_max)s::float8,
                       %(backoff_base)s::float8 * power(2, least(j.attempts - 1, 40))
                           * (0.75 + random() * 0.5)))
                   ELSE j.run_at END,
-    finished_at = CASE WHEN %(retry)s AND j.attempts < j.max_attempts
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s
+                            AND j.attempts < j.max_attempts
                        THEN NULL ELSE clock.now END,
     lease_expires_at = NULL,
     errors = (
         SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
-        FROM jsonb_array_elements(j.errors || jsonb_build_array(%(error)s::jsonb))
-             WITH ORDINALITY AS e
-        WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
+        FROM (SELECT j.errors || jsonb_build_array(%(error)s::jsonb)
+                     || CASE WHEN j.cancel_requested_at IS NOT NULL
+                                  AND %(error)s::jsonb ->> 'exception_class_path'
+                                      <> 'django_pgqueue.exceptions.JobCancelled'
+                             THEN jsonb_build_array(jsonb_build_object(
+                                 'exception_class_path',
+                                 'django_pgqueue.exceptions.JobCancelled',
+                                 'traceback', 'django_pgqueue.exceptions.JobCancelled: '
+                                     || 'cancellation requested while running',
+                                 'worker_id', j.lease_owner,
+                                 'attempt', j.attempts,
+                                 'at', clock.now))
+                             ELSE '[]'::jsonb END AS entries) AS x,
+             jsonb_array_elements(x.entries) WITH ORDINALITY AS e
+        WHERE e.ordinality > jsonb_array_length(x.entries) - %(keep_errors)s
     )
 FROM clock
 WHERE j.id = %(id)s
@@ -384,19 +565,33 @@ RETURNING j.queue
 """
 
 # Give a claimed job back without charging the attempt (graceful shutdown before the
-# task started). Primary-key lookup, fenced like JOB_COMPLETE.
+# task started); a job whose cancellation was requested meanwhile ends 'cancelled'.
+# Primary-key lookup, fenced like JOB_COMPLETE.
 JOB_RELEASE = """
-UPDATE pgqueue_job
-SET status = 'pending',
-    attempts = attempts - 1,
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+    attempts = j.attempts - 1,
     lease_owner = NULL,
-    lease_expires_at = NULL
-WHERE id = %(id)s
-  AND status = 'running'
-  AND lease_owner = %(worker_id)s
-  AND attempts = %(attempt)s
-  AND last_attempted_at::timestamp = %(claimed_at)s::timestamp
-RETURNING id
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancelled '
+                          || 'before it ran (released at shutdown)',
+                      'worker_id', j.lease_owner,
+                      'attempt', j.attempts - 1,
+                      'at', clock.now)) END
+FROM clock
+WHERE j.id = %(id)s
+  AND j.status = 'running'
+  AND j.lease_owner = %(worker_id)s
+  AND j.attempts = %(attempt)s
+  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+RETURNING j.id
 """
 
 # Requeue dead letters by id (admin): back to pending with attempts reset and run_at
@@ -447,7 +642,8 @@ RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
 # Take back running jobs whose lease expired: to pending, or to dead once the attempt
-# limit is reached (a job that kills its worker every time must not loop forever).
+# limit is reached (a job that kills its worker every time must not loop forever), or to
+# cancelled if its cancellation was requested (its worker died before it could stop it).
 # Uses pgqueue_job_lease_idx; one bounded batch; SKIP LOCKED so it never waits on a
 # worker completing the same row (that worker's fenced write then wins or loses
 # cleanly). An error entry records whose lease expired.
@@ -464,26 +660,123 @@ WITH clock AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgqueue_job AS j
-SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
-    lease_owner = CASE WHEN j.attempts >= j.max_attempts THEN j.lease_owner END,
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    lease_owner = CASE WHEN j.attempts >= j.max_attempts
+                            OR j.cancel_requested_at IS NOT NULL THEN j.lease_owner END,
     lease_expires_at = NULL,
-    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN clock.now END,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts
+                            OR j.cancel_requested_at IS NOT NULL THEN clock.now END,
     errors = (
         SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
-        FROM jsonb_array_elements(j.errors || jsonb_build_array(jsonb_build_object(
-                 'exception_class_path', 'django_pgqueue.exceptions.LeaseExpired',
-                 'traceback', 'LeaseExpired: lease of worker ' || j.lease_owner
-                     || ' expired after attempt ' || j.attempts
-                     || ' of ' || j.max_attempts,
-                 'worker_id', j.lease_owner,
-                 'attempt', j.attempts,
-                 'at', clock.now)))
+        FROM jsonb_array_elements(j.errors || jsonb_build_array(
+                 CASE WHEN j.cancel_requested_at IS NULL THEN jsonb_build_object(
+                     'exception_class_path', 'django_pgqueue.exceptions.LeaseExpired',
+                     'traceback', 'LeaseExpired: lease of worker ' || j.lease_owner
+                         || ' expired after attempt ' || j.attempts
+                         || ' of ' || j.max_attempts,
+                     'worker_id', j.lease_owner,
+                     'attempt', j.attempts,
+                     'at', clock.now)
+                 ELSE jsonb_build_object(
+                     'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+                     'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
+                         || 'requested while running; the lease of worker '
+                         || j.lease_owner || ' expired',
+                     'worker_id', j.lease_owner,
+                     'attempt', j.attempts,
+                     'at', clock.now) END))
              WITH ORDINALITY AS e
         WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
     )
 FROM expired, clock
 WHERE j.id = expired.id
 RETURNING j.id, j.status
+"""
+
+# Enqueue one tick of a periodic entry, exactly once however many sweepers run: advance
+# the entry's row to the tick only if its last tick is older (and its cron and time zone
+# are the ones this tick was computed from), and insert the job from that same row, in one
+# statement. Primary-key lookup on pgqueue_schedule. SKIP LOCKED: a sweeper that finds
+# the row locked by another one skips it; the other enqueues the tick, or, if it rolls
+# back, the next pass does. The job's id is drawn in the UPDATE so the row links to the
+# job it enqueued; run_at is the tick, and the idempotency key periodic:<name>:<tick>
+# keeps it through retries. A live job already holding that key (enqueued by hand) is
+# that tick's job: the row advances and nothing is inserted (the partial unique index
+# pgqueue_job_idempotency_uniq is the arbiter). pg_notify in RETURNING wakes idle
+# workers at commit.
+SCHEDULE_ENQUEUE_TICK = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), due AS (
+    SELECT s.name
+    FROM pgqueue_schedule AS s, clock
+    WHERE s.name = %(name)s
+      AND s.last_tick < %(tick)s::timestamptz
+      AND s.cron = %(cron)s
+      AND s.timezone = %(timezone)s
+      AND %(tick)s::timestamptz <= clock.now
+    FOR UPDATE OF s SKIP LOCKED
+), advanced AS (
+    UPDATE pgqueue_schedule AS s
+    SET last_tick = %(tick)s::timestamptz,
+        last_job_id = nextval(pg_get_serial_sequence('pgqueue_job', 'id')),
+        updated_at = clock.now
+    FROM due, clock
+    WHERE s.name = due.name
+    RETURNING s.last_job_id
+)
+INSERT INTO pgqueue_job AS j (
+    id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+    run_at, idempotency_key, errors, created_at
+)
+SELECT advanced.last_job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
+       %(kwargs)s::jsonb, %(priority)s, 'pending', 0, %(max_attempts)s,
+       %(tick)s::timestamptz, %(idempotency_key)s, '[]'::jsonb, clock.now
+FROM advanced, clock
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
+"""
+
+# Make a periodic entry's row agree with the settings, taking no lock when it already
+# does. A new entry starts at its latest past tick (%(tick)s) without a job, so it first
+# runs at its next tick. A changed cron or time zone, or a disabled entry, moves the last
+# tick up to the latest past tick of the new cron (never back), so the change takes effect
+# at its next tick and no tick of the old cron is enqueued late. Primary-key lookup;
+# the UPDATE matches no row when nothing changed, and ON CONFLICT DO NOTHING (not DO
+# UPDATE, which would lock the row every pass) leaves an existing row alone.
+SCHEDULE_SYNC = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), changed AS (
+    UPDATE pgqueue_schedule AS s
+    SET task = %(task)s,
+        cron = %(cron)s,
+        timezone = %(timezone)s,
+        enabled = %(enabled)s,
+        last_tick = CASE WHEN s.cron <> %(cron)s OR s.timezone <> %(timezone)s
+                               OR NOT %(enabled)s
+                          THEN greatest(s.last_tick, %(tick)s::timestamptz)
+                          ELSE s.last_tick END,
+        updated_at = clock.now
+    FROM clock
+    WHERE s.name = %(name)s
+      AND (s.task <> %(task)s OR s.cron <> %(cron)s OR s.timezone <> %(timezone)s
+           OR s.enabled <> %(enabled)s
+           OR (NOT %(enabled)s AND s.last_tick < %(tick)s::timestamptz))
+    RETURNING s.name
+)
+INSERT INTO pgqueue_schedule (
+    name, task, cron, timezone, enabled, last_tick, created_at, updated_at
+)
+SELECT %(name)s, %(task)s, %(cron)s, %(timezone)s, %(enabled)s, %(tick)s::timestamptz,
+       clock.now, clock.now
+FROM clock
+WHERE NOT EXISTS (SELECT 1 FROM changed)
+ON CONFLICT (name) DO NOTHING
 """
 
 # Label a worker's connection and bound its statements: application_name shows which

@@ -1,17 +1,21 @@
 """The sweeper: one bounded maintenance pass, once or on an interval.
 
 Each pass rescues expired leases (to pending, or dead on the last attempt), promotes
-due scheduled jobs and prunes old done jobs; see ``JobManager.sweep``. Several sweepers
-may run at once: every statement uses SKIP LOCKED.
+due scheduled jobs and prunes old done jobs (see ``JobManager.sweep``), then enqueues
+the due ticks of periodic entries (see ``periodic.py``). Several sweepers may run at
+once: every statement uses SKIP LOCKED, and each tick is enqueued once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import logging
 import threading
 
 from django.db import DatabaseError, close_old_connections
 
+from . import periodic
 from .conf import settings
 from .exceptions import NotMigrated
 from .manager import SweepResult
@@ -22,9 +26,21 @@ logger = logging.getLogger(__name__)
 
 
 class Sweeper:
-    def __init__(self, *, interval: float = 5.0) -> None:
+    """Sweeps every ``interval`` seconds. ``now`` pins the database clock the passes use
+    (for tests, like ``%(now)s`` in the SQL); with ``now_step`` each pass after the
+    first moves the pinned clock that many seconds forward."""
+
+    def __init__(
+        self,
+        *,
+        interval: float = 5.0,
+        now: dt.datetime | None = None,
+        now_step: float | None = None,
+    ) -> None:
         self.interval = interval
         self.alias = settings.DATABASE
+        self.now = now
+        self.now_step = now_step
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -32,16 +48,22 @@ class Sweeper:
 
     def run_once(self) -> SweepResult:
         """One pass; logs at info level only when something changed."""
-        result = Job.objects.db_manager(self.alias).sweep()
+        result = Job.objects.db_manager(self.alias).sweep(now=self.now)
+        ticks = periodic.enqueue_due(using=self.alias, now=self.now)
+        result = dataclasses.replace(result, periodic=len(ticks))
         if result:
             logger.info(
-                "sweep: recovered=%d dead=%d promoted=%d pruned=%d",
+                "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d cancelled=%d",
                 result.recovered,
                 result.dead,
                 result.promoted,
                 result.pruned,
+                result.periodic,
+                result.cancelled,
                 extra={"action": "sweep"},
             )
+        if self.now is not None and self.now_step:
+            self.now += dt.timedelta(seconds=self.now_step)
         return result
 
     def run_forever(self) -> None:

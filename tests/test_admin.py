@@ -24,10 +24,11 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from django_pgqueue import sql
-from django_pgqueue.admin import error_line, human_duration
+from django_pgqueue.admin import CHANGE_FORM_ACTIONS, error_line, human_duration
 from django_pgqueue.conf import settings
 from django_pgqueue.models import DeadLetter, Job
 from django_pgqueue.paginator import EstimatedCountPaginator
+from django_pgqueue.summary import common_values, queue_summary
 from tests.conftest import wait_for
 
 DEAD_LIST = "admin:django_pgqueue_deadletter_changelist"
@@ -235,7 +236,8 @@ def test_dead_letter_detail__is_read_only_and_shows_everything(admin_client, dea
     assert "host:42:abc123" in content  # lease owner of the last attempt
     assert "ValueError: boom at step 3" in content and "raise ValueError(message)" in content
     assert "[\n  1,\n  2\n]" in content  # args pretty-printed
-    assert "Requeue selected dead letters" in content  # the action, on the detail page
+    # The action, on the detail page (Django 6.1 has actions on the change form).
+    assert ("Requeue selected dead letters" in content) is CHANGE_FORM_ACTIONS
     assert reverse("admin:django_pgqueue_deadletter_delete", args=[job.pk]) in content
 
 
@@ -422,6 +424,7 @@ def test_requeue_dead__racing_requeue_waits_then_changes_nothing(dead_factory, o
     assert (job.status, job.attempts) == ("pending", 0)
 
 
+@pytest.mark.skipif(not CHANGE_FORM_ACTIONS, reason="Django < 6.1: no change-form actions")
 @pytest.mark.django_db
 def test_requeue_from_detail_page__requeues_and_opens_the_job(admin_client, dead_factory):
     job = dead_factory(queue="mail")
@@ -606,14 +609,21 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
     (running,) = Job.objects.claim("w1", limit=1, queues=["mail"], lease_seconds=60)
     Job.objects.filter(pk=running.pk).update(lease_expires_at=Now() - dt.timedelta(seconds=1))
 
-    summary = Job.objects.summary()
+    summary = queue_summary(Job.objects.db_alias)
     assert summary.live == {
         ("pending", "billing"): 1,
         ("pending", "mail"): 1,
         ("running", "mail"): 1,
         ("scheduled", "mail"): 1,
     }
-    assert summary.totals == {"pending": 2, "scheduled": 1, "running": 1, "done": 0, "dead": 1}
+    assert summary.totals == {
+        "pending": 2,
+        "scheduled": 1,
+        "running": 1,
+        "done": 0,
+        "dead": 1,
+        "cancelled": 0,
+    }
     assert not summary.estimated and not summary.capped
     assert dt.timedelta(hours=2) <= summary.oldest_pending_wait < dt.timedelta(hours=2, minutes=5)
     assert summary.expired_leases == 1
@@ -629,7 +639,7 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
 def test_job_admin__summary_caps_live_counts(job_factory):
     for _ in range(3):
         job_factory()
-    summary = Job.objects.summary(cap=2)
+    summary = queue_summary(Job.objects.db_alias, cap=2)
     assert summary.totals["pending"] == 2 and summary.capped == {"pending"}
 
 
@@ -641,10 +651,10 @@ def test_job_admin__summary_uses_planner_estimates_on_a_big_table(job_factory, d
         dead_factory()
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgqueue_job")
-    summary = Job.objects.summary(cap=5)  # 8 rows > cap: estimate done/dead
-    assert summary.estimated == {"done", "dead"}
+    summary = queue_summary(Job.objects.db_alias, cap=5)  # 8 rows > cap: estimate done/dead
+    assert summary.estimated == {"done", "dead", "cancelled"}
     assert summary.totals["dead"] == 2 and summary.totals["done"] == 0
-    assert Job.objects.common_values("queue") == ["default"]
+    assert common_values(Job.objects.db_alias, "queue") == ["default"]
 
 
 @pytest.mark.django_db
@@ -750,3 +760,73 @@ def test_requeue_and_discard__overlapping_selections_do_not_deadlock(
     assert result["ids"] == [a.pk]
     a.refresh_from_db()
     assert a.status == "pending"
+
+
+# --- cancel action -------------------------------------------------------------------------
+
+
+def post_job_action(client: Client, action: str, ids: list[int], **extra: Any) -> Any:
+    data = {
+        "action": action,
+        "_selected_action": [str(i) for i in ids],
+        "index": "0",
+        "select_across": "0",
+        **extra,
+    }
+    return client.post(reverse(JOB_LIST), data)
+
+
+def test_cancel_action__needs_its_own_permission(staff, job_factory):
+    job = job_factory()
+    viewer = staff("view_job")
+    page = viewer.get(reverse(JOB_LIST)).content.decode()
+    assert "cancel_selected" not in page
+    post_job_action(viewer, "cancel_selected", [job.pk], post="yes")
+    assert status_of(job) == ["pending"]
+    operator = staff("view_job", "cancel_job")
+    assert "Cancel selected jobs" in operator.get(reverse(JOB_LIST)).content.decode()
+
+
+def test_cancel_action__confirms_first_with_escaped_job_data(staff, job_factory):
+    job = job_factory()
+    Job.objects.filter(pk=job.pk).update(task=XSS)
+    response = post_job_action(staff("view_job", "cancel_job"), "cancel_selected", [job.pk])
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert escape(XSS) in html and XSS not in html
+    assert 'name="post" value="yes"' in html
+    assert status_of(job) == ["pending"]  # nothing changes before the confirmation
+
+
+def test_cancel_action__cancels_requests_and_reports_what_did_not_change(
+    staff, job_factory, caplog
+):
+    job_factory()
+    (running,) = Job.objects.claim("w1", limit=1)
+    pending, done = job_factory(), job_factory()
+    Job.objects.filter(pk=done.pk).update(status="done", finished_at=Now())
+    caplog.set_level(logging.INFO, logger="django_pgqueue.admin")
+    response = post_job_action(
+        staff("view_job", "cancel_job"),
+        "cancel_selected",
+        [pending.pk, running.pk, done.pk],
+        post="yes",
+    )
+    assert status_of(pending, running, done) == ["cancelled", "running", "done"]
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    (message,) = texts(response)
+    assert message == (
+        f"Cancelled 1 job; asked 1 running job to stop (job {running.pk}); "
+        "1 of 3 selected not cancelled: already finished (done, dead or cancelled) or busy "
+        "at that instant."
+    )
+    assert "cancelled 1 and requested cancellation of 1 of 3 selected jobs" in caplog.text
+    assert LogEntry.objects.filter(change_message="Cancelled from the admin.").count() == 2
+    # A second click (a stale page, another operator) changes nothing and says so.
+    again = post_job_action(
+        staff("view_job", "cancel_job"), "cancel_selected", [pending.pk], post="yes"
+    )
+    assert texts(again) == [
+        "Cancelled 0 jobs; 1 of 1 selected not cancelled: already finished (done, dead or "
+        "cancelled) or busy at that instant."
+    ]

@@ -508,3 +508,27 @@ def test_bulk_enqueue__task_object_brings_its_run_after():
     rows = sorted(Job.objects.values_list("status", "run_at"), key=lambda r: r[0])
     assert rows[0][0] == "pending"
     assert rows[1] == ("scheduled", later)
+
+
+@pytest.mark.django_db
+def test_bulk_enqueue__plain_jobs_still_need_a_default_backend():
+    # A job of only task, args and kwargs takes the fast path; its default backend
+    # alias is checked all the same, and nothing is stored.
+    tasks = {"other": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
+    with override_settings(TASKS=tasks), pytest.raises(InvalidJob, match="job #0: backend"):
+        Job.objects.bulk_enqueue([{"task": "testproject.demo.tasks.add", "args": [1, 2]}])
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_bulk_enqueue__plain_jobs_get_every_default(now):
+    Job.objects.bulk_enqueue([{"task": "testproject.demo.tasks.add", "args": (1, 2)}], now=now)
+    job = Job.objects.get()
+    assert (job.backend, job.queue, job.priority, job.status) == (
+        "default",
+        "default",
+        0,
+        "pending",
+    )
+    assert (job.args, job.kwargs, job.max_attempts, job.run_at) == ([1, 2], {}, 5, now)
+    assert (job.idempotency_key, job.errors, job.created_at) == (None, [], now)

@@ -166,7 +166,7 @@ def test_commands__out_of_range_flag_exits_2_naming_the_range(manage):
 
 @pytest.mark.parametrize("name", ["pgqueue_worker", "pgqueue_sweep"])
 def test_commands__help_states_every_default(name):
-    """STYLE rule 14: each of our options says its default in --help."""
+    """Each of our options says its default in --help."""
     module = import_module(f"django_pgqueue.management.commands.{name}")
     base = {a.dest for a in BaseCommand().create_parser("manage.py", "base")._actions}
     parser = module.Command().create_parser("manage.py", name)
@@ -200,10 +200,14 @@ def test_pgqueue_sweep__prints_its_counts(job_factory):
 
     out = StringIO()
     call_command("pgqueue_sweep", stdout=out)
-    assert out.getvalue().strip() == "recovered=1 dead=1 promoted=2 pruned=3"
+    assert (
+        out.getvalue().strip() == "recovered=1 dead=1 promoted=2 pruned=3 periodic=0 cancelled=0"
+    )
     out = StringIO()
     call_command("pgqueue_sweep", stdout=out)
-    assert out.getvalue().strip() == "recovered=0 dead=0 promoted=0 pruned=0"
+    assert (
+        out.getvalue().strip() == "recovered=0 dead=0 promoted=0 pruned=0 periodic=0 cancelled=0"
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -984,3 +984,34 @@ def test_enqueue__respects_a_prepare_threshold_of_none(monkeypatch):
         assert not prepared.prepares("default")
     finally:
         connection.close()  # the next test's connection has the settings' own options
+
+
+@pytest.mark.django_db
+def test_claim__after_resumes_behind_the_position_in_claim_order(job_factory):
+    low, mid1, mid2, mid3 = (job_factory(priority=p) for p in (-5, 0, 0, 0))
+    high = job_factory(priority=9)
+    # Resuming after mid1: the higher priority first, then mid2, mid3, then lower ones;
+    # nothing of the same priority before the position (mid1 itself is not pending, but
+    # a job there would be skipped too until the next claim from the head).
+    got = Job.objects.claim("w1", limit=10, after=(0, mid1.id))
+    assert [j.id for j in got] == [high.id, mid2.id, mid3.id, low.id]
+    assert fresh(mid1).status == "pending"
+    assert [j.id for j in Job.objects.claim("w1", limit=10)] == [mid1.id]
+
+
+@pytest.mark.django_db
+def test_claim__after_is_only_for_claims_of_all_queues(job_factory):
+    with pytest.raises(ValueError, match="all queues"):
+        Job.objects.claim("w1", limit=1, queues=["default"], after=(0, 1))
+
+
+@pytest.mark.django_db
+def test_claim__queues_take_the_best_of_each_queue_by_priority(job_factory):
+    a1, a2 = job_factory(queue="a", priority=1), job_factory(queue="a", priority=1)
+    b1 = job_factory(queue="b", priority=5)
+    job_factory(queue="c", priority=99)
+    got = Job.objects.claim("w1", limit=2, queues=["a", "b"])
+    assert [j.id for j in got] == [b1.id, a1.id]
+    # The rows its other branch looked at were not kept locked or claimed.
+    assert fresh(a2).status == "pending"
+    assert [j.id for j in Job.objects.claim("w2", limit=5, queues=["a"])] == [a2.id]

@@ -95,3 +95,12 @@ def test_makemigrations__check_is_clean():
     # Exits non-zero (SystemExit) if the models have changes without a migration.
     call_command("makemigrations", "--check", "--dry-run", stdout=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_migration_0008__sets_the_tables_autovacuum_settings():
+    autovacuum = importlib.import_module("django_pgqueue.migrations.0008_job_autovacuum")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgqueue_job'::regclass")
+        (options,) = cursor.fetchone()
+    assert dict(option.split("=", 1) for option in options) == autovacuum.SETTINGS

@@ -55,7 +55,7 @@ def test_sql__every_constant_has_a_comment_header(name):
 def test_sql__only_named_parameters(name):
     text = getattr(sql, name)
     assert isinstance(text, str)
-    # Positional %s placeholders and string formatting are banned (STYLE rule 3).
+    # Only psycopg named parameters: no positional %s placeholders, no string formatting.
     assert "%" not in re.sub(r"%\(\w+\)s", "", text), f"{name} has a non-named placeholder"
     assert "{" not in text, f"{name} looks like a format string"
 
@@ -111,11 +111,35 @@ def test_sql__claim_where_matches_claim_index_predicate():
     index = next(i for i in Job._meta.indexes if i.name == "pgqueue_job_claim_idx")
     assert dict(index.condition.children) == {"status": "pending"}
     where, _ = claim_candidate()
-    conjuncts = [part.strip() for part in where.split(" AND ", 1)]
-    assert conjuncts[0] == "status = 'pending'"
-    # The only other filter is the optional queue list, which the index need not cover.
-    assert conjuncts[1] == ("(%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))")
-    assert "run_at" not in where, "future jobs must be promoted, not filtered in the claim"
+    # Exactly the predicate: a queue filter takes JOB_CLAIM_QUEUES and its own index.
+    assert where == "status = 'pending'"
+    for name in ("JOB_CLAIM", "JOB_CLAIM_AFTER", "JOB_CLAIM_QUEUES"):
+        assert "run_at" not in getattr(sql, name), "future jobs are promoted, not filtered"
+
+
+def test_sql__resumed_and_per_queue_claims_match_their_indexes():
+    folded = {
+        n: " ".join(getattr(sql, n).split()) for n in ("JOB_CLAIM_AFTER", "JOB_CLAIM_QUEUES")
+    }
+    # Every branch of the resumed claim is a range of the claim index, in its order.
+    for bound in ("priority > %(after_priority)s", "priority < %(after_priority)s"):
+        assert (
+            f"WHERE status = 'pending' AND {bound} ORDER BY priority DESC, id"
+            in (folded["JOB_CLAIM_AFTER"])
+        )
+    assert (
+        "WHERE status = 'pending' AND priority = %(after_priority)s AND id > %(after_id)s "
+        "ORDER BY priority DESC, id" in folded["JOB_CLAIM_AFTER"]
+    )
+    index = next(i for i in Job._meta.indexes if i.name == "pgqueue_job_queue_claim_idx")
+    assert (index.fields, dict(index.condition.children)) == (
+        ["queue", "-priority", "id"],
+        {"status": "pending"},
+    )
+    assert (
+        "WHERE status = 'pending' AND queue = q.name ORDER BY priority DESC, id"
+        in folded["JOB_CLAIM_QUEUES"]
+    )
 
 
 @pytest.mark.django_db
@@ -146,43 +170,140 @@ def test_sql__every_statement_is_valid_postgresql(name):
         cursor.execute("DEALLOCATE pgqueue_check")
 
 
-def claim_plan(queues: list[str] | None) -> str:
-    """EXPLAIN of JOB_CLAIM exactly as Django sends it (psycopg binds client-side)."""
+def claim_plan(name: str, analyze: bool = False, **params: object) -> str:
+    """EXPLAIN of a claim statement exactly as Django sends it (client-side binding),
+    inside a transaction rolled back (ANALYZE runs it)."""
     connection.ensure_connection()
-    params = {
-        "worker_id": "w1",
-        "limit": 10,
-        "queues": queues,
-        "lease_seconds": 60,
-        "now": None,
-    }
-    query = psycopg.ClientCursor(connection.connection).mogrify(sql.JOB_CLAIM, params)
+    params = {"worker_id": "w1", "limit": 10, "lease_seconds": 60, "now": None, **params}
+    query = psycopg.ClientCursor(connection.connection).mogrify(getattr(sql, name), params)
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + query)
-        return json.dumps(cursor.fetchone()[0])
+        cursor.execute("SAVEPOINT plan")
+        cursor.execute(f"EXPLAIN ({options}) " + query)
+        plan = json.dumps(cursor.fetchone()[0])
+        cursor.execute("ROLLBACK TO SAVEPOINT plan")
+    return plan
+
+
+def insert_jobs(cursor: object, status: str, count: int, queue: str = "default") -> None:
+    cursor.execute(  # type: ignore[attr-defined]
+        """
+        INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,
+                                 attempts, max_attempts, run_at, errors, created_at,
+                                 finished_at)
+        SELECT 'default', %(queue)s, 'testproject.demo.tasks.add', '[]', '{}',
+               mod(g, 201) - 100, %(status)s, 0, 5,
+               clock_timestamp() + interval '1 day', '[]', clock_timestamp(),
+               CASE WHEN %(status)s = 'done' THEN clock_timestamp() END
+        FROM generate_series(1, %(count)s) AS g
+        """,
+        {"queue": queue, "status": status, "count": count},
+    )
+
+
+def index_scans(plan: str) -> list[dict[str, object]]:
+    """Every index scan node of a JSON plan, with its rows removed by filter."""
+    found: list[dict[str, object]] = []
+
+    def walk(node: dict[str, object]) -> None:
+        if "Index Name" in node:
+            found.append(node)
+        for child in node.get("Plans", []):  # type: ignore[attr-defined]
+            walk(child)
+
+    for entry in json.loads(plan):
+        walk(entry["Plan"])
+    return found
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("queues", [None, ["default"]], ids=["all_queues", "one_queue"])
-def test_sql__claim_plan_uses_the_claim_index(queues):
+@pytest.mark.parametrize(
+    ("name", "params", "index"),
+    [
+        ("JOB_CLAIM", {}, "pgqueue_job_claim_idx"),
+        ("JOB_CLAIM_AFTER", {"after_priority": 0, "after_id": 100}, "pgqueue_job_claim_idx"),
+        ("JOB_CLAIM_QUEUES", {"queues": ["default"]}, "pgqueue_job_queue_claim_idx"),
+    ],
+    ids=["all_queues", "resumed", "one_queue"],
+)
+def test_sql__claim_plan_uses_the_claim_index(name, params, index):
     with connection.cursor() as cursor:
         # 5,000 claimable rows, 50,000 delayed ones and 20,000 finished ones.
+        insert_jobs(cursor, "pending", 5000)
+        insert_jobs(cursor, "scheduled", 50000)
+        insert_jobs(cursor, "done", 20000)
+        cursor.execute("ANALYZE pgqueue_job")
+    plan = claim_plan(name, **params)
+    assert f'"Index Name": "{index}"' in plan
+    assert '"Node Type": "Sort"' not in plan or name == "JOB_CLAIM_QUEUES"
+    assert '"Node Type": "Seq Scan"' not in plan
+
+
+@pytest.mark.django_db
+def test_sql__small_queue_claim_does_not_scan_past_a_huge_queue():
+    with connection.cursor() as cursor:
+        insert_jobs(cursor, "pending", 50000, queue="huge")
+        insert_jobs(cursor, "pending", 10, queue="small")
+        cursor.execute("ANALYZE pgqueue_job")
+    plan = claim_plan("JOB_CLAIM_QUEUES", analyze=True, queues=["small"], limit=50)
+    scans = index_scans(plan)
+    assert [s["Index Name"] for s in scans] == ["pgqueue_job_queue_claim_idx", "pgqueue_job_pkey"]
+    # It read the small queue's 10 entries and nothing of the huge queue's.
+    assert scans[0]["Actual Rows"] == 10
+    assert scans[0].get("Rows Removed by Filter", 0) == 0
+
+
+@pytest.mark.django_db
+def test_sql__resumed_claim_does_not_walk_the_jobs_before_it():
+    with connection.cursor() as cursor:
+        insert_jobs(cursor, "pending", 20000)
+        cursor.execute("UPDATE pgqueue_job SET priority = 0")
+        cursor.execute("SELECT max(id) - 10 FROM pgqueue_job")
+        (after,) = cursor.fetchone()
+        cursor.execute("ANALYZE pgqueue_job")
+    plan = claim_plan("JOB_CLAIM_AFTER", analyze=True, after_priority=0, after_id=after, limit=50)
+    # The candidate branches (not the final lookup by id) read only the 10 jobs after
+    # the position and filtered out nothing: none of the 19,990 before it.
+    branches = [s for s in index_scans(plan) if "candidate.id" not in str(s["Index Cond"])]
+    assert len(branches) == 3, branches  # above, level, below
+    assert sum(int(s["Actual Rows"]) for s in branches) == 10  # type: ignore[call-overload]
+    assert all(s.get("Rows Removed by Filter", 0) == 0 for s in branches)
+
+
+def test_sql__every_claim_leases_its_candidates_alike():
+    def lease(name: str) -> str:
+        text = getattr(sql, name)
+        return text[text.index("), clock AS (") :]
+
+    assert lease("JOB_CLAIM_AFTER") == lease("JOB_CLAIM") == lease("JOB_CLAIM_QUEUES")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES"])
+def test_sql__batched_fenced_writes_look_rows_up_by_primary_key(name):
+    with connection.cursor() as cursor:
+        insert_jobs(cursor, "done", 20000)
+        insert_jobs(cursor, "pending", 10)
         cursor.execute(
-            """
-            INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,
-                                     attempts, max_attempts, run_at, errors, created_at,
-                                     finished_at)
-            SELECT 'default', 'default', 'testproject.demo.tasks.add', '[]', '{}',
-                   mod(g, 201) - 100, s.status, 0, 5,
-                   clock_timestamp() + interval '1 day', '[]', clock_timestamp(),
-                   CASE WHEN s.status = 'done' THEN clock_timestamp() END
-            FROM (VALUES ('pending', 5000), ('scheduled', 50000), ('done', 20000))
-                 AS s(status, n),
-                 generate_series(1, s.n) AS g
-            """
+            "UPDATE pgqueue_job SET status = 'running', lease_owner = 'w1',"
+            " lease_expires_at = clock_timestamp() WHERE status = 'pending'"
         )
         cursor.execute("ANALYZE pgqueue_job")
-    plan = claim_plan(queues)
-    assert '"Index Name": "pgqueue_job_claim_idx"' in plan
-    assert '"Node Type": "Sort"' not in plan  # the index delivers the ORDER BY
-    assert '"Node Type": "Seq Scan"' not in plan
+    ids = list(range(1, 51))
+    params = {
+        "worker_id": "w1",
+        "ids": ids,
+        "attempts": [1] * 50,
+        "claimed_at": [None] * 50,
+        "results": ["null"] * 50,
+        "lease_seconds": 60,
+        "now": None,
+    }
+    connection.ensure_connection()
+    query = psycopg.ClientCursor(connection.connection).mogrify(getattr(sql, name), params)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + query)
+        plan = json.dumps(cursor.fetchone()[0])
+    # The lease index holds an entry for every job finished since the last VACUUM:
+    # reading it whole instead of 50 ids would cost more with every job.
+    assert [s["Index Name"] for s in index_scans(plan)] == ["pgqueue_job_pkey"]

@@ -229,7 +229,7 @@ def test_sweeper__run_once_sweeps_with_the_database_clock(job_factory, caplog):
         result = wait_for(Sweeper().run_once, timeout=5)
     assert result == SweepResult(recovered=1)
     assert fresh(job).status == "pending"
-    assert "sweep: recovered=1 dead=0 promoted=0 pruned=0" in caplog.text
+    assert "sweep: recovered=1 dead=0 promoted=0 pruned=0 periodic=0 cancelled=0" in caplog.text
 
 
 @pytest.mark.django_db

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from django_pgqueue import __version__
 from django_pgqueue.conf import settings
 from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError
 from django_pgqueue.schema import check_migrated
 from django_pgqueue.server import check_server_version
+
+logger = logging.getLogger(__name__)
 
 
 class PgQueueCommand(BaseCommand):
@@ -24,16 +29,35 @@ class PgQueueCommand(BaseCommand):
 
     def check_server(self, alias: str | None = None) -> None:
         """Raise ``CommandError`` naming the version if the jobs database's server is
-        older than PostgreSQL 14."""
+        older than PostgreSQL 14. A server that cannot be reached is not an error here
+        (the commands wait for it)."""
+        alias = alias or settings.DATABASE
         try:
-            check_server_version(alias or settings.DATABASE)
+            check_server_version(alias)
         except UnsupportedServerError as exc:
             raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            # The server is down: the worker and the sweeper wait for it, retrying with
+            # backoff; Django checks its own floor when they connect.
+            logger.warning(
+                "database %r unreachable at start, server version not checked: %s",
+                alias,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
 
     def check_migrated(self, alias: str | None = None) -> None:
         """Raise ``CommandError`` naming ``migrate`` if the jobs database lacks any of
-        django-pgqueue's migrations: a missing table is no fault a retry can cure."""
+        django-pgqueue's migrations: a missing table is no fault a retry can cure. A
+        server that cannot be reached is left to the commands' retries (they stop, in
+        the same words, if they then find the tables missing)."""
+        alias = alias or settings.DATABASE
         try:
-            check_migrated(alias or settings.DATABASE)
+            check_migrated(alias)
         except NotMigrated as exc:
             raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            logger.warning(
+                "database %r unreachable at start, migrations not checked: %s",
+                alias,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )

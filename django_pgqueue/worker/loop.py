@@ -51,6 +51,7 @@ from .connections import (
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .outcomes import Reporter
+from .position import ClaimPosition
 from .runner import JobRunner
 from .state import Held, WorkerState, WorkerStats
 
@@ -115,6 +116,11 @@ class Worker:
         self._runner = JobRunner(state, reporter=reporter, completer=self._completer)
         self._heartbeat = Heartbeat(state)
         self._listener = Listener(state, queues=self.queues)
+        # Workers of some queues always claim from the head of each (a rescan interval
+        # of 0); see position.py.
+        self._position = ClaimPosition(
+            0.0 if self.queues else float(settings.CLAIM_RESCAN_SECONDS)
+        )
         # Their threads, held by handle (started by run()).
         self._heartbeat_thread = self._thread(self._heartbeat.run, "heartbeat")
         self._listener_thread = self._thread(self._listener.run, "listener")
@@ -212,12 +218,18 @@ class Worker:
                 configure_session(
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 )
+                after = self._position.start()
                 jobs = Job.objects.db_manager(self.alias).claim(
                     self.worker_id,
                     limit=min(free, self.batch_size),
                     queues=self.queues,
                     lease_seconds=self.lease_seconds,
+                    after=after,
                 )
+                self._position.claimed(after, jobs)
+                if not jobs and after is not None and self.burst:
+                    self._position.rescan()  # look from the head before exiting idle
+                    continue
                 promoted = 0
                 if not jobs and time.monotonic() - last_promote >= self.poll_interval:
                     # Idle: move a bounded batch of due scheduled jobs to pending.

@@ -9,14 +9,20 @@ with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable, Coroutine
+from inspect import iscoroutinefunction
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
 from .. import validation
 from ..backend import load_task, to_task_result
-from ..exceptions import LeaseLost, TaskNotFound, TransactionLeak
+from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak
 from ..models import Job
 from ..taskapi import (
     Task,
@@ -39,6 +45,28 @@ from .outcomes import Reporter
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
+
+CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effects rolled back"
+#: How often a running coroutine task's cancellation flag is checked, in seconds.
+ASYNC_CANCEL_POLL = 0.05
+
+
+async def cancellable(
+    func: Callable[..., Coroutine[Any, Any, Any]],
+    cancel: threading.Event,
+    /,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Await ``func(*args, **kwargs)``; cancel it (``asyncio.CancelledError`` raised at
+    its current ``await``) once ``cancel`` is set by the heartbeat thread."""
+    job = asyncio.ensure_future(func(*args, **kwargs))
+    while not job.done():
+        await asyncio.wait({job}, timeout=ASYNC_CANCEL_POLL)
+        if cancel.is_set() and not job.done():
+            job.cancel()
+            break
+    return await job
 
 
 class JobRunner(WorkerPart):
@@ -102,6 +130,21 @@ class JobRunner(WorkerPart):
                 extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
             return False
+        if held.cancel.is_set():
+            # Prefetched, and cancelled before it started: never run it. The release
+            # statement ends a cancel-requested job 'cancelled' (attempt not charged).
+            written, _ = self.write_retrying(
+                lambda: Job.objects.db_manager(self.alias).release(job, self.worker_id),
+                jobs=[job],
+                outcome="cancel",
+            )
+            if written:
+                logger.info(
+                    "job %s cancelled before it started; not running it",
+                    job.id,
+                    extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+                )
+            return False
         try:
             task = load_task(job.task)
         except ValueError as exc:
@@ -126,24 +169,33 @@ class JobRunner(WorkerPart):
                 queue=job.queue,
                 worker_id=self.worker_id,
                 transactional=transactional,
+                run_at=job.run_at,
+                cancel=held.cancel,
             )
         )
         try:
-            return self._run(job, task, transactional=transactional)
+            return self._run(job, task, transactional=transactional, cancel=held.cancel)
         finally:
             _current.reset(token)
 
-    def _call(self, job: Job, task: Task, task_result: TaskResult) -> object:
-        """Call the task; return its JSON-safe value (a bad value raises here)."""
+    def _call(
+        self, job: Job, task: Task, task_result: TaskResult, cancel: threading.Event
+    ) -> object:
+        """Call the task; return its JSON-safe value (a bad value raises here). A
+        coroutine task is cancelled (``asyncio.CancelledError`` inside it) once
+        ``cancel`` is set."""
+        args: list[Any] = list(job.args)
         if task.takes_context:
-            value = task.call(TaskContext(task_result=task_result), *job.args, **job.kwargs)
+            args.insert(0, TaskContext(task_result=task_result))
+        if iscoroutinefunction(task.func):
+            value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.call(*job.args, **job.kwargs)
+            value = task.call(*args, **job.kwargs)
         value = normalize_json(value)
         validation.result_json(value)  # a bad return value fails the job here
         return value
 
-    def _run(self, job: Job, task: Task, *, transactional: bool) -> bool:
+    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: threading.Event) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         task_result = to_task_result(job, task)
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
@@ -156,17 +208,22 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value = self._call(job, task, task_result)
-                    if not Job.objects.db_manager(self.alias).complete(
+                    value = self._call(job, task, task_result, cancel)
+                    if cancel.is_set():
+                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
+                    status = Job.objects.db_manager(self.alias).complete_status(
                         job, self.worker_id, result=value
-                    ):
+                    )
+                    if status is None:
                         raise LeaseLost(
                             f"job {job.id}: lease lost before completion; "
                             "the task's effects were rolled back"
                         )
+                    if status == "cancelled":  # requested since the last lease extension
+                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     completed_in_tx = True
             else:
-                value = self._call(job, task, task_result)
+                value = self._call(job, task, task_result, cancel)
                 wrapper = connections[self.alias]
                 if wrapper.in_atomic_block or not wrapper.get_autocommit():
                     discard_connection(self.alias)
@@ -206,7 +263,19 @@ class JobRunner(WorkerPart):
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             status = self._record_failure(job, exc)
-            if status is not None:
+            if status == "cancelled":
+                logger.info(
+                    "job %s %s cancelled after %.3fs (%s: %s)",
+                    job.id,
+                    job.task,
+                    elapsed,
+                    type(exc).__name__,
+                    exc,
+                    extra={"action": "cancel", **log_extra},
+                )
+                object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+                self.reporter.signal(task_finished, task_result)
+            elif status is not None:
                 logger.error(
                     "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
                     job.id,
@@ -226,6 +295,11 @@ class JobRunner(WorkerPart):
             self.stats.count("done")
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
             return False
+        if cancel.is_set():
+            # Cancelled, and the task returned (a cooperative stop): written now rather
+            # than in a batch, so the log and the signal say "cancelled", not "done".
+            self._record_cancelled(job, value, elapsed, task_result)
+            return False
         # Recorded in a batch by the completer thread, which logs it and sends
         # task_finished once the fenced write succeeded; the job stays held (its lease
         # extended) until then.
@@ -235,6 +309,33 @@ class JobRunner(WorkerPart):
                 held.completing = True
         self.completer.submit(Completion(job, value, elapsed, task_result, _current.get()))
         return True
+
+    def _record_cancelled(
+        self, job: Job, value: object, elapsed: float, task_result: TaskResult
+    ) -> None:
+        """Write the outcome of a task that returned after its job's cancellation was
+        requested: the fenced completion ends it ``cancelled`` (result kept)."""
+        manager = Job.objects.db_manager(self.alias)
+        written, status = self.write_retrying(
+            lambda: manager.complete_status(job, self.worker_id, result=value),
+            jobs=[job],
+            outcome="cancel",
+        )
+        if not written:
+            return
+        if status is None:
+            self.report_lost(job, "cancel")
+            return
+        logger.info(
+            "job %s %s %s after %.3fs (the task stopped)",
+            job.id,
+            job.task,
+            status,
+            elapsed,
+            extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+        )
+        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+        self.reporter.signal(task_finished, task_result)
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
         """Write a failed attempt, fenced; return the job's new status, or None if it

@@ -38,6 +38,9 @@ class Held:
     timeout: float | None = None  # the task's own timeout option, once it is loaded
     timed_out: bool = False
     completing: bool = False  # finished; waiting for the completer to record it
+    #: Set by the heartbeat when a lease extension reports the job's cancellation was
+    #: requested; the task sees it as ``current_job().cancel_requested``.
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass

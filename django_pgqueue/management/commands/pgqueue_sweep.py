@@ -1,8 +1,10 @@
-"""``manage.py pgqueue_sweep``: recover expired leases, promote due jobs, prune."""
+"""``manage.py pgqueue_sweep``: recover expired leases, promote due jobs, prune, and
+enqueue the due ticks of periodic jobs."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 from typing import Any
 
@@ -16,8 +18,22 @@ from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.sweeper import Sweeper
 
 
+def aware_datetime(value: str) -> dt.datetime:
+    """An ISO 8601 date and time with its UTC offset (``2030-01-01T03:00:00+00:00``)."""
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO 8601 date and time") from None
+    if parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{value!r} has no UTC offset (add +00:00 or Z)")
+    return parsed
+
+
 class Command(PgQueueCommand):
-    help = "Run one sweep pass (or --loop): recover, dead-letter, promote, prune."
+    help = (
+        "Run one sweep pass (or --loop): recover, dead-letter, promote, prune, and "
+        "enqueue due periodic jobs."
+    )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -32,18 +48,44 @@ class Command(PgQueueCommand):
             help="How long to wait between passes with --loop: "
             f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
         )
+        parser.add_argument(
+            "--now",
+            type=aware_datetime,
+            default=None,
+            help="For tests: pin the clock the passes use to this ISO 8601 time instead "
+            "of the database's (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--now-step",
+            type=limits.SWEEP_INTERVAL.parse,
+            default=None,
+            help="For tests, with --now: move the pinned clock forward after each pass by "
+            f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
+        )
 
-    def handle(self, *, loop: bool, interval: float, verbosity: int, **options: Any) -> None:
+    def handle(
+        self,
+        *,
+        loop: bool,
+        interval: float,
+        now: dt.datetime | None,
+        now_step: float | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        if now_step is not None and now is None:
+            raise CommandError("--now-step needs --now")
         configure_logging(verbosity)
         self.check_server()
         self.check_migrated()
-        sweeper = Sweeper(interval=interval)
+        sweeper = Sweeper(interval=interval, now=now, now_step=now_step)
         try:
             if not loop:
                 result = sweeper.run_once()
                 self.stdout.write(
                     f"recovered={result.recovered} dead={result.dead} "
-                    f"promoted={result.promoted} pruned={result.pruned}"
+                    f"promoted={result.promoted} pruned={result.pruned} "
+                    f"periodic={result.periodic} cancelled={result.cancelled}"
                 )
                 return
             with on_stop(sweeper.stop):

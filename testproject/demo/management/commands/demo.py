@@ -2,16 +2,17 @@
 
 Enqueues a few thousand jobs, starts worker processes and a sweeper, SIGKILLs one
 worker while it holds running jobs, and waits until every job has finished: the killed
-worker's jobs come back through lease expiry and are done by the others.
+worker's jobs come back through lease expiry and are done by the others. The workers'
+logs go to ``<repo>/demo-logs/`` (replaced by each run).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from testproject.demo.models import Delivery
 from testproject.demo.tasks import flaky, send_notification, slow
 
 MANAGE = Path(__file__).resolve().parents[3] / "manage.py"
+LOGS = MANAGE.parent.parent / "demo-logs"
 
 
 class Command(BaseCommand):
@@ -69,7 +71,9 @@ class Command(BaseCommand):
         )
 
         env = {**os.environ, "PGQUEUE_RETRY_BACKOFF_BASE": "0.2", "PGQUEUE_RETRY_BACKOFF_MAX": "1"}
-        logs = Path(tempfile.mkdtemp(prefix="pgqueue-demo-"))
+        shutil.rmtree(LOGS, ignore_errors=True)
+        LOGS.mkdir()
+        logs = LOGS
         procs: list[subprocess.Popen[bytes]] = []
 
         def spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -148,20 +152,58 @@ class Command(BaseCommand):
 
     def _report(self, jobs: int, elapsed: float) -> None:
         counts = dict(Job.objects.values_list("status").annotate(n=Count("id")))
+        done, dead = counts.get("done", 0), counts.get("dead", 0)
         recovered = Job.objects.filter(
             errors__contains=[{"exception_class_path": "django_pgqueue.exceptions.LeaseExpired"}]
         ).count()
         retried = Job.objects.filter(Q(attempts__gt=1)).count()
         deliveries = Delivery.objects.count()
         repeated = Delivery.objects.filter(executions__gt=1).count()
-        self.stdout.write(
-            f"done={counts.get('done', 0)} dead={counts.get('dead', 0)} "
-            f"recovered_after_kill={recovered} retried={retried} "
-            f"deliveries={deliveries} re-executed_idempotently={repeated} "
-            f"elapsed={elapsed:.1f}s throughput={jobs / elapsed:,.0f} jobs/s overall, "
-            f"{getattr(self, 'rate_90', 0):,.0f} jobs/s up to 90% done"
+        unfinished = jobs - done - dead
+        rate_90 = getattr(self, "rate_90", 0.0)
+        rows = [
+            ("enqueued", f"{jobs:,}", "jobs put in the queue"),
+            ("done", f"{done:,}", "jobs that ran to success"),
+            ("dead", f"{dead:,}", "out of attempts, left for an operator (expect 0)"),
+            ("unfinished", f"{unfinished:,}", "neither done nor dead (must be 0)"),
+            (
+                "recovered",
+                f"{recovered:,}",
+                "held by the killed worker: back after lease expiry, done by another "
+                "(must be 1 or more)",
+            ),
+            (
+                "retried",
+                f"{retried:,}",
+                "took more than one attempt (flaky jobs fail 30% of runs; the recovered)",
+            ),
+            (
+                "notifications",
+                f"{deliveries:,}",
+                "delivery rows: one per notification job, however often it ran",
+            ),
+            (
+                "ran twice",
+                f"{repeated:,}",
+                "notifications run again after the kill, one delivery each (any number is ok)",
+            ),
+            ("time", f"{elapsed:.1f} s", "from the first worker's start to the last job"),
+            (
+                "throughput",
+                f"{jobs / elapsed:,.0f}/s",
+                f"overall; {rate_90:,.0f}/s until 90% were finished (then retries wait out "
+                "backoff, and the killed worker's jobs their lease)",
+            ),
+        ]
+        out = self.stdout.write
+        out("")
+        out("Summary")
+        for name, figure, meaning in rows:
+            out(f"  {name:<14}{figure:>10}   {meaning}")
+        out(
+            "A good run: unfinished 0, dead 0, recovered at least 1, and done + dead equal "
+            "to enqueued: the crash lost no job."
         )
-        unfinished = jobs - counts.get("done", 0) - counts.get("dead", 0)
         if unfinished or recovered == 0:
             raise CommandError(f"demo failed: unfinished={unfinished} recovered={recovered}")
         self.stdout.write(self.style.SUCCESS("every job finished; none was lost"))

@@ -1,0 +1,303 @@
+"""Periodic jobs: the ``PGQUEUE_PERIODIC`` entries, their cron ticks, and enqueueing them.
+
+Each entry names a task and a cron expression. Every sweep pass computes, for each
+enabled entry, its latest tick at or before the database's clock and hands it to one
+conditional statement (``sql.SCHEDULE_ENQUEUE_TICK``) that advances the entry's row in
+``pgqueue_schedule`` and inserts the job together, only if that row's last tick is older.
+However many sweepers run, each tick is enqueued once; a sweeper that starts after
+missed ticks enqueues only the latest of them (no flood of catch-up jobs).
+
+Cron expressions are parsed and evaluated by ``cronsim``, which follows Debian's cron,
+daylight saving time included (see ``docs/howto/periodic-jobs.md``):
+
+* an entry at a fixed time (both the minute and hour fields are numbers or lists, e.g.
+  ``30 2 * * *``) whose time falls in a skipped hour runs right after the jump (03:00),
+  and in a repeated hour runs once, at the first occurrence;
+* an entry whose minute or hour field starts with ``*`` (``0 * * * *``, ``*/15 * * * *``,
+  ``0 */2 * * *``) follows real elapsed time: nothing in a skipped hour (it does not
+  exist), and both occurrences of a repeated hour.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import zoneinfo
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronsim import CronSim, CronSimError
+from django.conf import settings as django_settings
+from django.db import connections
+
+from . import sql, validation
+from .conf import settings
+from .exceptions import InvalidJob
+
+logger = logging.getLogger(__name__)
+
+#: The usual shorthands (Vixie cron's), spelled out as the 5-field expressions they mean.
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+ENTRY_KEYS = frozenset(
+    {"task", "cron", "args", "kwargs", "queue", "priority", "timezone", "max_attempts", "enabled"}
+)
+MAX_NAME_LENGTH = 200
+#: Longer than any daylight saving shift: ticks are re-walked forwards over this window
+#: so the latest tick is the one a forward walk gives (see ``latest_tick``).
+DST_WINDOW = dt.timedelta(hours=3)
+
+
+@dataclass(frozen=True)
+class PeriodicEntry:
+    """One validated ``PGQUEUE_PERIODIC`` entry."""
+
+    name: str
+    task: str
+    cron: str  # as written (an alias stays an alias)
+    timezone: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    queue: str | None = None  # None: the task's own queue_name
+    priority: int | None = None  # None: the task's own priority
+    max_attempts: int | None = None  # None: the task's option, else PGQUEUE_MAX_ATTEMPTS
+    enabled: bool = True
+
+    @property
+    def expression(self) -> str:
+        """The 5-field expression the cron string means."""
+        return ALIASES.get(self.cron.strip().lower(), self.cron)
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        return zoneinfo.ZoneInfo(self.timezone)
+
+    def latest_tick(self, now: dt.datetime) -> dt.datetime | None:
+        """The latest tick at or before ``now`` (None: none in the past 50 years)."""
+        return latest_tick(self.expression, now.astimezone(self.zone))
+
+    def next_tick(self, now: dt.datetime) -> dt.datetime | None:
+        """The first tick after ``now`` (None: none in the next 50 years)."""
+        try:
+            return next(CronSim(self.expression, now.astimezone(self.zone))).astimezone(dt.UTC)
+        except StopIteration:
+            return None
+
+
+def parse_cron(cron: Any) -> str:
+    """Return the 5-field expression of ``cron``; raise ``InvalidJob`` saying what is
+    wrong with it. Only standard 5-field expressions and the ``@daily``-style aliases are
+    accepted (cronsim would also take a seconds field; sweeps are seconds apart)."""
+    if not isinstance(cron, str) or not cron.strip():
+        raise InvalidJob(f"cron must be a non-empty string, not {cron!r}")
+    expression = ALIASES.get(cron.strip().lower())
+    if expression is None:
+        if cron.strip().startswith("@"):
+            raise InvalidJob(
+                f"cron {cron!r} is not a known alias (use one of {', '.join(sorted(ALIASES))})"
+            )
+        expression = cron
+        if len(expression.split()) != 5:
+            raise InvalidJob(
+                f"cron {cron!r} has {len(expression.split())} fields; give the 5 of "
+                "standard cron: minute hour day-of-month month day-of-week"
+            )
+    try:
+        CronSim(expression, dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    except CronSimError as exc:
+        raise InvalidJob(f"cron {cron!r} is invalid: {exc}") from None
+    return expression
+
+
+def latest_tick(expression: str, now: dt.datetime) -> dt.datetime | None:
+    """The latest tick of ``expression`` at or before the aware datetime ``now`` (whose
+    time zone is the entry's), returned in UTC.
+
+    Found backwards (cheap for a yearly entry), then confirmed by walking forwards from a
+    few hours before it: cronsim's backward walk gives the first occurrence of a
+    repeated hour where the forward walk gives both, and ticks must be the forward ones.
+    Compared in UTC: Python compares two times of one zone by wall clock, fold ignored.
+    """
+    limit = now.astimezone(dt.UTC)
+    try:
+        candidate = next(CronSim(expression, now + dt.timedelta(seconds=1), reverse=True))
+    except StopIteration:
+        return None
+    latest = candidate.astimezone(dt.UTC)
+    start = (latest - DST_WINDOW).astimezone(now.tzinfo)
+    for tick in CronSim(expression, start):
+        tick_utc = tick.astimezone(dt.UTC)
+        if tick_utc > limit:
+            break
+        latest = max(latest, tick_utc)
+    return latest
+
+
+def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
+    """Validate one ``PGQUEUE_PERIODIC`` entry; raise ``InvalidJob`` naming the problem."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        raise InvalidJob(f"the name must be a non-empty str of at most {MAX_NAME_LENGTH} chars")
+    if not isinstance(raw, Mapping):
+        raise InvalidJob(f"an entry must be a dict, not {type(raw).__name__}")
+    unknown = sorted(set(raw) - ENTRY_KEYS)
+    if unknown:
+        raise InvalidJob(
+            f"unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(sorted(ENTRY_KEYS))}"
+        )
+    for key in ("task", "cron"):
+        if key not in raw:
+            raise InvalidJob(f"the {key!r} key is missing")
+    task_path = validation.task_path(raw["task"])
+    parse_cron(raw["cron"])
+    tz_name = raw.get("timezone", django_settings.TIME_ZONE or "UTC")
+    if not isinstance(tz_name, str):
+        raise InvalidJob(f"timezone must be a zone name such as 'Europe/Paris', not {tz_name!r}")
+    try:
+        zoneinfo.ZoneInfo(tz_name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise InvalidJob(f"timezone {tz_name!r} is not a known time zone") from None
+    args = raw.get("args", [])
+    kwargs = raw.get("kwargs", {})
+    if not isinstance(args, list | tuple):
+        raise InvalidJob(f"args must be a list, not {type(args).__name__}")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidJob(f"kwargs must be a dict, not {type(kwargs).__name__}")
+    validation.payload(list(args), dict(kwargs), max_bytes=settings.MAX_PAYLOAD_BYTES)
+    queue = raw.get("queue")
+    priority = raw.get("priority")
+    max_attempts = raw.get("max_attempts")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise InvalidJob(f"enabled must be True or False, not {enabled!r}")
+    return PeriodicEntry(
+        name=name,
+        task=task_path,
+        cron=raw["cron"],
+        timezone=tz_name,
+        args=list(args),
+        kwargs=dict(kwargs),
+        queue=None if queue is None else validation.queue_name(queue),
+        priority=None if priority is None else validation.priority(priority),
+        max_attempts=None if max_attempts is None else validation.max_attempts(max_attempts),
+        enabled=enabled,
+    )
+
+
+def entries() -> tuple[list[PeriodicEntry], dict[str, str]]:
+    """The valid entries of ``PGQUEUE_PERIODIC``, and a message per invalid one (by name).
+
+    The system checks report the invalid ones at start; a sweeper skips them."""
+    raw = settings.PERIODIC
+    if raw is None:
+        return [], {}
+    if not isinstance(raw, Mapping):
+        return [], {"": f"PGQUEUE_PERIODIC must be a dict of entries, not {type(raw).__name__}"}
+    valid: list[PeriodicEntry] = []
+    errors: dict[str, str] = {}
+    for name, entry in raw.items():
+        try:
+            valid.append(parse_entry(name, entry))
+        except InvalidJob as exc:
+            errors[str(name)] = str(exc)
+    return valid, errors
+
+
+@dataclass(frozen=True)
+class EnqueuedTick:
+    """A tick this sweeper enqueued: which entry, which tick, which job."""
+
+    name: str
+    tick: dt.datetime
+    job_id: int
+    queue: str
+
+
+def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedTick]:
+    """Enqueue the latest due tick of every enabled entry, once across all sweepers.
+
+    The clock is the database's (``now`` pins it, for tests). Per entry: one upsert of
+    its row (a new entry starts from its latest past tick without a job; a changed cron
+    or time zone, or a disabled entry, moves the last tick to its latest past tick, so
+    the new cron takes effect at its next tick), then one conditional statement that
+    advances the row and inserts the job. Returns what this call enqueued."""
+    valid, errors = entries()
+    for name, message in errors.items():
+        logger.error(
+            "periodic entry %r skipped: %s",
+            name,
+            message,
+            extra={"action": "periodic_invalid"},
+        )
+    if not valid:
+        return []
+    from .backend import load_task  # the backend imports models; keep import time light
+
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
+        (clock,) = cursor.fetchone()
+    enqueued: list[EnqueuedTick] = []
+    for entry in valid:
+        tick = entry.latest_tick(clock)
+        if tick is None:
+            continue
+        _run(
+            using,
+            sql.SCHEDULE_SYNC,
+            {
+                "name": entry.name,
+                "task": entry.task,
+                "cron": entry.cron,
+                "timezone": entry.timezone,
+                "enabled": entry.enabled,
+                "tick": tick,
+                "now": now,
+            },
+        )
+        if not entry.enabled:
+            continue
+        task = load_task(entry.task)
+        max_attempts = entry.max_attempts or getattr(task, "max_attempts", None)
+        args, kwargs = validation.payload(
+            entry.args, entry.kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
+        )
+        params = {
+            "name": entry.name,
+            "cron": entry.cron,
+            "timezone": entry.timezone,
+            "tick": tick,
+            "idempotency_key": f"periodic:{entry.name}:{tick.isoformat()}",
+            "backend": "default",
+            "queue": entry.queue or task.queue_name,
+            "task": entry.task,
+            "args": args,
+            "kwargs": kwargs,
+            "priority": task.priority if entry.priority is None else entry.priority,
+            "max_attempts": max_attempts or settings.MAX_ATTEMPTS,
+            "channel": settings.NOTIFY_CHANNEL,
+            "now": now,
+        }
+        for job_id, queue, _notified in _run(using, sql.SCHEDULE_ENQUEUE_TICK, params):
+            enqueued.append(EnqueuedTick(entry.name, tick, job_id, queue))
+            logger.info(
+                "periodic %s: enqueued tick %s as job %s",
+                entry.name,
+                tick.isoformat(),
+                job_id,
+                extra={"action": "periodic", "job_id": job_id, "schedule": entry.name},
+            )
+    return enqueued
+
+
+def _run(using: str, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else []

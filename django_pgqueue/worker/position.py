@@ -1,0 +1,60 @@
+"""Where a worker's next claim starts in the claim index.
+
+A claim of all queues normally starts at the head of ``pgqueue_job_claim_idx``. Every
+job claimed leaves a dead entry there, which is normally skipped at once (an index scan
+marks it dead once no transaction can see the old row). But while a long transaction
+elsewhere pins the xmin horizon (a forgotten ``BEGIN`` in a shell, a long report, a
+replica's ``hot_standby_feedback``), nothing can be cleaned up: each claim from the head
+steps over every job claimed since, and the drain slows down without bound (measured
+with ``python -m bench.scale``: after five minutes, each claim walked about a million
+entries).
+
+So a worker resumes each claim after its previous one (``sql.JOB_CLAIM_AFTER``), and
+claims from the head only every ``PGQUEUE_CLAIM_RESCAN_SECONDS`` (and, with
+``--burst``, before it exits for lack of work). Not after every claim that comes back
+short: a queue drained in bursts would then pay a walk over all those entries per
+burst. What the head claim catches that a resumed one misses: jobs of the same
+priority behind the position (a retry or a released job keeps its id; a job committed
+late by a long transaction has an older id). They wait at most one rescan interval
+longer than they would have.
+
+Workers of some queues only (``--queue``) always claim from the head of their queues
+(``sql.JOB_CLAIM_QUEUES``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ..models import Job
+
+
+class ClaimPosition:
+    """The ``(priority, id)`` after which the next claim resumes (None: the head)."""
+
+    def __init__(self, rescan_seconds: float) -> None:
+        self.rescan_seconds = rescan_seconds
+        self._after: tuple[int, int] | None = None
+        self._head_at = float("-inf")  # time.monotonic() of the last claim from the head
+
+    def start(self) -> tuple[int, int] | None:
+        """Where the next claim starts: None (the head) when a rescan is due."""
+        if self._after is not None and time.monotonic() - self._head_at < self.rescan_seconds:
+            return self._after
+        return None
+
+    def claimed(self, after: tuple[int, int] | None, jobs: Sequence[Job]) -> None:
+        """Record a claim that started at ``after`` and returned ``jobs`` (in claim
+        order): the next one resumes after the last of them. A claim that found nothing
+        leaves the position where it was: jobs enqueued later come after it anyway."""
+        if after is None:
+            self._head_at = time.monotonic()
+        if jobs:
+            last = jobs[-1]
+            self._after = (last.priority, last.id)
+
+    def rescan(self) -> None:
+        """Make the next claim start at the head (a worker about to exit for lack of
+        work looks there first)."""
+        self._head_at = float("-inf")
