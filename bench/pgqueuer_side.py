@@ -80,9 +80,10 @@ async def truncate() -> None:
         await conn.close()
 
 
-async def bulk(count: int, chunk: int) -> dict[str, object]:
-    """Enqueue ``count`` jobs in one transaction; the rate, and the database clock
-    right after the commit (when workers can first see the jobs)."""
+async def bulk(count: int, chunk: int, *, analyze: bool = False) -> dict[str, object]:
+    """Enqueue ``count`` jobs in one transaction (with ``analyze``, ANALYZE the queue
+    table in it too); the rate, and the database clock right after the commit (when
+    workers can first see the jobs)."""
     conn = await asyncpg.connect(dsn())
     try:
         queries = Queries(AsyncpgDriver(conn))
@@ -92,6 +93,8 @@ async def bulk(count: int, chunk: int) -> dict[str, object]:
             for i in range(0, count, chunk):
                 part = payloads[i : i + chunk]
                 await queries.enqueue([ENTRYPOINT] * len(part), part, [0] * len(part))
+            if analyze:
+                await conn.execute("ANALYZE pgqueuer")
         rate = count / (time.perf_counter() - started)
         committed = await conn.fetchval("SELECT clock_timestamp()::text")
         return {"rate": rate, "committed": committed}
@@ -154,6 +157,7 @@ def main() -> None:
     )
     parser.add_argument("count", nargs="?", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=10_000, help="(default: %(default)r)")
+    parser.add_argument("--analyze", action="store_true", help="ANALYZE in the bulk transaction")
     args = parser.parse_args()
     if args.command == "worker":
         uvloop.run(pgqueuer.run(create))
@@ -162,7 +166,7 @@ def main() -> None:
     elif args.command == "truncate":
         asyncio.run(truncate())
     elif args.command == "bulk":
-        print(json.dumps(asyncio.run(bulk(args.count, args.chunk))))  # noqa: T201
+        print(json.dumps(asyncio.run(bulk(args.count, args.chunk, analyze=args.analyze))))  # noqa: T201
     elif args.command == "loop":
         print(json.dumps(asyncio.run(loop(args.count))))  # noqa: T201
     else:

@@ -200,3 +200,35 @@ def test_completer__waiting_jobs_free_their_slots_up_to_one_batch(settings):
     assert worker._free_slots() == 6  # one batch waits: no slot taken
     worker._held.update({i: Held(Job(id=i), completing=True) for i in range(12, 15)})
     assert worker._free_slots() == 3  # three beyond the batch take three slots
+
+
+def test_completer__idle_worker_writes_a_completion_at_once(job_factory, settings):
+    """With nothing else in flight the completion does not wait for the flush interval
+    (which only batches bursts): the job is done long before the interval ran out."""
+    settings.PGQUEUE_COMPLETION_FLUSH_INTERVAL = 0.9
+    job = job_factory(args=[1, 2])
+    worker = Worker(poll_interval=0.05, worker_id="w-idle", burst=True)
+    worker.run()
+    row = fresh(job)
+    assert (row.status, row.result) == ("done", 3)
+    assert (row.finished_at - row.started_at).total_seconds() < 0.45
+    assert worker._completer.flushes == 1
+
+
+def test_completer__burst_waits_for_jobs_still_in_flight(job_factory, settings):
+    """While another job of the worker still runs, a finished job waits (up to the
+    interval) to share its statement; the last one to finish sends both at once."""
+    settings.PGQUEUE_COMPLETION_FLUSH_INTERVAL = 0.9
+    worker = Worker(worker_id="w-burst")
+    first, second = claimed_completions(worker, job_factory, 2)
+    worker._held[second.job.id].completing = False  # still running
+    worker._completer.submit(first, last=False)
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(worker._completer._next_batch()))
+    thread.start()
+    wait_for(lambda: bool(worker._completer._cond._waiters), timeout=5)  # type: ignore[attr-defined]
+    assert not out  # waiting for the job in flight
+    worker._held[second.job.id].completing = True
+    worker._completer.submit(second, last=True)
+    thread.join(5)
+    assert [c.job.id for c in out[0]] == [first.job.id, second.job.id]

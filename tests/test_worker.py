@@ -284,3 +284,66 @@ def test_worker__stale_prefetched_copy_of_a_reclaimed_job_is_not_run(job_factory
         thread.join(10)
     assert [run for run in test_tasks.RUNS if run[0] == "prefetched"] == [("prefetched", 2)]
     assert (fresh(prefetched).attempts, fresh(prefetched).result) == (2, 2)
+
+
+def test_worker__claim_connection_keeps_to_the_claim_index_with_stale_statistics():
+    """Right after a bulk load (no ANALYZE yet) the planner believes a handful of jobs
+    are pending and would bitmap-scan and sort the whole backlog on every claim; the
+    worker's claim connection walks the claim index and stops at the LIMIT."""
+    from django.db import connection
+
+    from django_pgqueue import sql
+    from django_pgqueue.worker.connections import configure_session
+
+    Job.objects.bulk_enqueue(
+        {"task": "testproject.demo.tasks.add", "args": [i, i]} for i in range(5000)
+    )
+    try:
+        configure_session("default", "claim", "w-plan", 5.0)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN " + sql.JOB_CLAIM,
+                {"worker_id": "w-plan", "limit": 50, "queues": None, "lease_seconds": 60,
+                 "now": None},
+            )  # fmt: skip
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    finally:
+        connection.close()  # the pinned plan setting must not outlive this test
+    assert "Index Scan using pgqueue_job_claim_idx" in plan, plan
+    assert "Bitmap" not in plan and "Sort" not in plan, plan
+
+
+def test_worker__claim_connection_commits_asynchronously_runner_connection_does_not():
+    """Claims commit without waiting for the disk (a claim a crash loses is one never
+    made); the connections that record outcomes keep the project's durable commits."""
+    from django.db import connection
+
+    from django_pgqueue.worker.connections import configure_session
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('synchronous_commit')")
+            return str(cursor.fetchone()[0])
+
+    try:
+        configure_session("default", "completer", "w-commit")
+        assert setting() == "on"
+        connection.close()
+        configure_session("default", "claim", "w-commit", 5.0)
+        assert setting() == "off"
+    finally:
+        connection.close()  # the claim settings must not outlive this test
+
+
+def test_worker__claims_whole_batches_and_the_next_one_ahead():
+    """A batch size above the concurrency claims the next batch while the current one
+    runs, and only whole batches while claimed jobs still wait locally."""
+    worker = Worker(concurrency=4, batch_size=50)
+    assert worker._ahead == 50
+    assert worker._free_slots() + worker._ahead == 100
+    assert worker._claim_size(120) == 50
+    assert worker._claim_size(20) == 20  # nothing waits locally: claim what fits
+    worker._jobs.put(Job(id=1))
+    assert worker._claim_size(20) == 0  # jobs still wait: wait for a whole batch
+    assert worker._claim_size(50) == 50
+    assert Worker(concurrency=4, batch_size=4)._ahead == 0  # no prefetch asked for

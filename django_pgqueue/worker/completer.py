@@ -35,6 +35,11 @@ from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
 
+#: Flush intervals up to this (seconds) only batch bursts: with nothing else in flight,
+#: a completion is written at once. A longer interval is a request to hold completions
+#: (fewest commits, whatever the latency), and holds each one that long.
+IDLE_FLUSH_MAX_INTERVAL = 1.0
+
 
 @dataclass
 class Completion:
@@ -44,7 +49,7 @@ class Completion:
     job: Job
     value: Any
     elapsed: float
-    task_result: TaskResult
+    task_result: TaskResult | None  # None: no receiver of task_finished wanted one
     current: CurrentJob | None
 
 
@@ -68,12 +73,14 @@ class Completer(WorkerPart):
         #: Statements written (flushes that reached the database), for tests and stats.
         self.flushes = 0
 
-    def submit(self, completion: Completion) -> None:
-        """Queue a successful run for the next flush (its held entry stays)."""
+    def submit(self, completion: Completion, *, last: bool) -> None:
+        """Queue a successful run for the next flush (its held entry stays). ``last``:
+        no other job of this worker runs or waits to run, so nothing more is coming
+        soon and the batch is written at once."""
         with self._cond:
             self._pending.append(completion)
-            # Wake the thread to start a batch's interval, or to write a full batch.
-            if len(self._pending) in (1, self.max_batch):
+            # Wake the thread to start a batch, to write a full one, or to write now.
+            if last or len(self._pending) in (1, self.max_batch):
                 self._cond.notify()
 
     def stop(self) -> None:
@@ -111,14 +118,22 @@ class Completer(WorkerPart):
             close_connection(self.alias)
 
     def _next_batch(self) -> list[Completion] | None:
-        """Wait for work, then up to ``interval`` for more (or ``max_batch`` of it)."""
+        """Wait for work; then up to ``interval`` for more of it (or ``max_batch``) while
+        other jobs of this worker are still running or waiting to run (a burst). With
+        nothing else in flight the batch is written at once, so an idle worker records
+        a job about a millisecond after its task returned; unless ``interval`` is above
+        ``IDLE_FLUSH_MAX_INTERVAL``, which holds every completion that long."""
         with self._cond:
             while not self._pending:
                 if self._stopping:
                     return None
                 self._cond.wait()
             deadline = time.monotonic() + self.interval
-            while len(self._pending) < self.max_batch and not self._stopping:
+            while (
+                len(self._pending) < self.max_batch
+                and not self._stopping
+                and (self.interval > IDLE_FLUSH_MAX_INTERVAL or self.state.in_flight())
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

@@ -40,6 +40,7 @@ from ..backend import PgQueueBackend
 from ..conf import settings
 from ..exceptions import NotMigrated
 from ..models import Job
+from . import presence
 from .completer import Completer
 from .connections import (
     backoff_delay,
@@ -91,6 +92,10 @@ class Worker:
             settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
         )
         self.alias = settings.DATABASE
+        #: With prefetching (a batch size above the concurrency), the next batch is
+        #: claimed while the runners work through the current one, so that they never
+        #: wait for a claim's round trip: up to two batches are held at once.
+        self._ahead = self.batch_size if self.batch_size > self.concurrency else 0
         state = WorkerState(
             alias=self.alias, worker_id=self.worker_id, lease_seconds=self.lease_seconds
         )
@@ -150,6 +155,13 @@ class Worker:
             self.lease_seconds,
             extra={"action": "start", "worker_id": self.worker_id},
         )
+        presence.register(
+            self.alias,
+            self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds,
+        )
         self._start_threads()
         try:
             # Jitter so a fleet restarted together does not claim in lock-step.
@@ -157,6 +169,8 @@ class Worker:
             self._claim_loop()
         finally:
             self._shutdown()
+            presence.unregister(self.worker_id)
+            close_connection(self.alias)
         logger.info(
             "worker %s stopped: done=%d failed=%d lost=%d released=%d",
             self.worker_id,
@@ -171,8 +185,9 @@ class Worker:
     # --- main thread: claiming ------------------------------------------------------
 
     def _free_slots(self) -> int:
-        """How many more jobs to claim: a batch size above the concurrency prefetches
-        (claimed jobs wait locally, their leases kept alive by the heartbeat)."""
+        """How many jobs the window of ``max(concurrency, batch_size)`` has room for: a
+        batch size above the concurrency prefetches (claimed jobs wait locally, their
+        leases kept alive by the heartbeat)."""
         with self._lock:
             # Jobs waiting for their batched completion hold no slot (they stay held
             # only so that the heartbeat keeps extending their leases), unless more
@@ -182,6 +197,17 @@ class Worker:
             busy = len(self._held) - completing
             busy += max(0, completing - self._completer.max_batch)
             return max(self.concurrency, self.batch_size) - busy
+
+    def _claim_size(self, free: int) -> int:
+        """How many to claim now out of ``free`` slots (0: wait). Whole batches while
+        claimed jobs still wait locally: a claim costs a round trip and a commit
+        whatever its size, so a few freed slots wait for more unless the runners are
+        about to run dry."""
+        if free <= 0:
+            return 0
+        if free < self.batch_size and self._jobs.qsize() > 0:
+            return 0
+        return min(free, self.batch_size)
 
     def _heartbeat_alive(self) -> bool:
         """A dead heartbeat thread means nobody extends leases: stop claiming, exit."""
@@ -204,11 +230,12 @@ class Worker:
             recycle_connections()
             if not self._heartbeat_alive():
                 break
-            free = self._free_slots()
+            free = self._free_slots() + self._ahead
             if self.max_jobs is not None:
                 free = min(free, self.max_jobs - self.stats.claimed)
                 if free <= 0 and not self._held:
                     break  # max_jobs reached and all finished
+            free = self._claim_size(free)
             if free <= 0 or not self._heartbeat.healthy():
                 self._wait(self.poll_interval)
                 continue
@@ -221,7 +248,7 @@ class Worker:
                 after = self._position.start()
                 jobs = Job.objects.db_manager(self.alias).claim(
                     self.worker_id,
-                    limit=min(free, self.batch_size),
+                    limit=free,
                     queues=self.queues,
                     lease_seconds=self.lease_seconds,
                     after=after,

@@ -38,9 +38,18 @@ class Held:
     timeout: float | None = None  # the task's own timeout option, once it is loaded
     timed_out: bool = False
     completing: bool = False  # finished; waiting for the completer to record it
+    # Its outcome (fail, release, inline or transactional completion) is being written:
+    # a lease extension that misses it is that write's to report, not a loss.
+    recording: bool = False
     #: Set by the heartbeat when a lease extension reports the job's cancellation was
     #: requested; the task sees it as ``current_job().cancel_requested``.
     cancel: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def finishing(self) -> bool:
+        """Its outcome is being written (by the completer or inline), so the row may
+        leave ``running`` at any moment without the lease having been lost."""
+        return self.completing or self.recording
 
 
 @dataclass
@@ -81,6 +90,16 @@ class WorkerState:
         only its own entry). Call with ``lock`` held."""
         entry = self.held.get(job.id)
         return entry if entry is not None and entry.job is job else None
+
+    def in_flight(self) -> bool:
+        """Whether any held job is running or waiting to run (not merely waiting for
+        its completion to be written)."""
+        with self.lock:
+            return self.in_flight_locked()
+
+    def in_flight_locked(self) -> bool:
+        """``in_flight()``, with ``lock`` already held."""
+        return any(not h.completing for h in self.held.values())
 
     def forget(self, jobs: Iterable[Job]) -> None:
         """Drop the entries of these claims (never a newer claim of the same job), and
