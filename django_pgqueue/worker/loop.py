@@ -258,9 +258,11 @@ class Worker:
                     self._position.rescan()  # look from the head before exiting idle
                     continue
                 promoted = 0
+                promote_ran = False
                 if not jobs and time.monotonic() - last_promote >= self.poll_interval:
                     # Idle: move a bounded batch of due scheduled jobs to pending.
                     last_promote = time.monotonic()
+                    promote_ran = True
                     promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
             except DatabaseError as exc:
                 if isinstance(exc, NotMigrated):
@@ -299,7 +301,12 @@ class Worker:
             with self._lock:
                 idle = not self._held
             if self.burst and idle:
-                break
+                if promote_ran:
+                    break
+                # Promote once more before exiting: a retry of a job this run failed
+                # (or any scheduled job) may have come due since the last promote.
+                last_promote = 0.0
+                continue
             self._wait(self.poll_interval)
 
     def _wait(self, timeout: float) -> None:
