@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 
 from django_pgqueue import limits
 from django_pgqueue.databases import backend_database
+from django_pgqueue.exceptions import NotMigrated
 from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.management.commands.pgqueue_worker import (
     add_backend_argument,
@@ -81,19 +82,23 @@ class Command(PgQueueCommand):
         if now_step is not None and now is None:
             raise CommandError("--now-step needs --now")
         configure_logging(verbosity)
-        self.check_server(backend_database(backend))
+        database = backend_database(backend)
+        self.check_server(database)
+        self.check_migrated(database)
         sweeper = Sweeper(interval=interval, now=now, now_step=now_step, backend=backend)
-        if not loop:
-            result = sweeper.run_once()
-            self.stdout.write(
-                f"recovered={result.recovered} dead={result.dead} "
-                f"promoted={result.promoted} pruned={result.pruned} "
-                f"periodic={result.periodic} cancelled={result.cancelled} "
-                f"lost_workers={result.lost_workers}"
-            )
-            return
         try:
+            if not loop:
+                result = sweeper.run_once()
+                self.stdout.write(
+                    f"recovered={result.recovered} dead={result.dead} "
+                    f"promoted={result.promoted} pruned={result.pruned} "
+                    f"periodic={result.periodic} cancelled={result.cancelled} "
+                    f"lost_workers={result.lost_workers}"
+                )
+                return
             with on_stop(sweeper.stop):
                 sweeper.run_forever()
         except Abort:
             sys.exit(1)
+        except NotMigrated as exc:  # the tables went away after the start-up check
+            raise CommandError(str(exc)) from exc
