@@ -29,6 +29,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db import IntegrityError
 from django.db.models import Q, QuerySet
@@ -40,7 +41,7 @@ from django.utils.html import format_html, format_html_join
 
 from . import periodic
 from .exceptions import InvalidJob
-from .models import LIVE_STATUSES, DeadLetter, Job, Schedule
+from .models import LIVE_STATUSES, DeadLetter, Job, Schedule, WorkerProcess, WorkerQuerySet
 from .paginator import EstimatedCountPaginator
 from .summary import common_values, queue_summary
 
@@ -383,6 +384,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "priority",
         "attempts_display",
         "run_at",
+        "worker_link",
         "last_error_line",
     )
     list_filter = ("status", QueueFilter, TaskFilter, ("created_at", admin.DateFieldListFilter))
@@ -404,6 +406,18 @@ class JobAdmin(ReadOnlyJobAdmin):
             current_app=self.admin_site.name,
         )
         return format_html('{} (<a href="{}">requeue or discard it</a>)', "Dead", url)
+
+    @admin.display(description="worker")
+    def worker_link(self, obj: Job) -> str:
+        """A running job's lease owner, linked to its row in the workers list."""
+        if obj.status != Job.Status.RUNNING or not obj.lease_owner:
+            return ""
+        url = reverse(
+            "admin:django_pgqueue_workerprocess_change",
+            args=[quote(obj.lease_owner)],
+            current_app=self.admin_site.name,
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.lease_owner)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Dead letters are discarded from their own page; other jobs are not deleted
@@ -809,3 +823,85 @@ class ScheduleAdmin(admin.ModelAdmin):
             current_app=self.admin_site.name,
         )
         return format_html('<a href="{}">job {}</a>', url, obj.last_job_id)
+
+
+# --- workers ------------------------------------------------------------------------------
+
+
+@admin.register(WorkerProcess)
+class WorkerProcessAdmin(admin.ModelAdmin):
+    """The workers table, read-only: who runs, where, since when, holding how many jobs.
+
+    Rows are written by the workers themselves (and pruned by the sweeper), never here.
+    """
+
+    list_display = (
+        "id",
+        "state",
+        "hostname",
+        "pid",
+        "queues_display",
+        "concurrency",
+        "version",
+        "started_at",
+        "last_seen_at",
+        "jobs_held",
+        "jobs_done",
+        "jobs_failed",
+    )
+    readonly_fields = (
+        "id",
+        "state",
+        "hostname",
+        "pid",
+        "queues_display",
+        "concurrency",
+        "lease_seconds",
+        "version",
+        "started_at",
+        "last_seen_at",
+        "jobs_held",
+        "jobs_done",
+        "jobs_failed",
+        "running_jobs",
+    )
+    fields = readonly_fields
+    search_fields = ("id", "hostname")
+    list_per_page = 100
+    sortable_by = ("id", "hostname", "started_at", "last_seen_at")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a live worker would register again at its next beat
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        assert isinstance(queryset, WorkerQuerySet)
+        return queryset.with_state()
+
+    @admin.display(description="state", boolean=False)
+    def state(self, obj: WorkerProcess) -> str:
+        """Lost: not seen for longer than its lease (judged by the database clock)."""
+        return "lost" if getattr(obj, "lost", False) else "live"
+
+    @admin.display(description="queues")
+    def queues_display(self, obj: WorkerProcess) -> str:
+        return ", ".join(obj.queues) if obj.queues else "all"
+
+    @admin.display(description="running jobs")
+    def running_jobs(self, obj: WorkerProcess) -> str:
+        url = reverse("admin:django_pgqueue_job_changelist", current_app=self.admin_site.name)
+        return format_html(
+            '<a href="{}?status__exact=running&amp;lease_owner={}">jobs this worker holds</a>',
+            url,
+            obj.id,
+        )
+
+
+# The dashboard page registers itself (its own module: a view, not a model admin).
+from . import dashboard  # noqa: E402, F401

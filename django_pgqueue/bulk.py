@@ -20,7 +20,9 @@ the server stores while Python checks.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,7 +38,16 @@ from psycopg.pq import Format
 from . import sql, validation
 from .conf import settings
 from .exceptions import InvalidJob
-from .taskapi import FRAMEWORK, InvalidTask, Task
+from .taskapi import (
+    FRAMEWORK,
+    InvalidTask,
+    InvalidTaskBackend,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    task_backends,
+    task_enqueued,
+)
 from .tasks import task_option
 
 logger = logging.getLogger(__name__)
@@ -269,12 +280,17 @@ def bulk_enqueue(
     0-based position ("job #5123: ..."), and nothing from the call is kept. Jobs whose
     idempotency key a live job in their queue already holds (or an earlier job of the
     same call) are skipped: counted in ``result.skipped``, not in the result. Idle
-    workers are woken once per queue at commit.
+    workers are woken once per queue at commit. When Django's ``task_enqueued`` signal
+    has receivers, every job created is sent to them with its real id (see
+    ``_Announcer``); without receivers this costs nothing.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
     connection = connections[using]
     created = skipped = 0
+    # Receivers of task_enqueued get every job with its id; without any, nothing of
+    # this costs anything (the ids come from the table's default, as ever).
+    announcer = _Announcer() if wants_announcements() else None
     with transaction.atomic(using=using), connection.cursor() as cursor:
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         make_row = _RowMaker(cursor.fetchone()[0])
@@ -282,7 +298,14 @@ def bulk_enqueue(
         background = _BackgroundCopy(connection)
         try:
             for first, rows, keyed in _validated_batches(jobs, make_row, batch_size):
-                if keyed:
+                if announcer is not None:
+                    # Written one batch after another (no overlap), then announced.
+                    with _writing(connection, first, len(rows)):
+                        written = announcer.write(cursor, rows, keyed=keyed, now=make_row.now)
+                    created += len(written)
+                    skipped += len(rows) - len(written)
+                    announcer.send(written, make_row.now)
+                elif keyed:
                     created += background.wait()
                     with _writing(connection, first, len(rows)):
                         inserted = _insert_dedupe(cursor, rows, make_row.now)
@@ -425,6 +448,105 @@ class _BackgroundCopy:
         return error
 
 
+def wants_announcements() -> bool:
+    """True if ``task_enqueued`` has a receiver for a pgqueue backend's jobs, other than
+    the framework's own debug-log receiver while its logger ignores debug."""
+    from .backend import PgQueueBackend
+
+    senders = {PgQueueBackend}
+    senders.update(type(b) for b in task_backends.all() if isinstance(b, PgQueueBackend))
+    for sender in senders:
+        sync, async_ = task_enqueued._live_receivers(sender)
+        if async_ or any(not _quiet_log_receiver(r) for r in sync):
+            return True
+    return False
+
+
+def _quiet_log_receiver(receiver: Any) -> bool:
+    """The framework's ``log_task_enqueued`` (Django's, or the backport's), while the
+    logger it writes to would drop its debug line anyway."""
+    if getattr(receiver, "__name__", "") != "log_task_enqueued":
+        return False
+    module = sys.modules.get(getattr(receiver, "__module__", ""))
+    log = getattr(module, "logger", None)
+    return isinstance(log, logging.Logger) and not log.isEnabledFor(logging.DEBUG)
+
+
+class _Announcer:
+    """Sends ``task_enqueued`` for bulk-enqueued jobs, as ``PgQueueBackend.enqueue()``
+    does for one: with the backend's class as sender and a ``TaskResult`` carrying the
+    job's real id. Ids are taken from the sequence first, one round trip per batch
+    (``sql.JOB_BULK_IDS``), and written explicitly, since COPY returns nothing.
+
+    Like ``enqueue()``'s, the signal is sent once the batch is written, inside the
+    call's transaction: receivers that must see only committed jobs should use
+    ``transaction.on_commit``. A receiver that raises aborts the whole call."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}
+        self.senders: dict[str, type] = {}
+
+    def write(
+        self, cursor: Any, rows: Sequence[tuple[Any, ...]], *, keyed: bool, now: dt.datetime
+    ) -> list[tuple[int, tuple[Any, ...]]]:
+        """Write ``rows`` with ids from the sequence; return ``(id, row)`` of each job
+        created (a job skipped for its idempotency key is not)."""
+        cursor.execute(sql.JOB_BULK_IDS, {"count": len(rows)})
+        ids = [row[0] for row in cursor.fetchall()]
+        if keyed:
+            columns = dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
+            del columns["created_at"], columns["errors"]
+            cursor.execute(
+                sql.JOB_BULK_INSERT_DEDUPE_WITH_IDS, {**columns, "id": ids, "created_at": now}
+            )
+            inserted = {row[0] for row in cursor.fetchall()}
+            return [(id_, row) for id_, row in zip(ids, rows, strict=True) if id_ in inserted]
+        with cursor.copy(sql.JOB_BULK_COPY_WITH_IDS) as copy:
+            copy.set_types(("int8", *COPY_TYPES))
+            for id_, row in zip(ids, rows, strict=True):
+                copy.write_row((id_, *row))
+        if cursor.rowcount != len(rows):
+            raise DatabaseError(f"COPY stored {cursor.rowcount} of {len(rows)} jobs")
+        return list(zip(ids, rows, strict=True))
+
+    def send(self, written: Sequence[tuple[int, tuple[Any, ...]]], now: dt.datetime) -> None:
+        from .backend import load_task
+
+        for id_, row in written:
+            backend, _queue, path, args, kwargs = row[:5]
+            task = self.tasks.get(path)
+            if task is None:
+                task = self.tasks[path] = load_task(path)
+            sender = self.senders.get(backend)
+            if sender is None:
+                sender = self.senders[backend] = _backend_class(backend)
+            result: TaskResult = TaskResult(
+                task=task,
+                id=str(id_),
+                status=TaskResultStatus.READY,
+                enqueued_at=now,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=json.loads(args),
+                kwargs=json.loads(kwargs),
+                backend=backend,
+                errors=[],
+                worker_ids=[],
+            )
+            task_enqueued.send(sender, task_result=result)
+
+
+def _backend_class(alias: str) -> type:
+    """The sender ``PgQueueBackend.enqueue()`` uses for jobs of backend ``alias``."""
+    from .backend import PgQueueBackend
+
+    try:
+        return type(task_backends[alias])
+    except InvalidTaskBackend:
+        return PgQueueBackend
+
+
 def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
     """INSERT one batch holding idempotency keys; return how many rows were new."""
     columns = dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
@@ -443,8 +565,9 @@ def enqueue_many(
 
     The Tasks-framework face of :func:`bulk_enqueue`: ``task.using(queue_name=...,
     priority=..., run_after=..., backend=...)`` apply to every job, and the backend
-    must be a ``PgQueueBackend``. Returns the number of jobs created; no ``TaskResult``
-    objects are built and no ``task_enqueued`` signals are sent (COPY returns no ids).
+    must be a ``PgQueueBackend``. Returns the number of jobs created. No ``TaskResult``
+    objects are returned; when ``task_enqueued`` has receivers, each job is announced
+    to them with its id (see :func:`bulk_enqueue`).
     """
     from .backend import PgQueueBackend
 

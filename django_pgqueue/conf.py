@@ -68,6 +68,13 @@ class Settings:
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""
 
+    CHECK_SESSION_STATE: bool = True
+    """After an ordinary task that opened a cursor on the jobs database, check with one
+    statement (about 0.1-0.5 ms) that it left no session state behind (a session SET,
+    SET ROLE, an advisory lock, an open cursor, PREPARE, LISTEN, a temporary table):
+    such a task fails with TransactionLeak and its connection is discarded. False
+    skips that statement; open transactions are still caught (client-side, free)."""
+
     PERIODIC: dict[str, dict[str, Any]] | None = None
     """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,
     optionally with ``args``, ``kwargs``, ``queue``, ``priority``, ``timezone`` (default
@@ -79,6 +86,14 @@ class Settings:
     of the claim index (which a long transaction elsewhere can fill with entries that
     cannot be cleaned up); it claims from the head at least this often, which is how
     long a retried or released job of the same priority may wait beyond its turn."""
+
+    LOST_WORKER_SECONDS: float = 600.0
+    """How long a lost worker (not seen for longer than its lease: killed, or cut off
+    from the database) stays listed as lost before the sweeper deletes its row."""
+
+    METRICS_TOKEN: str | None = None
+    """Bearer token that lets a scraper read ``django_pgqueue.metrics.view``
+    (``Authorization: Bearer <token>``); staff sessions may read it too. None: staff only."""
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

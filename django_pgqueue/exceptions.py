@@ -27,8 +27,12 @@ class TaskNotFound(PgQueueError):  # noqa: N818
 
 
 class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
-    """A task returned with a transaction still open on the jobs database; the worker
-    rolled it back by discarding the connection, and the attempt failed."""
+    """An ordinary task returned with a transaction still open on the jobs database
+    (Django's or one the driver reports: a raw ``BEGIN``, autocommit turned off), or
+    with session state left on its connection (a session ``SET``, ``SET ROLE``, an
+    advisory lock, an open cursor, ``PREPARE``, ``LISTEN``, a temporary table). The
+    worker discarded the connection, which rolls the transaction back and drops the
+    state, and the attempt failed; the message names what was left."""
 
 
 class UnsupportedServerError(PgQueueError):

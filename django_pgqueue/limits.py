@@ -114,6 +114,7 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "COMPLETION_BATCH_SIZE": (Bounds(1, 10_000, integer=True), False, "pgqueue.E022"),
     # 0: every claim from the head of the claim index (as before claims resumed).
     "CLAIM_RESCAN_SECONDS": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E023"),
+    "LOST_WORKER_SECONDS": (Bounds(0, 365 * DAY, unit="seconds"), False, "pgqueue.E040"),
 }
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 
-from . import bulk, prepared, sql, validation
+from . import bulk, prepared, sql, tracing, validation
 from .conf import settings
 from .taskapi import Task
 from .tasks import task_option
@@ -38,10 +38,19 @@ class SweepResult:
     pruned: int = 0  # done jobs past retention deleted
     periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
     cancelled: int = 0  # expired leases of jobs whose cancellation was requested
+    lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
 
     def __bool__(self) -> bool:
         return any(
-            (self.recovered, self.dead, self.promoted, self.pruned, self.periodic, self.cancelled)
+            (
+                self.recovered,
+                self.dead,
+                self.promoted,
+                self.pruned,
+                self.periodic,
+                self.cancelled,
+                self.lost_workers,
+            )
         )
 
 
@@ -191,6 +200,8 @@ class JobManager(models.Manager["Job"]):
             "channel": settings.NOTIFY_CHANNEL,
             "now": now,
         }
+        context = tracing.carrier()
+        params["trace_context"] = None if context is None else json.dumps(context)
         params["args"], params["kwargs"] = validation.payload(
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
@@ -211,33 +222,27 @@ class JobManager(models.Manager["Job"]):
         """The ``Job`` ``JOB_ENQUEUE`` stored: the database's id, status and times, the
         rest from what was sent (args and kwargs as jsonb gives them back)."""
         job_id, status, run_at, created_at, _ = row
-        return self.model.from_db(
-            self.db_alias,
-            [f.attname for f in self.model._meta.concrete_fields],
-            (
-                job_id,
-                params["backend"],
-                params["queue"],
-                params["task"],
-                json.loads(params["args"]),
-                json.loads(params["kwargs"]),
-                params["priority"],
-                status,
-                0,  # attempts
-                params["max_attempts"],
-                run_at,
-                None,  # lease_owner
-                None,  # lease_expires_at
-                params["idempotency_key"],
-                [],  # errors
-                None,  # result
-                created_at,
-                None,  # started_at
-                None,  # last_attempted_at
-                None,  # finished_at
-                None,  # cancel_requested_at
-            ),
-        )
+        trace_context = params.get("trace_context")
+        known: dict[str, Any] = {
+            "id": job_id,
+            "backend": params["backend"],
+            "queue": params["queue"],
+            "task": params["task"],
+            "args": json.loads(params["args"]),
+            "kwargs": json.loads(params["kwargs"]),
+            "priority": params["priority"],
+            "status": status,
+            "attempts": 0,
+            "max_attempts": params["max_attempts"],
+            "run_at": run_at,
+            "idempotency_key": params["idempotency_key"],
+            "errors": [],
+            "created_at": created_at,
+            "trace_context": None if trace_context is None else json.loads(trace_context),
+        }
+        # Every other column of a new job is NULL (lease, result, timestamps, flags).
+        names = [f.attname for f in self.model._meta.concrete_fields]
+        return self.model.from_db(self.db_alias, names, [known.get(name) for name in names])
 
     def bulk_enqueue(
         self,
@@ -574,7 +579,25 @@ class JobManager(models.Manager["Job"]):
             cancelled=cancelled,
             promoted=self.promote_due(now=now),
             pruned=self.prune_finished(now=now),
+            lost_workers=self.prune_lost_workers(now=now),
         )
+
+    def prune_lost_workers(self, *, now: dt.datetime | None = None) -> int:
+        """Delete the rows of workers not seen for longer than their lease plus
+        ``PGQUEUE_LOST_WORKER_SECONDS``, in bounded batches."""
+        batch_size = int(settings.SWEEP_BATCH_SIZE)
+        params: dict[str, Any] = {
+            "now": now,
+            "batch_size": batch_size,
+            "keep_seconds": float(settings.LOST_WORKER_SECONDS),
+        }
+        pruned = 0
+        for _ in range(MAX_SWEEP_BATCHES):
+            count = len(self._rows(sql.WORKER_DELETE_LOST, params))
+            pruned += count
+            if count < batch_size:
+                break
+        return pruned
 
     def notify(self, queue: str) -> None:
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""
@@ -585,6 +608,15 @@ class JobManager(models.Manager["Job"]):
         the statistics say, and commit without waiting for the disk (see
         ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
         self._rows(sql.SESSION_CONFIGURE_CLAIM, {})
+
+    def session_state(self) -> dict[str, Any]:
+        """What this thread's connection carries beyond its transaction: roles, the
+        settings that change later statements, and session-level objects held (see
+        ``sql.SESSION_GET_STATE``), by name."""
+        with connections[self.db_alias].cursor() as cursor:
+            cursor.execute(sql.SESSION_GET_STATE, {})
+            names = [column.name for column in cursor.description or ()]
+            return dict(zip(names, cursor.fetchone() or (), strict=True))
 
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None

@@ -6,8 +6,12 @@ issued by ``JobManager``; the ORM is used for reading (admin, ``get_result``) on
 
 from __future__ import annotations
 
+import datetime as dt
+
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import Q
+from django.db.models import ExpressionWrapper, F, Q, Value
+from django.db.models.lookups import LessThan
 
 from .manager import JobManager
 
@@ -63,6 +67,9 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Set by Job.objects.cancel() on a running job: its worker stops it (see cancellation).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    #: The enqueuer's trace context (W3C headers) when OpenTelemetry is installed and a
+    #: trace was active; the worker links each run's span to it (see tracing.py).
+    trace_context = models.JSONField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -191,3 +198,63 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return f"Schedule {self.name} ({self.cron})"
+
+
+class Dashboard(Job):
+    """Proxy that gives the admin's queue dashboard its place on the admin index; it
+    reads nothing of its own (see ``admin.DashboardAdmin``)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+        default_permissions = ()  # shown to whoever may view jobs
+
+
+class WorkerQuerySet(models.QuerySet["WorkerProcess"]):
+    def with_state(self) -> WorkerQuerySet:
+        """Annotate ``lost``: last seen longer ago than the worker's own lease, by the
+        database clock (the same rule as ``sql.WORKER_GET_ALL``)."""
+        lease = ExpressionWrapper(
+            Value(dt.timedelta(seconds=1)) * F("lease_seconds"),
+            output_field=models.DurationField(),
+        )
+        expires = ExpressionWrapper(F("last_seen_at") + lease, output_field=models.DateTimeField())
+        return self.annotate(lost=LessThan(expires, ClockTimestamp()))
+
+
+class WorkerProcess(models.Model):
+    """One running ``pgqueue_worker`` process, as it last reported itself.
+
+    Registered when the worker starts, refreshed by its heartbeat, deleted when it exits
+    cleanly. A row whose ``last_seen_at`` is older than the worker's own lease belongs to
+    a worker that died or lost the database: it is shown as lost, and the sweeper deletes
+    it once ``PGQUEUE_LOST_WORKER_SECONDS`` more have passed. Written only by the
+    statements of ``sql.py`` (``WORKER_*``); read by the admin and ``monitoring.py``.
+    """
+
+    id = models.CharField(max_length=255, primary_key=True, help_text="The lease owner name")
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = ArrayField(
+        models.CharField(max_length=64), null=True, blank=True, help_text="None: every queue"
+    )
+    concurrency = models.IntegerField()
+    lease_seconds = models.FloatField()
+    version = models.CharField(max_length=64)
+    started_at = models.DateTimeField(db_default=ClockTimestamp())
+    last_seen_at = models.DateTimeField(db_default=ClockTimestamp())
+    jobs_held = models.IntegerField(default=0, db_default=0)
+    jobs_done = models.BigIntegerField(default=0, db_default=0)
+    jobs_failed = models.BigIntegerField(default=0, db_default=0)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        db_table = "pgqueue_worker"  # sql.py hard-codes this name; a test checks they agree
+        ordering = ["hostname", "id"]
+        verbose_name = "worker"
+        verbose_name_plural = "workers"
+
+    def __str__(self) -> str:
+        return self.id

@@ -42,6 +42,24 @@ COPY pgqueue_job (
 ) FROM STDIN (FORMAT BINARY)
 """
 
+# COPY one bounded batch whose ids were taken from the sequence first (JOB_BULK_IDS):
+# what bulk enqueue does when task_enqueued has receivers, so each job can be announced
+# with its real id (COPY returns nothing). Otherwise as JOB_BULK_COPY.
+JOB_BULK_COPY_WITH_IDS = """
+COPY pgqueue_job (
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+) FROM STDIN (FORMAT BINARY)
+"""
+
+# Take %(count)s ids from the jobs' id sequence in one round trip, for a batch that is
+# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS).
+# No table is read; nextval never blocks and never hands an id out twice.
+JOB_BULK_IDS = """
+SELECT nextval(pg_get_serial_sequence('pgqueue_job', 'id'))
+FROM generate_series(1, %(count)s)
+"""
+
 # Insert one bounded batch that holds idempotency keys, skipping every job whose key a
 # live job in the same queue already holds (in the table, or earlier in this batch: DO
 # NOTHING sees rows this statement inserted). The partial unique index
@@ -69,6 +87,33 @@ ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
       AND status IN ('pending', 'scheduled', 'running')
     DO NOTHING
+"""
+
+# JOB_BULK_INSERT_DEDUPE with ids taken from the sequence first (JOB_BULK_IDS), for
+# announcing each job with its real id; RETURNING names the ids actually inserted (a
+# skipped job's id is simply never used). Same arbiter and order as JOB_BULK_INSERT_DEDUPE.
+JOB_BULK_INSERT_DEDUPE_WITH_IDS = """
+INSERT INTO pgqueue_job AS j (
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, created_at, errors, idempotency_key
+)
+SELECT r.id, r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority,
+       r.status, r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb,
+       r.idempotency_key
+FROM unnest(
+    %(id)s::bigint[], %(backend)s::text[], %(queue)s::text[], %(task)s::text[],
+    %(args)s::text[], %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[],
+    %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[]
+) WITH ORDINALITY AS r(
+    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
+    run_at, idempotency_key, ord
+)
+ORDER BY r.ord
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL
+      AND status IN ('pending', 'scheduled', 'running')
+    DO NOTHING
+RETURNING j.id
 """
 
 # Cancel jobs by id, one bounded batch: pending and scheduled jobs become 'cancelled' at
@@ -327,6 +372,40 @@ GROUP BY status, queue
 ORDER BY status, queue
 """
 
+# Status figures per queue (pending, scheduled, running, dead): up to %(cap)s rows of
+# each status, counted per queue, with the oldest run_at among the pending ones. Each
+# branch reads only its own partial index (claim, scheduled, lease, dead) and stops at
+# the LIMIT, so the cost is bounded however large the backlog; a status whose sample
+# reaches the cap is scaled up to the planner's estimate by the caller (monitoring.py).
+# No ORDER BY: any %(cap)s rows will do for a count.
+JOB_COUNT_SAMPLE_BY_QUEUE = """
+WITH sample AS (
+    (SELECT 'pending'::text AS status, queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'scheduled'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'scheduled'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'running'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'running'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'dead'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'dead'
+     LIMIT %(cap)s)
+)
+SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
+FROM sample
+GROUP BY status, queue
+ORDER BY status, queue
+"""
+
 # Discard dead letters by id (admin). Primary-key lookups; guarded by status = 'dead',
 # so a job requeued by someone else in the meantime is never deleted. Rows are locked
 # in id order, as JOB_REQUEUE_DEAD locks them, so two operators discarding and
@@ -372,6 +451,7 @@ WHERE j.id = old.id
 # one notification per job, delivered at commit (none if the caller rolls back).
 # Prepared (prepared.py): it returns only what the database decided (the caller has the
 # rest), so a column added to the table never changes a prepared statement's result.
+# trace_context is NULL unless OpenTelemetry is installed and a trace is active.
 JOB_ENQUEUE = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
@@ -379,13 +459,13 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at
+    run_at, idempotency_key, errors, created_at, trace_context
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -528,6 +608,77 @@ SELECT greatest(clock.now - least(
               ORDER BY lease_expires_at
               LIMIT %(cap)s) AS expired) AS expired_leases
 FROM clock
+"""
+
+# Per-minute history for the dashboard's charts, over the last %(minutes)s minutes
+# (the last one still running): for each minute, up to %(cap)s done jobs that finished
+# in it (a range scan of pgqueue_job_done_idx, so at most minutes x cap index entries
+# whatever the table's size) with their first and last finish time, so the caller can
+# scale a capped minute up by its rate, and the average and longest wait of those jobs
+# before their last attempt started (last_attempted_at - run_at: the queue's latency);
+# plus the dead letters that died in each minute, among the newest %(cap)s (a backward
+# walk of pgqueue_job_dead_idx: dead letters are rare, and this stays bounded when not).
+JOB_GET_HISTORY = """
+WITH clock AS (
+    SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
+), minutes AS (
+    SELECT generate_series(clock.minute - make_interval(mins => %(minutes)s - 1),
+                           clock.minute, interval '1 minute') AS start
+    FROM clock
+), dead AS (
+    SELECT date_trunc('minute', d.finished_at) AS start, count(*) AS jobs
+    FROM (SELECT finished_at
+          FROM pgqueue_job
+          WHERE status = 'dead'
+          ORDER BY id DESC
+          LIMIT %(cap)s) AS d, clock
+    WHERE d.finished_at >= clock.minute - make_interval(mins => %(minutes)s - 1)
+    GROUP BY 1
+)
+SELECT m.start, done.jobs, done.first_at, done.last_at, done.wait_avg, done.wait_max,
+       coalesce(dead.jobs, 0) AS dead
+FROM minutes AS m
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs, min(s.finished_at) AS first_at, max(s.finished_at) AS last_at,
+           avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
+           max(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_max
+    FROM (SELECT finished_at, last_attempted_at, run_at
+          FROM pgqueue_job
+          WHERE status = 'done'
+            AND finished_at >= m.start
+            AND finished_at < m.start + interval '1 minute'
+          ORDER BY finished_at
+          LIMIT %(cap)s) AS s
+) AS done
+LEFT JOIN dead ON dead.start = m.start
+ORDER BY m.start
+"""
+
+# The head of each priority's line of pending jobs (queue and run_at): the jobs that
+# have waited longest at each priority, whatever the backlog. A loose index scan of
+# pgqueue_job_claim_idx: one seek per distinct priority (at most 201). With the pending
+# sample of JOB_COUNT_SAMPLE_BY_QUEUE it gives each queue's oldest pending job: exact
+# while the backlog is under the cap, a lower bound above it.
+JOB_GET_PENDING_HEADS = """
+WITH RECURSIVE head AS (
+    (SELECT priority, queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY priority DESC, id
+     LIMIT 1)
+    UNION ALL
+    SELECT nxt.priority, nxt.queue, nxt.run_at
+    FROM head,
+         LATERAL (SELECT priority, queue, run_at
+                  FROM pgqueue_job
+                  WHERE status = 'pending'
+                    AND priority < head.priority
+                  ORDER BY priority DESC, id
+                  LIMIT 1) AS nxt
+)
+SELECT queue, min(run_at)
+FROM head
+GROUP BY queue
 """
 
 # Wake idle workers listening on the channel (payload: the queue name). Used after
@@ -694,6 +845,46 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status
 """
 
+# Jobs that finished in the last %(window_seconds)s seconds, per outcome and queue:
+# up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)
+# and the dead letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
+# per queue, in the last minute too, with the oldest finish time in the sample so the
+# caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries:
+# the window's start is a scalar subquery (an InitPlan), so it is the done index's
+# range condition; joined as a CTE it would be a filter, and an empty window would
+# walk the whole index.
+JOB_SAMPLE_FINISHED = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), done AS (
+    SELECT queue, finished_at
+    FROM pgqueue_job
+    WHERE status = 'done'
+      AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+), dead AS (
+    SELECT d.queue, d.finished_at
+    FROM (SELECT queue, finished_at
+          FROM pgqueue_job
+          WHERE status = 'dead'
+          ORDER BY id DESC
+          LIMIT %(cap)s) AS d, clock
+    WHERE d.finished_at >= clock.now - make_interval(secs => %(window_seconds)s)
+)
+SELECT 'done'::text AS outcome, queue, count(*) AS jobs,
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute') AS last_minute,
+       min(finished_at) AS oldest, clock.now
+FROM done, clock
+GROUP BY queue, clock.now
+UNION ALL
+SELECT 'dead'::text, queue, count(*),
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
+       min(finished_at), clock.now
+FROM dead, clock
+GROUP BY queue, clock.now
+"""
+
 # Enqueue one tick of a periodic entry, exactly once however many sweepers run: advance
 # the entry's row to the tick only if its last tick is older (and its cron and time zone
 # are the ones this tick was computed from), and insert the job from that same row, in one
@@ -810,6 +1001,40 @@ SELECT set_config('enable_bitmapscan', 'off', false),
        set_config('synchronous_commit', 'off', false)
 """
 
+# What a task can leave behind on a runner connection beyond its transaction: the
+# roles, the session settings that change what later jobs' SQL means or how it runs,
+# and the session-level objects (advisory locks, open cursors, prepared statements,
+# LISTEN, temporary tables). The runner reads it once per connection as a baseline and
+# again after each job that opened a cursor, and discards the connection if they differ.
+# Session-local views only, except pg_locks (filtered on this backend). pg_settings is
+# not read (about 0.4 ms per call), so a setting outside this list, or a custom one
+# (app.tenant), is not seen. psycopg's own prepared statements (_pg3_*) are not leaks.
+SESSION_GET_STATE = """
+SELECT current_user AS "role",
+       session_user AS "session authorization",
+       current_setting('search_path') AS "search_path",
+       current_setting('statement_timeout') AS "statement_timeout",
+       current_setting('lock_timeout') AS "lock_timeout",
+       current_setting('idle_in_transaction_session_timeout')
+           AS "idle_in_transaction_session_timeout",
+       current_setting('default_transaction_isolation') AS "default_transaction_isolation",
+       current_setting('default_transaction_read_only') AS "default_transaction_read_only",
+       current_setting('session_replication_role') AS "session_replication_role",
+       current_setting('synchronous_commit') AS "synchronous_commit",
+       current_setting('row_security') AS "row_security",
+       current_setting('TimeZone') AS "TimeZone",
+       current_setting('DateStyle') AS "DateStyle",
+       EXISTS (SELECT FROM pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS "advisory locks",
+       EXISTS (SELECT FROM pg_cursors WHERE name <> '') AS "open cursors",
+       EXISTS (SELECT FROM pg_prepared_statements WHERE name NOT LIKE '\\_pg3\\_%%')
+           AS "prepared statements",
+       EXISTS (SELECT FROM pg_listening_channels()) AS "LISTEN",
+       CASE WHEN pg_my_temp_schema() = 0 THEN false
+            ELSE EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema())
+       END AS "temporary tables"
+"""
+
 # Subscribe the listener's connection to the wake-up channel. A template, not a query
 # with parameters: LISTEN takes an identifier, so the caller fills {channel} in with
 # psycopg.sql.Identifier(settings.NOTIFY_CHANNEL). No table.
@@ -821,4 +1046,84 @@ LISTEN {channel}
 # listener only waits for notifications, and a cheap query raises if it did. No table.
 SESSION_PING = """
 SELECT 1
+"""
+
+# Forget a worker that exits cleanly (the last thing it does). Primary-key lookup.
+WORKER_DELETE = """
+DELETE FROM pgqueue_worker
+WHERE id = %(id)s
+"""
+
+# Delete workers lost for longer than %(keep_seconds)s beyond their own lease (killed,
+# or cut off from the database), one bounded batch. The workers table holds one row per
+# process, so this is a scan of a handful of rows; LIMIT and SKIP LOCKED keep it bounded
+# and let several sweepers run at once.
+WORKER_DELETE_LOST = """
+WITH lost AS (
+    SELECT id
+    FROM pgqueue_worker
+    WHERE last_seen_at + make_interval(secs => lease_seconds + %(keep_seconds)s)
+          < coalesce(%(now)s::timestamptz, clock_timestamp())
+    ORDER BY last_seen_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue_worker AS w
+USING lost
+WHERE w.id = lost.id
+RETURNING w.id
+"""
+
+# Every registered worker, with whether it is lost (not seen for longer than its own
+# lease) judged by the database clock. The table holds one row per worker process, so
+# a plain ordered scan; %(limit)s bounds it anyway.
+WORKER_GET_ALL = """
+SELECT id, hostname, pid, queues, concurrency, lease_seconds, version, started_at,
+       last_seen_at, jobs_held, jobs_done, jobs_failed,
+       last_seen_at + make_interval(secs => lease_seconds)
+           < coalesce(%(now)s::timestamptz, clock_timestamp()) AS lost,
+       coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at AS unseen_for
+FROM pgqueue_worker
+ORDER BY hostname, id
+LIMIT %(limit)s
+"""
+
+# Register a worker process at start (or again, after the sweeper deleted a worker that
+# was cut off and came back). A restarted worker reusing its id takes the row over with
+# a fresh start time. Primary-key upsert.
+WORKER_REGISTER = """
+INSERT INTO pgqueue_worker AS w (
+    id, hostname, pid, queues, concurrency, lease_seconds, version,
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+)
+VALUES (
+    %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
+    %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
+    coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
+    %(jobs_failed)s
+)
+ON CONFLICT (id) DO UPDATE
+SET hostname = excluded.hostname,
+    pid = excluded.pid,
+    queues = excluded.queues,
+    concurrency = excluded.concurrency,
+    lease_seconds = excluded.lease_seconds,
+    version = excluded.version,
+    started_at = CASE WHEN %(restart)s THEN excluded.started_at ELSE w.started_at END,
+    last_seen_at = excluded.last_seen_at,
+    jobs_held = excluded.jobs_held,
+    jobs_done = excluded.jobs_done,
+    jobs_failed = excluded.jobs_failed
+"""
+
+# The heartbeat's "still alive": last seen now, with how many jobs the worker holds and
+# its running totals. Primary-key update, one per beat; zero rows means the row is gone
+# (pruned while the worker was cut off), and the worker registers again.
+WORKER_TOUCH = """
+UPDATE pgqueue_worker
+SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    jobs_held = %(jobs_held)s,
+    jobs_done = %(jobs_done)s,
+    jobs_failed = %(jobs_failed)s
+WHERE id = %(id)s
 """

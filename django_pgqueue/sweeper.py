@@ -52,13 +52,15 @@ class Sweeper:
         result = dataclasses.replace(result, periodic=len(ticks))
         if result:
             logger.info(
-                "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d cancelled=%d",
+                "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d cancelled=%d"
+                " lost_workers=%d",
                 result.recovered,
                 result.dead,
                 result.promoted,
                 result.pruned,
                 result.periodic,
                 result.cancelled,
+                result.lost_workers,
                 extra={"action": "sweep"},
             )
         if self.now is not None and self.now_step:

@@ -1,4 +1,9 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from django_pgqueue import metrics
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("metrics/pgqueue", metrics.view),
+]

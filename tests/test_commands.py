@@ -200,13 +200,13 @@ def test_pgqueue_sweep__prints_its_counts(job_factory):
 
     out = StringIO()
     call_command("pgqueue_sweep", stdout=out)
-    assert (
-        out.getvalue().strip() == "recovered=1 dead=1 promoted=2 pruned=3 periodic=0 cancelled=0"
+    assert out.getvalue().strip() == (
+        "recovered=1 dead=1 promoted=2 pruned=3 periodic=0 cancelled=0 lost_workers=0"
     )
     out = StringIO()
     call_command("pgqueue_sweep", stdout=out)
-    assert (
-        out.getvalue().strip() == "recovered=0 dead=0 promoted=0 pruned=0 periodic=0 cancelled=0"
+    assert out.getvalue().strip() == (
+        "recovered=0 dead=0 promoted=0 pruned=0 periodic=0 cancelled=0 lost_workers=0"
     )
 
 

@@ -207,6 +207,7 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "now": None,
         "args": "[1, 2]",
         "kwargs": "{}",
+        "trace_context": None,
     }
     cursor = psycopg.ClientCursor(conn)
     cursor.execute(sql.JOB_ENQUEUE, params)
@@ -1015,3 +1016,13 @@ def test_claim__queues_take_the_best_of_each_queue_by_priority(job_factory):
     # The rows its other branch looked at were not kept locked or claimed.
     assert fresh(a2).status == "pending"
     assert [j.id for j in Job.objects.claim("w2", limit=5, queues=["a"])] == [a2.id]
+
+
+@pytest.mark.django_db
+def test_enqueue__returned_job_matches_the_stored_row_field_by_field(job_factory):
+    """The fast path builds the Job from what it sent plus what the database decided;
+    every concrete field (columns added later included) must equal the stored row."""
+    job = job_factory(idempotency_key="match-1", priority=3)
+    stored = Job.objects.get(pk=job.pk)
+    for field in Job._meta.concrete_fields:
+        assert getattr(job, field.attname) == getattr(stored, field.attname), field.attname

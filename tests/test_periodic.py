@@ -14,6 +14,7 @@ from django_pgqueue import periodic
 from django_pgqueue.checks import check_periodic
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job, Schedule
+from django_pgqueue.taskapi import FRAMEWORK
 
 from .conftest import wait_for
 
@@ -41,7 +42,7 @@ def run_ats() -> list[dt.datetime]:
     ("raw", "message"),
     [
         (entry(task="tests.tasks.nope"), "does not import"),
-        (entry(task="testproject.demo.tasks.not_a_task"), "not a django.tasks.Task"),
+        (entry(task="testproject.demo.tasks.not_a_task"), f"not a {FRAMEWORK}.Task"),
         (entry(cron="61 * * * *"), "Bad minute"),
         (entry(cron="* * * *"), "has 4 fields"),
         (entry(cron="0 * * * * *"), "has 6 fields"),

@@ -15,7 +15,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0005_job_cancel")]
+    dependencies = [("django_pgqueue", "0006_worker")]
 
     operations = [
         AddIndexConcurrently(

@@ -16,6 +16,7 @@ from django.db import DatabaseError
 
 from ..conf import settings
 from ..models import Job
+from . import presence
 from .connections import backoff_delay, close_connection, configure_session, first_line
 from .state import WorkerPart, WorkerState
 
@@ -63,6 +64,7 @@ class Heartbeat(WorkerPart):
     def beat(self) -> None:
         """Extend the leases of held jobs, fenced on (owner, attempt), except those
         whose task ran past its timeout; mark leases found lost."""
+        presence.touch(self.state)  # the workers table: last seen now
         now = time.monotonic()
         default_timeout = settings.JOB_TIMEOUT_SECONDS
         held: list[Job] = []
@@ -110,8 +112,12 @@ class Heartbeat(WorkerPart):
             if job.id not in owned:
                 with self.lock:
                     entry = self.state.entry(job)
-                    if entry is not None:  # not a newer claim
-                        entry.lost = True
+                    # Gone, replaced by a newer claim, or being recorded since the
+                    # snapshot: the job finished (its row left 'running' for that
+                    # reason), and the write that recorded it reports a real loss.
+                    if entry is None or entry.finishing:
+                        continue
+                    entry.lost = True
                 logger.warning(
                     "job %s: lease lost (expired and taken back)",
                     job.id,

@@ -39,6 +39,7 @@ from django.db import DatabaseError
 from ..backend import PgQueueBackend
 from ..conf import settings
 from ..models import Job
+from . import presence
 from .completer import Completer
 from .connections import (
     backoff_delay,
@@ -153,6 +154,13 @@ class Worker:
             self.lease_seconds,
             extra={"action": "start", "worker_id": self.worker_id},
         )
+        presence.register(
+            self.alias,
+            self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds,
+        )
         self._start_threads()
         try:
             # Jitter so a fleet restarted together does not claim in lock-step.
@@ -160,6 +168,8 @@ class Worker:
             self._claim_loop()
         finally:
             self._shutdown()
+            presence.unregister(self.worker_id)
+            close_connection(self.alias)
         logger.info(
             "worker %s stopped: done=%d failed=%d lost=%d released=%d",
             self.worker_id,

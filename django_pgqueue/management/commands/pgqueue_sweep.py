@@ -82,7 +82,8 @@ class Command(PgQueueCommand):
             self.stdout.write(
                 f"recovered={result.recovered} dead={result.dead} "
                 f"promoted={result.promoted} pruned={result.pruned} "
-                f"periodic={result.periodic} cancelled={result.cancelled}"
+                f"periodic={result.periodic} cancelled={result.cancelled} "
+                f"lost_workers={result.lost_workers}"
             )
             return
         try:

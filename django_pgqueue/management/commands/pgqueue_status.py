@@ -1,0 +1,260 @@
+"""``manage.py pgqueue_status``: per-queue figures and live workers, for people
+(a table), for scripts (``--json``) and for probes (``--check``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from django_pgqueue import monitoring
+from django_pgqueue.limits import DAY, Bounds
+from django_pgqueue.management.base import PgQueueCommand
+from django_pgqueue.monitoring import Snapshot
+
+#: ANSI: cursor home, clear screen (``--watch`` redraws in place).
+CLEAR = "\x1b[H\x1b[2J"
+
+#: Ranges of the flags (argparse ``type=``: an out-of-range value exits 2 naming it).
+WATCH = Bounds(0.1, DAY, unit="seconds")
+LATENCY = Bounds(0, 365 * DAY, unit="seconds")
+COUNT = Bounds(0, 2**62, integer=True)
+
+
+def age(seconds: float | None) -> str:
+    """'—', '850 ms', '42 s', '3 min 5 s', '2 h 10 min', '1 d 4 h'."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "min"), (secs, "s")]
+    return " ".join(f"{n} {unit}" for n, unit in parts if n)[:20] or "0 s"
+
+
+def render_table(snap: Snapshot) -> str:
+    """The human view: one line per queue, then one per worker."""
+
+    def num(q: monitoring.QueueStats, name: str) -> str:
+        value = getattr(q, name)
+        text = f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
+        return ("~" if name in q.estimated else "") + text
+
+    header = (
+        "queue",
+        "pending",
+        "scheduled",
+        "running",
+        "dead",
+        "done/5m",
+        "failed/5m",
+        "finished/s",
+        "oldest pending",
+    )
+    rows: list[tuple[str, ...]] = [header]
+    for q in snap.queues.values():
+        oldest = age(q.oldest_pending_age)
+        if "oldest_pending_age" in q.estimated and q.oldest_pending_age is not None:
+            oldest = "≥ " + oldest
+        rows.append(
+            (
+                q.queue,
+                num(q, "pending"),
+                num(q, "scheduled"),
+                num(q, "running"),
+                num(q, "dead"),
+                num(q, "done_5m"),
+                num(q, "failed_5m"),
+                num(q, "finished_per_second"),
+                oldest,
+            )
+        )
+    lines = _columns(rows) if snap.queues else ["No queues: no jobs and no live workers."]
+    if any(q.estimated for q in snap.queues.values()):
+        lines.append(f"~ estimated (a status over {snap.cap:,} rows, or a busy window)")
+    live = snap.live_workers
+    lost = len(snap.workers) - len(live)
+    lines.append("")
+    lines.append(f"Workers: {len(live)} live" + (f", {lost} lost" if lost else ""))
+    if snap.workers:
+        wrows: list[tuple[str, ...]] = [
+            (
+                "id",
+                "state",
+                "host",
+                "pid",
+                "queues",
+                "conc",
+                "held",
+                "done",
+                "failed",
+                "version",
+                "up",
+                "last seen",
+            )
+        ]
+        for w in snap.workers:
+            wrows.append(
+                (
+                    w.id,
+                    w.state,
+                    w.hostname,
+                    str(w.pid),
+                    ",".join(w.queues) if w.queues else "*",
+                    str(w.concurrency),
+                    str(w.jobs_held),
+                    f"{w.jobs_done:,}",
+                    f"{w.jobs_failed:,}",
+                    w.version,
+                    age((snap.taken_at - w.started_at).total_seconds()),
+                    age(w.unseen_for.total_seconds()) + " ago",
+                )
+            )
+        lines += _columns(wrows)
+    return "\n".join(lines)
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Aligned columns: numbers to the right, text to the left."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    numeric = [
+        i > 0
+        and all(
+            row[i].lstrip("~≥ ").replace(",", "").replace(".", "").isdigit() for row in rows[1:]
+        )
+        for i in range(len(widths))
+    ]
+    out = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if numeric[i] else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def problems(
+    snap: Snapshot,
+    *,
+    max_latency: float | None,
+    max_dead: int | None,
+    min_workers: int | None,
+) -> list[str]:
+    """What is over its threshold, one sentence each (empty: all is well)."""
+    found = []
+    for q in snap.queues.values():
+        if max_latency is not None and (q.oldest_pending_age or 0.0) > max_latency:
+            found.append(
+                f"queue {q.queue!r}: oldest pending job waited {q.oldest_pending_age:.1f}s "
+                f"(max {max_latency:g}s)"
+            )
+        if max_dead is not None and q.dead > max_dead:
+            found.append(f"queue {q.queue!r}: {q.dead} dead jobs (max {max_dead})")
+    live = len(snap.live_workers)
+    if min_workers is not None and live < min_workers:
+        found.append(f"{live} live workers (min {min_workers})")
+    return found
+
+
+class Command(PgQueueCommand):
+    help = "Show each queue's backlog, throughput and latency, and the live workers."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="Print one JSON object (with --watch: one per line) (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--watch",
+            type=WATCH.parse,
+            default=None,
+            metavar="SECONDS",
+            help="Refresh every SECONDS until interrupted (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--check",
+            action="store_true",
+            help="Exit 1 naming every threshold that is exceeded, else 0 (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--max-latency",
+            type=LATENCY.parse,
+            default=None,
+            metavar="SECONDS",
+            help="With --check: longest a pending job may have waited (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--max-dead",
+            type=COUNT.parse,
+            default=None,
+            metavar="N",
+            help="With --check: most dead jobs a queue may hold (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--min-workers",
+            type=COUNT.parse,
+            default=None,
+            metavar="N",
+            help="With --check: fewest live workers (default: %(default)r)",
+        )
+
+    def handle(
+        self,
+        *,
+        json: bool,
+        watch: float | None,
+        check: bool,
+        max_latency: float | None,
+        max_dead: int | None,
+        min_workers: int | None,
+        **options: Any,
+    ) -> None:
+        thresholds: dict[str, Any] = {
+            "max_latency": max_latency,
+            "max_dead": max_dead,
+            "min_workers": min_workers,
+        }
+        given = [f"--{k.replace('_', '-')}" for k, v in thresholds.items() if v is not None]
+        if given and not check:
+            self.stderr.write(f"pgqueue_status: {', '.join(given)} needs --check")
+            sys.exit(2)
+        if check and watch is not None:
+            self.stderr.write("pgqueue_status: --check and --watch do not go together")
+            sys.exit(2)
+        if check:
+            snap = monitoring.snapshot()
+            found = problems(snap, **thresholds)
+            if json:
+                self.stdout.write(_dumps({**snap.as_json(), "problems": found}))
+            for line in found:
+                self.stderr.write(f"pgqueue_status: {line}")
+            if found:
+                sys.exit(1)
+            if not json:
+                self.stdout.write("OK")
+            return
+        try:
+            while True:
+                snap = monitoring.snapshot()
+                if json:
+                    self.stdout.write(_dumps(snap.as_json()))
+                else:
+                    prefix = CLEAR if watch is not None else ""
+                    self.stdout.write(prefix + render_table(snap))
+                self.stdout.flush()
+                if watch is None:
+                    return
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            return
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,159 @@
+"""Prometheus metrics: a Django view to add to a project's URLconf.
+
+::
+
+    from django_pgqueue import metrics
+
+    urlpatterns = [..., path("metrics/pgqueue", metrics.view)]
+
+It needs the ``prometheus`` extra (``prometheus-client``). A scrape reads the same
+bounded queries as ``pgqueue_status`` (``monitoring.py``), built fresh per request, so
+any web process can answer it and nothing is kept between scrapes. It is protected: a
+request with ``Authorization: Bearer <PGQUEUE_METRICS_TOKEN>`` or from a logged-in
+staff user gets the metrics; one without credentials gets 401, one with wrong
+credentials (or a non-staff session) 403.
+
+Every name starts with ``pgqueue_``; per-queue metrics carry a ``queue`` label. The
+job counters are the workers' own running totals (``worker`` label), kept in the
+workers table by their heartbeats: ``sum(rate(pgqueue_jobs_finished_total[5m]))`` is
+the fleet's throughput, across restarts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Iterator
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+
+from . import monitoring
+from .conf import settings
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImproperlyConfigured(
+        "django_pgqueue.metrics needs prometheus-client: "
+        "pip install 'django-tasks-pgqueue[prometheus]'"
+    ) from exc
+
+#: Per-queue gauges: (metric name, QueueStats attribute, help).
+QUEUE_GAUGES = (
+    ("pgqueue_jobs_pending", "pending", "Jobs waiting to run now."),
+    (
+        "pgqueue_jobs_scheduled",
+        "scheduled",
+        "Jobs waiting for their run_at (delayed or retrying).",
+    ),
+    ("pgqueue_jobs_running", "running", "Jobs leased to a worker."),
+    ("pgqueue_jobs_dead", "dead", "Dead letters: jobs that used up their attempts."),
+    ("pgqueue_jobs_done_recent", "done_5m", "Jobs done in the last 5 minutes."),
+    ("pgqueue_jobs_failed_recent", "failed_5m", "Jobs dead-lettered in the last 5 minutes."),
+    (
+        "pgqueue_jobs_finished_per_second",
+        "finished_per_second",
+        "Jobs done per second over the last minute.",
+    ),
+)
+
+
+class QueueCollector(Collector):
+    """Turns one ``monitoring.snapshot()`` into metric families."""
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        snap = monitoring.snapshot()
+        for name, attribute, text in QUEUE_GAUGES:
+            family = GaugeMetricFamily(name, text, labels=["queue"])
+            for queue in snap.queues.values():
+                family.add_metric([queue.queue], float(getattr(queue, attribute)))
+            yield family
+        oldest = GaugeMetricFamily(
+            "pgqueue_oldest_pending_age_seconds",
+            "How long the oldest pending job has waited (the queue's latency); 0 if none.",
+            labels=["queue"],
+        )
+        estimated = GaugeMetricFamily(
+            "pgqueue_estimated",
+            "1 where a queue's figure is an estimate (a status over the sampling cap).",
+            labels=["queue", "figure"],
+        )
+        for queue in snap.queues.values():
+            oldest.add_metric([queue.queue], queue.oldest_pending_age or 0.0)
+            for figure in sorted(queue.estimated):
+                estimated.add_metric([queue.queue, figure], 1.0)
+        yield oldest
+        yield estimated
+        workers = GaugeMetricFamily(
+            "pgqueue_workers",
+            "Registered workers: live, or lost (not seen for longer than their lease).",
+            labels=["state"],
+        )
+        live = len(snap.live_workers)
+        workers.add_metric(["live"], float(live))
+        workers.add_metric(["lost"], float(len(snap.workers) - live))
+        yield workers
+        held = GaugeMetricFamily(
+            "pgqueue_worker_jobs_held", "Jobs each worker holds now.", labels=["worker"]
+        )
+        done = CounterMetricFamily(
+            "pgqueue_jobs_finished",
+            "Jobs each worker has finished successfully since it started.",
+            labels=["worker"],
+        )
+        failed = CounterMetricFamily(
+            "pgqueue_jobs_failed",
+            "Failed attempts each worker has recorded since it started.",
+            labels=["worker"],
+        )
+        for worker in snap.workers:
+            held.add_metric([worker.id], float(worker.jobs_held))
+            done.add_metric([worker.id], float(worker.jobs_done))
+            failed.add_metric([worker.id], float(worker.jobs_failed))
+        yield held
+        yield done
+        yield failed
+        duration = GaugeMetricFamily(
+            "pgqueue_scrape_duration_seconds", "How long reading these figures took."
+        )
+        duration.add_metric([], time.perf_counter() - started)
+        yield duration
+
+
+def _authorized(request: HttpRequest) -> int | None:
+    """None if allowed, else the status to answer (401: no credentials; 403: wrong)."""
+    header = request.headers.get("Authorization", "")
+    token = settings.METRICS_TOKEN
+    if header:
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return 403
+        # Constant time: the comparison must not tell how much of a guess was right.
+        if hmac.compare_digest(given.strip().encode(), str(token).encode()):
+            return None
+        return 403
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return 401
+    return None if user.is_active and user.is_staff else 403
+
+
+def view(request: HttpRequest) -> HttpResponse:
+    """The Prometheus text exposition of the queue's figures (see the module docstring)."""
+    status = _authorized(request)
+    if status is not None:
+        response = HttpResponse(
+            "Authorization: Bearer <PGQUEUE_METRICS_TOKEN> or a staff session needed.\n",
+            status=status,
+            content_type="text/plain",
+        )
+        if status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="pgqueue metrics"'
+        return response
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

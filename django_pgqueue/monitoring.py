@@ -1,0 +1,300 @@
+"""The read model of the queue's health: what ``pgqueue_status``, the admin dashboard
+and the Prometheus metrics show, from one set of bounded queries.
+
+Every figure comes from an index walked under a ``LIMIT``, from the small workers
+table, or from planner statistics: none of them reads the whole jobs table, so a
+status probe or a scrape costs the same on ten million rows as on ten thousand. Where
+an exact count would need a scan, the figure is an estimate, and the result says so
+(``estimated``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from . import sql
+from .conf import settings
+
+#: Most workers listed (the workers table holds one row per process).
+MAX_WORKERS = 1000
+
+#: Rows each status's sample reads at most; above it, counts are planner estimates.
+DEFAULT_CAP = 10_000
+
+#: The window of the "done" and "failed" figures, in seconds.
+RECENT_SECONDS = 300
+
+#: Statuses counted per queue.
+COUNTED = ("pending", "scheduled", "running", "dead")
+
+
+def _rows(using: str | None, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with connections[using or settings.DATABASE].cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall()
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One row of the workers table, with its state judged by the database clock."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: list[str] | None  # None: every queue
+    concurrency: int
+    lease_seconds: float
+    version: str
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    jobs_held: int
+    jobs_done: int
+    jobs_failed: int
+    lost: bool  # not seen for longer than its lease: killed, hung or cut off
+    unseen_for: dt.timedelta
+
+    @property
+    def state(self) -> str:
+        return "lost" if self.lost else "live"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+            "version": self.version,
+            "started_at": self.started_at.isoformat(),
+            "last_seen_at": self.last_seen_at.isoformat(),
+            "last_seen_seconds_ago": round(self.unseen_for.total_seconds(), 3),
+            "jobs_held": self.jobs_held,
+            "jobs_done": self.jobs_done,
+            "jobs_failed": self.jobs_failed,
+            "state": self.state,
+        }
+
+
+def workers(*, using: str | None = None, now: dt.datetime | None = None) -> list[WorkerInfo]:
+    """Registered workers, live and lost, ordered by host and id."""
+    return [
+        WorkerInfo(*row)
+        for row in _rows(using, sql.WORKER_GET_ALL, {"now": now, "limit": MAX_WORKERS})
+    ]
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue's figures. A name in ``estimated`` marks a figure scaled up from a
+    capped sample (by planner statistics, or by the sample's rate); the oldest pending
+    age is then a lower bound."""
+
+    queue: str
+    pending: int = 0
+    scheduled: int = 0
+    running: int = 0
+    dead: int = 0
+    done_5m: int = 0  # done in the last RECENT_SECONDS
+    failed_5m: int = 0  # dead-lettered (attempts used up) in the last RECENT_SECONDS
+    finished_per_second: float = 0.0  # done per second over the last minute
+    oldest_pending_age: float | None = None  # seconds; None: nothing pending
+    estimated: frozenset[str] = frozenset()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "scheduled": self.scheduled,
+            "running": self.running,
+            "dead": self.dead,
+            "done_5m": self.done_5m,
+            "failed_5m": self.failed_5m,
+            "finished_per_second": round(self.finished_per_second, 3),
+            "oldest_pending_age_seconds": None
+            if self.oldest_pending_age is None
+            else round(self.oldest_pending_age, 3),
+            "estimated": sorted(self.estimated),
+        }
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every queue's figures and the registered workers, at one database time."""
+
+    taken_at: dt.datetime
+    queues: dict[str, QueueStats]
+    workers: list[WorkerInfo]
+    cap: int
+
+    @property
+    def live_workers(self) -> list[WorkerInfo]:
+        return [w for w in self.workers if not w.lost]
+
+    def total(self, name: str) -> int:
+        return sum(getattr(q, name) for q in self.queues.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "taken_at": self.taken_at.isoformat(),
+            "queues": {name: q.as_json() for name, q in sorted(self.queues.items())},
+            "workers": [w.as_json() for w in self.workers],
+        }
+
+
+def _status_estimates(using: str | None) -> dict[str, int]:
+    """Rows per status from planner statistics (no scan): reltuples x frequency."""
+    from .summary import column_stats
+
+    stats = column_stats(using or settings.DATABASE, "status")
+    if stats.total < 0:
+        return {}
+    return {status: round(stats.total * share) for status, share in stats.freqs.items()}
+
+
+def snapshot(
+    *, using: str | None = None, cap: int = DEFAULT_CAP, now: dt.datetime | None = None
+) -> Snapshot:
+    """Per-queue figures and workers from bounded queries (see the module docstring)."""
+    counts: dict[str, dict[str, int]] = defaultdict(dict)  # queue -> status -> jobs
+    sampled: dict[str, int] = defaultdict(int)  # status -> rows in its sample
+    oldest: dict[str, dt.datetime] = {}
+    for status, queue, jobs, oldest_run_at in _rows(
+        using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}
+    ):
+        counts[queue][status] = jobs
+        sampled[status] += jobs
+        if oldest_run_at is not None:
+            oldest[queue] = oldest_run_at
+    for queue, run_at in _rows(using, sql.JOB_GET_PENDING_HEADS, {}):
+        if queue not in oldest or run_at < oldest[queue]:
+            oldest[queue] = run_at
+    # A capped status: scale each queue's share of the sample up to the estimate.
+    scale: dict[str, float] = {}
+    capped = [status for status in COUNTED if sampled[status] >= cap]
+    if capped:
+        estimates = _status_estimates(using)
+        for status in capped:
+            scale[status] = max(estimates.get(status, 0), cap) / sampled[status]
+
+    finished: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    sample_size = {"done": 0, "dead": 0}
+    sample_oldest: dict[str, dt.datetime] = {}
+    clock = now
+    for outcome, queue, jobs, last_minute, first_at, at in _rows(
+        using,
+        sql.JOB_SAMPLE_FINISHED,
+        {"cap": cap, "window_seconds": RECENT_SECONDS, "now": now},
+    ):
+        clock = at
+        finished[queue][outcome] = (jobs, last_minute)
+        sample_size[outcome] += jobs
+        if outcome not in sample_oldest or first_at < sample_oldest[outcome]:
+            sample_oldest[outcome] = first_at
+    workers_ = workers(using=using, now=now)
+    if clock is None:
+        clock = _database_now(using)
+    # A capped recent sample covers less than the window: scale it by its rate.
+    rate_scale: dict[str, tuple[float, float]] = {}
+    for outcome, size in sample_size.items():
+        if size >= cap and outcome in sample_oldest:
+            span = max((clock - sample_oldest[outcome]).total_seconds(), 1e-3)
+            rate_scale[outcome] = (
+                max(1.0, RECENT_SECONDS / span),
+                max(1.0, 60.0 / span) if span < 60 else 1.0,
+            )
+
+    names = set(counts) | set(finished) | set(oldest)
+    for worker in workers_:
+        if not worker.lost and worker.queues:
+            names.update(worker.queues)
+    queues: dict[str, QueueStats] = {}
+    for name in sorted(names):
+        estimated: set[str] = set()
+        figures: dict[str, int] = {}
+        for status in COUNTED:
+            jobs = counts[name].get(status, 0)
+            if status in scale:
+                jobs = round(jobs * scale[status])
+                estimated.add(status)
+            figures[status] = jobs
+        done, done_minute = finished[name].get("done", (0, 0))
+        dead, _ = finished[name].get("dead", (0, 0))
+        if "done" in rate_scale:
+            window_factor, minute_factor = rate_scale["done"]
+            done, done_minute = round(done * window_factor), round(done_minute * minute_factor)
+            estimated.update(("done_5m", "finished_per_second"))
+        if "dead" in rate_scale:
+            dead = round(dead * rate_scale["dead"][0])
+            estimated.add("failed_5m")
+        age = None
+        if name in oldest:
+            age = max(0.0, (clock - oldest[name]).total_seconds())
+            if "pending" in scale:
+                estimated.add("oldest_pending_age")
+        queues[name] = QueueStats(
+            queue=name,
+            done_5m=done,
+            failed_5m=dead,
+            finished_per_second=done_minute / 60.0,
+            oldest_pending_age=age,
+            estimated=frozenset(estimated),
+            **figures,
+        )
+    return Snapshot(taken_at=clock, queues=queues, workers=workers_, cap=cap)
+
+
+def _database_now(using: str | None) -> dt.datetime:
+    return _rows(using, sql.JOB_BULK_CLOCK, {"now": None})[0][0]
+
+
+@dataclass(frozen=True)
+class Minute:
+    """One minute of the dashboard's history."""
+
+    start: dt.datetime
+    finished: int  # done jobs that finished in this minute
+    failed: int  # jobs dead-lettered in this minute
+    wait_avg: float | None  # seconds those jobs waited before their last attempt
+    wait_max: float | None
+    estimated: bool = False  # ``finished`` scaled up from a capped sample
+
+
+@dataclass(frozen=True)
+class History:
+    minutes: list[Minute] = field(default_factory=list)
+    cap: int = 0
+
+
+def history(
+    *,
+    minutes: int = 60,
+    cap: int = 2000,
+    using: str | None = None,
+    now: dt.datetime | None = None,
+) -> History:
+    """Finished and failed jobs per minute, and their wait, over the last ``minutes``
+    (the last one still running). At most ``minutes`` x ``cap`` index entries are read:
+    a busier minute is scaled up by the rate of its first ``cap`` jobs (estimated)."""
+    rows = _rows(using, sql.JOB_GET_HISTORY, {"minutes": minutes, "cap": cap, "now": now})
+    out = []
+    for start, jobs, first_at, last_at, wait_avg, wait_max, dead in rows:
+        estimated = False
+        if jobs >= cap and first_at is not None and last_at is not None:
+            span = max((last_at - start).total_seconds(), 1e-3)
+            jobs = max(jobs, round(jobs * 60.0 / span))
+            estimated = True
+        out.append(
+            Minute(
+                start=start,
+                finished=jobs,
+                failed=dead,
+                wait_avg=wait_avg,
+                wait_max=wait_max,
+                estimated=estimated,
+            )
+        )
+    return History(minutes=out, cap=cap)
