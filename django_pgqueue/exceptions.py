@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import ProgrammingError
+
 
 class PgQueueError(Exception):
     """Base class of every django-pgqueue error."""
@@ -38,6 +40,13 @@ class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
 class UnsupportedServerError(PgQueueError):
     """The database server is older than django-pgqueue supports (PostgreSQL 14); the
     message names both versions. Raised before anything is written."""
+
+
+class NotMigrated(PgQueueError, ProgrammingError):  # noqa: N818 - names the state
+    """The jobs database lacks django-pgqueue's tables (or a migration of them): the
+    message names the database and says to run ``manage.py migrate``. A Django
+    ``ProgrammingError`` too, so code that catches database errors still does; the
+    worker and the sweeper treat it as fatal, not as a fault to retry."""
 
 
 class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired

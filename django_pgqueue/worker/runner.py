@@ -50,6 +50,15 @@ from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
 
+
+def exception_line(exc: BaseException) -> str:
+    """``"ValueError: boom"``: the exception's class and the first line of its message,
+    for a one-line log record (the whole traceback is kept in the job's errors)."""
+    text = str(exc).strip()
+    name = type(exc).__qualname__
+    return f"{name}: {text.splitlines()[0]}" if text else name
+
+
 CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effects rolled back"
 #: How often a running coroutine task's cancellation flag is checked, in seconds.
 ASYNC_CANCEL_POLL = 0.05
@@ -230,6 +239,7 @@ class JobRunner(WorkerPart):
             self.reporter.signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
+        failure: tuple[BaseException, str, float] | None = None
         raw = None
         try:
             configure_session(self.alias, "runner", self.worker_id)
@@ -309,34 +319,14 @@ class JobRunner(WorkerPart):
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             tracing.outcome(tracing.FAILED, exc)
             status = self._record_failure(job, exc)
-            if status == "cancelled":
-                logger.info(
-                    "job %s %s cancelled after %.3fs (%s: %s)",
-                    job.id,
-                    job.task,
-                    elapsed,
-                    type(exc).__name__,
-                    exc,
-                    extra={"action": "cancel", **log_extra},
-                )
-                if task_result is not None:
-                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                    self.reporter.signal(task_finished, task_result)
-            elif status is not None:
-                logger.error(
-                    "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
-                    job.id,
-                    job.task,
-                    elapsed,
-                    job.attempts,
-                    job.max_attempts,
-                    status,
-                    exc_info=exc,
-                    extra={"action": "fail", **log_extra},
-                )
-                if task_result is not None:
-                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                    self.reporter.signal(task_finished, task_result)
+            if status is None:
+                return False
+            failure = (exc, status, elapsed)
+        if failure is not None:
+            # Reported here, outside the except block: Django's own task_finished
+            # receiver logs the traceback of the exception being handled, if any, and
+            # ours already holds it (once, for the final failure only).
+            self._report_failure(job, task_result, *failure)
             return False
         elapsed = time.perf_counter() - started
         tracing.outcome(tracing.SUCCEEDED)
@@ -361,6 +351,59 @@ class JobRunner(WorkerPart):
             Completion(job, value, elapsed, task_result, _current.get()), last=last
         )
         return True
+
+    def _report_failure(
+        self,
+        job: Job,
+        task_result: TaskResult | None,
+        exc: BaseException,
+        status: str,
+        elapsed: float,
+    ) -> None:
+        """Log a recorded failure and, if it ended the job, send ``task_finished``.
+
+        An attempt that will be retried (``scheduled``) is one warning line with the
+        exception's first line (its traceback is in the job's errors) and no signal:
+        the job is not finished, as Django's ``TaskResult`` of it still says (READY).
+        The final failure (``dead``) is logged at error level with its traceback, then
+        ``task_finished`` is sent with status FAILED, once per job."""
+        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
+        if status == "scheduled":
+            logger.warning(
+                "job %s %s failed after %.3fs (attempt %d/%d), will retry: %s",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                job.max_attempts,
+                exception_line(exc),
+                extra={"action": "retry", **log_extra},
+            )
+            return
+        if status == "cancelled":
+            logger.info(
+                "job %s %s cancelled after %.3fs (%s)",
+                job.id,
+                job.task,
+                elapsed,
+                exception_line(exc),
+                extra={"action": "cancel", **log_extra},
+            )
+        else:
+            logger.error(
+                "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                job.max_attempts,
+                status,
+                exc_info=exc,
+                extra={"action": "fail", **log_extra},
+            )
+        if task_result is not None:  # None: no receiver of task_finished to tell
+            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+            self.reporter.signal(task_finished, task_result)
 
     def _mark_recording(self, job: Job) -> None:
         """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
