@@ -6,20 +6,29 @@ One command (``python -m bench.chaos`` or ``bash .ci/dev bench chaos``):
    ``.pgdata/`` server) and migrates it;
 2. enqueues ``--jobs`` jobs: half ordinary, half transactional tasks that each write
    one ``Execution`` ledger row per execution, plus ``--poison`` pills that SIGKILL
-   their own worker;
+   their own worker and ``--leaks`` tasks that leave their connection dirty (each way
+   ``fault_tasks.LEAK_KINDS`` knows: raw BEGIN, autocommit off, SET ROLE, advisory
+   locks ...), and remembers every job's id and kind;
 3. runs ``--workers`` worker processes and ``--sweepers`` sweepers while a seeded
    killer, for ``--duration`` seconds, SIGKILLs a random worker every ~``--kill-every``
    seconds (and starts a replacement), SIGSTOPs one past its lease and resumes it,
    terminates random backends (``pg_terminate_backend``) and restarts PostgreSQL
    ``--pg-restarts`` times;
-4. lets the fleet drain, stops it with SIGTERM, checks the invariants of
-   ``docs/reliability.md`` (I1-I5) and prints one summary line, e.g.
-   ``jobs=20000 done=19990 dead=10 lost=0 stuck=0 dup_tx=0 dup_plain=37 ...``.
+4. samples invariants every ~0.5 s meanwhile (``tests/oracle.py``: no lease left
+   expired far longer than the sweeper allows, none finished and leased, attempts
+   within the limit);
+5. lets the fleet drain, stops it with SIGTERM, judges every job by identity against
+   what it enqueued (``tests/oracle.py``) and prints one summary line, e.g.
+   ``jobs=20000 done=19990 dead=29 lost=0 dup_jobs=0 stuck=0 dup_tx=0 ...``.
 
-It exits 1 if a job was lost or stuck, a transactional effect was duplicated or
-orphaned, an invariant broke, a job other than a poison pill died, or a worker
-crashed on its own. Plain duplicates (at-least-once re-runs) are reported, not hidden.
-The schedule of faults is seeded; process timing is not, so counts vary run to run.
+It exits 1 if a job was lost, duplicated or stuck, a transactional effect was
+duplicated or orphaned, an invariant broke (at the end or in a sample), a job other
+than a pill or a leaking task died, a leak went undetected, a worker or sweeper exited
+uncleanly (on its own, or non-zero after SIGTERM), or a worker died of a SIGKILL
+nobody sent (``oom_kills``: more unexplained SIGKILLs than poison executions). Plain
+duplicates (at-least-once re-runs) are reported, not hidden. ``--plant`` adds faults
+the oracle must catch (its own test). The schedule of faults is seeded; process timing
+is not, so counts vary run to run.
 """
 
 from __future__ import annotations
@@ -37,8 +46,8 @@ from pathlib import Path
 
 import psycopg
 
-from bench import oracle
-from bench.pgcluster import PrivateServer
+from tests import oracle
+from tests.pgcluster import PrivateServer
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -65,7 +74,7 @@ class Counters:
     stops: int = 0
     terminated: int = 0
     pg_restarts: int = 0
-    poison_deaths: int = 0
+    unexplained_kills: int = 0  # SIGKILLs the killer did not send: pills, or OOM
     crashes: int = 0
     unclean_exits: int = 0
     started: int = 0
@@ -132,7 +141,10 @@ class Fleet:
             if proc.killed:
                 pass
             elif code == -signal.SIGKILL:
-                self.counters.poison_deaths += 1  # a pill killed its own worker
+                # A pill killed its own worker, or the OOM killer did: told apart at
+                # the end, against the pills' ledger rows.
+                self.counters.unexplained_kills += 1
+                log(f"worker {proc.index} died of a SIGKILL the killer did not send")
             else:
                 self.counters.crashes += 1
                 log(f"worker {proc.index} exited on its own with {code}; see its log")
@@ -209,25 +221,93 @@ class Monitor:
             return None
 
 
-def enqueue(args: argparse.Namespace, rng: random.Random) -> tuple[int, int]:
-    """Enqueue the workload through the public API; return (ordinary+tx jobs, pills)."""
+def enqueue(args: argparse.Namespace, rng: random.Random) -> dict[int, str]:
+    """Enqueue the workload through the public API; return every job's id -> kind
+    (``plain``, ``tx``, ``poison``, ``leak``): the identities the oracle judges."""
     from django.db import transaction
 
     from django_pgqueue.models import Job
     from testproject.demo import fault_tasks
 
-    pills = set(rng.sample(range(args.jobs), min(args.poison, args.jobs)))
+    expected: dict[int, str] = {}
+    specials = rng.sample(range(args.jobs), min(args.poison + args.leaks, args.jobs))
+    pills = set(specials[: args.poison])
+    leaks = {n: fault_tasks.LEAK_KINDS[k % len(fault_tasks.LEAK_KINDS)]
+             for k, n in enumerate(specials[args.poison :])}  # fmt: skip
     batch = 1000
     for start in range(0, args.jobs, batch):
         with transaction.atomic():
             for n in range(start, min(start + batch, args.jobs)):
                 if n in pills:
-                    Job.objects.enqueue(fault_tasks.poison, kwargs={}, max_attempts=3)
-                    continue
-                work = rng.uniform(0.5, 1.5) * args.work_ms
-                task = fault_tasks.ledger_plain if n % 2 == 0 else fault_tasks.ledger_tx
-                Job.objects.enqueue(task, kwargs={"n": n, "work_ms": round(work, 2)})
-    return args.jobs - len(pills), len(pills)
+                    job = Job.objects.enqueue(fault_tasks.poison, kwargs={}, max_attempts=3)
+                    expected[job.id] = "poison"
+                elif n in leaks:
+                    # Fails each attempt with TransactionLeak: dead after two.
+                    job = Job.objects.enqueue(
+                        fault_tasks.leak, kwargs={"kind": leaks[n]}, max_attempts=2
+                    )
+                    expected[job.id] = "leak"
+                else:
+                    work = rng.uniform(0.5, 1.5) * args.work_ms
+                    tx = n % 2 == 1
+                    task = fault_tasks.ledger_tx if tx else fault_tasks.ledger_plain
+                    job = Job.objects.enqueue(task, kwargs={"n": n, "work_ms": round(work, 2)})
+                    expected[job.id] = "tx" if tx else "plain"
+    return expected
+
+
+class Planter:
+    """Faults the oracle must catch (``--plant``), for its own test: ``lost`` (a job
+    deleted), ``dup_job`` (a job row copied), ``dup_effect`` (a second effect of a
+    transactional job), ``stuck`` (a running row whose lease expires while a session
+    keeps it locked, as a leaked transaction would), ``crash`` (a worker aborts on
+    its own), ``oom`` (a worker SIGKILLed by someone other than the killer)."""
+
+    def __init__(self, plants: set[str], url: str, lateness: float) -> None:
+        self.plants = plants
+        self.url = url
+        self.holder: psycopg.Connection | None = None
+        self.pending = {"stuck", "crash", "oom"} & plants
+        # The stuck row is let go once it has been late long enough to be sampled,
+        # so the final check alone would not see it: only the sampling does.
+        self.release_at = 1.0 + lateness + 1.5
+
+    def before(self, expected: dict[int, str]) -> None:
+        """Tamper with the jobs and ledger before the fleet starts."""
+        plain = [i for i, kind in expected.items() if kind == "plain"]
+        tx = [i for i, kind in expected.items() if kind == "tx"]
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            if "lost" in self.plants:
+                conn.execute(oracle.PLANT_DELETE, {"id": plain[0]})
+            if "dup_job" in self.plants:
+                conn.execute(oracle.PLANT_COPY, {"id": plain[1]})
+            if "dup_effect" in self.plants:
+                conn.execute(oracle.PLANT_EFFECT, {"id": tx[0]})
+
+    def during(self, fleet: Fleet, elapsed: float) -> None:
+        """Once the fleet runs (after 1 s): the row held locked and the deaths."""
+        if self.holder is not None and elapsed >= self.release_at:
+            self.close()
+        if not self.pending or elapsed < 1.0:
+            return
+        if "stuck" in self.pending:
+            self.holder = psycopg.connect(self.url, autocommit=True)
+            rows = self.holder.execute(oracle.PLANT_RUNNING).fetchall()
+            if rows:
+                self.holder.execute("BEGIN")
+                self.holder.execute(oracle.PLANT_LOCK, {"id": rows[0][0]})
+            log(f"planted a stuck row: {rows}")
+        workers = fleet.running_workers()
+        if "crash" in self.pending and workers:
+            workers.pop().popen.send_signal(signal.SIGABRT)
+        if "oom" in self.pending and workers:
+            workers.pop().popen.send_signal(signal.SIGKILL)  # proc.killed stays False
+        self.pending.clear()
+
+    def close(self) -> None:
+        if self.holder is not None:
+            self.holder.close()
+            self.holder = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -237,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
     logdir = workdir / "logs"
     logdir.mkdir()
     server = PrivateServer()
+    planter: Planter | None = None
     try:
         url = server.create_database("chaos")
         env = {
@@ -252,20 +333,31 @@ def run(args: argparse.Namespace) -> int:
         import django
 
         django.setup()
+        from testproject.demo.fault_tasks import LEAK_KINDS
+
+        if args.leaks is None:
+            args.leaks = 0 if args.calm else 2 * len(LEAK_KINDS)
         slots = args.workers * args.concurrency
         if args.work_ms is None:
             # Spread the work over most of the chaos window so faults hit a busy fleet.
             args.work_ms = max(1.0, min(200.0, slots * args.duration * 700 / args.jobs))
         t0 = time.monotonic()
-        ordinary, pills = enqueue(args, rng)
+        expected = enqueue(args, rng)
         log(
-            f"enqueued {args.jobs} jobs ({pills} poison) in {time.monotonic() - t0:.1f}s; "
-            f"work {args.work_ms:.0f} ms/job, {args.workers}x{args.concurrency} slots, "
-            f"lease {args.lease_seconds}s, logs in {logdir}"
+            f"enqueued {args.jobs} jobs ({args.poison} poison, {args.leaks} leaking) in "
+            f"{time.monotonic() - t0:.1f}s; work {args.work_ms:.0f} ms/job, "
+            f"{args.workers}x{args.concurrency} slots, lease {args.lease_seconds}s, "
+            f"logs in {logdir}"
         )
         from django.db import connections
 
         connections.close_all()
+        # How late a lease may be before the sweeper must have taken it back: one sweep
+        # interval, plus a SIGSTOPped worker's pause (it may hold the row's lock in the
+        # middle of its fenced write), plus slack for a sweeper's reconnect backoff.
+        lateness = SWEEP_INTERVAL + 2.0 + (0 if args.no_stop else STOP_LEASES * args.lease_seconds)
+        planter = Planter(set(args.plant), url, lateness)
+        planter.before(expected)
 
         fleet = Fleet(args, env, logdir)
         for _ in range(args.sweepers):
@@ -273,11 +365,16 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.workers):
             fleet.start_worker()
         monitor = Monitor(url)
-        chaos(args, rng, fleet, server, monitor)
-        drained = drain(args, fleet, monitor)
+        sampler = oracle.Sampler(lateness)
+        fault_began = time.monotonic()
+        chaos(args, rng, fleet, server, monitor, sampler, planter)
+        fault_seconds = time.monotonic() - fault_began
+        drained = drain(args, fleet, monitor, sampler)
         fleet.shutdown()
-        result = oracle.check(url, jobs=args.jobs, lease_seconds=args.lease_seconds)
+        result = oracle.check(url, expected=expected, lease_seconds=args.lease_seconds)
     finally:
+        if planter is not None:
+            planter.close()
         if args.keep:
             log(f"keeping {server.pgdata} (server stopped) and {logdir}")
             server.stop()
@@ -288,31 +385,48 @@ def run(args: argparse.Namespace) -> int:
         path.read_text(errors="replace").count("deadlock detected")
         for path in logdir.glob("*.log")
     )
-    summary = (
-        f"jobs={args.jobs} done={result['done']} dead={result['dead']} "
-        f"lost={result['lost']} stuck={result['stuck']} dup_tx={result['dup_tx']} "
-        f"dup_plain={result['dup_plain']} kills={c.kills} stops={c.stops} "
-        f"poison_deaths={c.poison_deaths} terminated={c.terminated} "
-        f"pg_restarts={c.pg_restarts} "
-        f"recovery_s={max(c.recovery, default=0):.1f} "
-        f"i1={result['i1']} i2={result['i2']} i4={result['i4']} i5={result['i5']} "
-        f"dead_unexpected={result['dead_unexpected']} crashes={c.crashes} "
-        f"unclean_exits={c.unclean_exits} deadlocks={deadlocks} "
-        f"drained={'yes' if drained else 'no'} "
-        f"elapsed={time.monotonic() - began:.0f}s seed={args.seed}"
+    # A pill writes its ledger row, then SIGKILLs its worker: SIGKILLs beyond those
+    # runs were sent by someone else (the kernel's OOM killer, an operator).
+    oom_kills = max(0, c.unexplained_kills - result["poison_runs"])
+    poison_deaths = c.unexplained_kills - oom_kills
+    counts = {
+        "jobs": args.jobs,
+        **{k: result[k] for k in ("done", "dead", "lost", "dup_jobs", "stuck", "dup_tx")},
+        "dup_plain": result["dup_plain"],
+        "kills": c.kills,
+        "stops": c.stops,
+        "poison_deaths": poison_deaths,
+        "poison_runs": result["poison_runs"],
+        "pill_attempts": result["pill_attempts"],
+        "poison_overrun": result["poison_overrun"],
+        "oom_kills": oom_kills,
+        "terminated": c.terminated,
+        "pg_restarts": c.pg_restarts,
+        "leak_jobs": args.leaks,
+        **{k: result[k] for k in ("leak_undetected", "leaked_rows")},
+        **{k: result[k] for k in ("i1", "i2", "i4", "i5", "dead_unexpected")},
+        **sampler.worst,
+        "samples": sampler.samples,
+        "crashes": c.crashes,
+        "unclean_exits": c.unclean_exits,
+        "deadlocks": deadlocks,
+    }
+    summary = " ".join(f"{k}={v}" for k, v in counts.items()) + (
+        f" recovery_s={max(c.recovery, default=0):.1f} fault_s={fault_seconds:.0f}"
+        f" drained={'yes' if drained else 'no'}"
+        f" elapsed={time.monotonic() - began:.0f}s seed={args.seed}"
     )
     print(summary, flush=True)
-    bad = [
-        name
-        for name in ("lost", "stuck", "dup_tx", "i1", "i2", "i4", "i5", "dead_unexpected")
-        if result[name]
-    ]
-    if c.crashes:
-        bad.append("crashes")
-    if deadlocks:
-        bad.append("deadlocks")
+    must_be_zero = (*oracle.MUST_BE_ZERO, *oracle.Sampler.NAMES)
+    bad = [name for name in must_be_zero if result.get(name, sampler.worst.get(name))]
+    bad += [name for name in ("oom_kills", "crashes", "unclean_exits", "deadlocks")
+            if counts[name]]  # fmt: skip
     if c.pg_restarts < args.pg_restarts:
         bad.append("pg_restarts")
+    if not drained:
+        bad.append("drained")
+    if sampler.samples == 0:
+        bad.append("samples")  # an oracle that never looked proves nothing
     if bad:
         log(f"FAILED: {', '.join(bad)}; worker logs in {logdir}")
         return 1
@@ -321,14 +435,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The sweepers' loop interval, seconds (``pgqueue_sweep --interval``).
+SWEEP_INTERVAL = 0.5
+#: How long a SIGSTOPped worker stays paused, in leases.
+STOP_LEASES = 2.5
+#: Seconds after a PostgreSQL restart during which leases are not sampled: every
+#: client reconnects with backoff, sweepers included, so expired leases wait.
+RESTART_GRACE = 10.0
+
+
 def chaos(
     args: argparse.Namespace,
     rng: random.Random,
     fleet: Fleet,
     server: PrivateServer,
     monitor: Monitor,
+    sampler: oracle.Sampler,
+    planter: Planter,
 ) -> None:
-    """Inject faults for ``--duration`` seconds (restarts spread over the window)."""
+    """Inject faults for ``--duration`` seconds (restarts spread over the window),
+    sampling the invariants about every 0.5 s."""
     start = time.monotonic()
     end = start + args.duration
     restarts = [start + args.duration * (k + 1) / (args.pg_restarts + 1.5) for k in range(
@@ -338,13 +464,19 @@ def chaos(
     next_stop = start + rng.uniform(1, 3) * args.lease_seconds
     next_terminate = start + rng.uniform(0.5, 1.5) * args.terminate_every
     next_report = start + 5
+    next_sample = start + 0.5
+    quiet_until = 0.0  # no lease sampling until then (after a restart)
     stopped: list[tuple[float, Proc]] = []
     waiting_recovery: tuple[float, int] | None = None
     while True:
         now = time.monotonic()
         fleet.reap()
+        planter.during(fleet, now - start)
         counts = monitor.query(oracle.STATUS_COUNTS)
         status = dict(counts) if counts is not None else None
+        if now >= next_sample and now >= quiet_until:
+            next_sample = now + 0.5
+            sampler.sample(monitor.query(oracle.SAMPLE, {"lateness": sampler.lateness}))
         if status is not None and waiting_recovery is not None:
             since, done_before = waiting_recovery
             if status.get("done", 0) > done_before:
@@ -362,6 +494,7 @@ def chaos(
             fleet.counters.pg_restarts += 1
             fleet.counters.restart_downtime.append(downtime)
             waiting_recovery = (time.monotonic(), done_before)
+            quiet_until = time.monotonic() + RESTART_GRACE
             log(f"restarted PostgreSQL ({downtime:.1f}s down)")
         if now < end and now >= next_kill:
             fleet.kill_one(rng)
@@ -369,7 +502,7 @@ def chaos(
         if now < end and now >= next_stop and not stopped and not args.no_stop:
             victim = fleet.stop_one(rng)
             if victim is not None:
-                stopped.append((now + args.lease_seconds * 2.5, victim))
+                stopped.append((now + args.lease_seconds * STOP_LEASES, victim))
             next_stop = now + rng.uniform(3, 6) * args.lease_seconds
         for due, proc in list(stopped):
             if now >= due:
@@ -384,23 +517,39 @@ def chaos(
             next_terminate = now + rng.uniform(0.5, 1.5) * args.terminate_every
         if now >= next_report:
             next_report = now + 5
-            log(f"t={now - start:.0f}s status={status} counters={fleet.counters}")
+            log(f"t={now - start:.0f}s status={status} worst={sampler.worst} {fleet.counters}")
         time.sleep(0.1)
 
 
-def drain(args: argparse.Namespace, fleet: Fleet, monitor: Monitor) -> bool:
-    """Without faults, let the fleet finish everything (or give up at the deadline)."""
+def drain(
+    args: argparse.Namespace, fleet: Fleet, monitor: Monitor, sampler: oracle.Sampler
+) -> bool:
+    """Without faults, let the fleet finish everything (or give up at the deadline),
+    still sampling the invariants."""
     deadline = time.monotonic() + args.drain_seconds
     while time.monotonic() < deadline:
         fleet.reap()
+        sampler.sample(monitor.query(oracle.SAMPLE, {"lateness": sampler.lateness}))
         counts = monitor.query(oracle.STATUS_COUNTS)
         if counts is not None:
             status = dict(counts)
             if status.get("done", 0) + status.get("dead", 0) >= args.jobs:
                 return True
-        time.sleep(0.2)
+        time.sleep(0.5)
     log(f"not drained after {args.drain_seconds}s: {monitor.query(oracle.STATUS_COUNTS)}")
     return False
+
+
+PLANTS = ("lost", "dup_job", "dup_effect", "stuck", "crash", "oom")
+
+
+def plants(value: str) -> list[str]:
+    """``--plant lost,stuck``: names from PLANTS."""
+    names = [name for name in value.split(",") if name]
+    unknown = sorted(set(names) - set(PLANTS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown plant {unknown}; choose from {PLANTS}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,6 +567,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-stop", action="store_true", help="no SIGSTOP/SIGCONT")
     parser.add_argument("--poison", type=int, default=10)
     parser.add_argument(
+        "--leaks",
+        type=int,
+        default=None,
+        help="tasks that leak a transaction or session state, each way in turn "
+        "(default: two of each way)",
+    )
+    parser.add_argument(
         "--work-ms", type=float, default=None, help="mean task time (default: fit duration)"
     )
     parser.add_argument("--drain-seconds", type=float, default=120.0)
@@ -425,7 +581,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calm",
         action="store_true",
-        help="no faults at all (baseline: expect dup_plain=0 with --poison 0)",
+        help="no faults at all (baseline: expect dup_plain=0 with --poison 0 --leaks 0)",
+    )
+    parser.add_argument(
+        "--plant",
+        type=plants,
+        default=[],
+        help=f"comma-separated faults the oracle must catch: {', '.join(PLANTS)}",
     )
     args = parser.parse_args(argv)
     if args.calm:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core import checks
-from django.db import connections
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
 from django.utils.module_loading import import_string
 
+from . import schema
 from .conf import settings
 from .taskapi import (
     FRAMEWORK,
@@ -67,6 +69,7 @@ class PgQueueBackend(BaseTaskBackend):
         return self.options.get("DATABASE", settings.DATABASE)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        require_installed()
         from .models import Job
 
         self.validate_task(task)
@@ -85,12 +88,18 @@ class PgQueueBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: Any) -> TaskResult:
+        require_installed()
         from .models import Job
 
         try:
             job = Job.objects.db_manager(self.database).get(pk=int(result_id))
         except (ValueError, TypeError, Job.DoesNotExist) as exc:
             raise TaskResultDoesNotExist(result_id) from exc
+        except DatabaseError as exc:
+            missing = schema.not_migrated(exc, self.database)
+            if missing is None:
+                raise
+            raise missing from exc
         try:
             task = load_task(job.task)
         except ValueError as exc:
@@ -130,6 +139,22 @@ class PgQueueBackend(BaseTaskBackend):
                 )
             )
         return messages
+
+
+def require_installed() -> None:
+    """Raise ``ImproperlyConfigured`` unless ``django_pgqueue`` is in INSTALLED_APPS.
+
+    The system check pgqueue.E001 says the same, but Django runs backend checks only
+    once ``django.tasks`` has been imported, which nothing may have done at start-up;
+    this is the error the first ``enqueue()`` meets instead of Django's "Model class
+    ... isn't in an application in INSTALLED_APPS"."""
+    from django.apps import apps
+
+    if not apps.is_installed("django_pgqueue"):
+        raise ImproperlyConfigured(
+            "TASKS uses django_pgqueue.backend.PgQueueBackend but 'django_pgqueue' is "
+            "not in INSTALLED_APPS: add it there, then run `python manage.py migrate`."
+        )
 
 
 def load_task(path: str) -> Task:

@@ -35,7 +35,7 @@ from psycopg.adapt import Dumper
 from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
-from . import sql, validation
+from . import schema, sql, validation
 from .conf import settings
 from .exceptions import InvalidJob
 from .taskapi import (
@@ -282,10 +282,24 @@ def bulk_enqueue(
     same call) are skipped: counted in ``result.skipped``, not in the result. Idle
     workers are woken once per queue at commit. When Django's ``task_enqueued`` signal
     has receivers, every job created is sent to them with its real id (see
-    ``_Announcer``); without receivers this costs nothing.
+    ``_Announcer``); without receivers this costs nothing. An unmigrated database
+    raises ``NotMigrated``, which says to run ``manage.py migrate``.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
+    try:
+        return _store(jobs, using=using, batch_size=batch_size, now=now)
+    except DatabaseError as exc:
+        missing = schema.not_migrated(exc, using)
+        if missing is None:
+            raise
+        raise missing from exc
+
+
+def _store(
+    jobs: Iterable[Mapping[str, Any]], *, using: str, batch_size: int, now: dt.datetime | None
+) -> BulkResult:
+    """``bulk_enqueue`` once its arguments are checked."""
     connection = connections[using]
     created = skipped = 0
     # Receivers of task_enqueued get every job with its id; without any, nothing of

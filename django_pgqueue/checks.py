@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core import checks
+from django.db import DatabaseError, connections
 
-from . import limits
+from . import limits, schema, validation
 from .conf import Settings, settings
 
 
@@ -44,6 +46,48 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="pgqueue.W001",
             )
         )
+    return messages
+
+
+def jobs_databases() -> set[str]:
+    """Aliases that hold a jobs table: ``PGQUEUE_DATABASE`` and each ``PgQueueBackend``
+    alias's ``OPTIONS["DATABASE"]`` (read from ``TASKS``, no backend is built)."""
+    aliases = {settings.DATABASE}
+    for config in (getattr(django_settings, "TASKS", None) or {}).values():
+        if not isinstance(config, dict):
+            continue
+        path = config.get("BACKEND")
+        if isinstance(path, str) and validation.is_pgqueue_backend(path):
+            aliases.add((config.get("OPTIONS") or {}).get("DATABASE", settings.DATABASE))
+    return aliases
+
+
+# Tagged "database": it queries, so Django runs it only for `check --database <alias>`
+# and for `migrate`. A warning, not an error: `migrate` runs database checks first
+# and would refuse, on an error, to create the very tables this looks for.
+@checks.register(checks.Tags.database)
+def check_migrated(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    for alias in sorted(jobs_databases() & set(databases or ())):
+        if alias not in connections.settings:
+            continue  # the backend's own check (pgqueue.E002) says so
+        try:
+            missing = schema.unapplied_migrations(alias)
+        except DatabaseError:
+            continue  # unreachable: Django's own database checks report that
+        if missing:
+            messages.append(
+                checks.Warning(
+                    f"Database {alias!r} lacks {len(missing)} django-pgqueue "
+                    f"migration(s): {', '.join(missing)}. enqueue() fails and "
+                    "pgqueue_worker and pgqueue_sweep refuse to start until they are "
+                    "applied.",
+                    hint=f"Run `{schema.migrate_command(alias)}`.",
+                    id="pgqueue.W010",
+                )
+            )
     return messages
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import ProgrammingError
+
 
 class PgQueueError(Exception):
     """Base class of every django-pgqueue error."""
@@ -27,13 +29,24 @@ class TaskNotFound(PgQueueError):  # noqa: N818
 
 
 class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
-    """A task returned with a transaction still open on the jobs database; the worker
-    rolled it back by discarding the connection, and the attempt failed."""
+    """An ordinary task returned with a transaction still open on the jobs database
+    (Django's or one the driver reports: a raw ``BEGIN``, autocommit turned off), or
+    with session state left on its connection (a session ``SET``, ``SET ROLE``, an
+    advisory lock, an open cursor, ``PREPARE``, ``LISTEN``, a temporary table). The
+    worker discarded the connection, which rolls the transaction back and drops the
+    state, and the attempt failed; the message names what was left."""
 
 
 class UnsupportedServerError(PgQueueError):
     """The database server is older than django-pgqueue supports (PostgreSQL 14); the
     message names both versions. Raised before anything is written."""
+
+
+class NotMigrated(PgQueueError, ProgrammingError):  # noqa: N818 - names the state
+    """The jobs database lacks django-pgqueue's tables (or a migration of them): the
+    message names the database and says to run ``manage.py migrate``. A Django
+    ``ProgrammingError`` too, so code that catches database errors still does; the
+    worker and the sweeper treat it as fatal, not as a fault to retry."""
 
 
 class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 
-from . import bulk, prepared, sql, tracing, validation
+from . import bulk, prepared, schema, sql, tracing, validation
 from .conf import settings
 from .taskapi import Task
 from .tasks import task_option
@@ -112,10 +112,14 @@ class JobManager(models.Manager["Job"]):
         machinery: on the claim path that cost ten times the statement itself."""
         alias = self.db_alias
         connection = connections[alias]
-        with connection.cursor() as cursor:
-            cursor.execute(query, params)
-            columns = tuple(column.name for column in cursor.description)
-            rows = cursor.fetchall()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(query, params)
+                columns = tuple(column.name for column in cursor.description)
+                rows = cursor.fetchall()
+        except DatabaseError as exc:
+            self._raise_if_not_migrated(exc)
+            raise
         if not rows:
             return []
         opts = self.model._meta
@@ -146,14 +150,29 @@ class JobManager(models.Manager["Job"]):
         return jobs
 
     def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with connections[self.db_alias].cursor() as cursor:
-            cursor.execute(query, params)
-            return cursor.fetchall() if cursor.description else []
+        try:
+            with connections[self.db_alias].cursor() as cursor:
+                cursor.execute(query, params)
+                return cursor.fetchall() if cursor.description else []
+        except DatabaseError as exc:
+            self._raise_if_not_migrated(exc)
+            raise
 
     def _rowcount(self, query: str, params: dict[str, Any]) -> int:
-        with connections[self.db_alias].cursor() as cursor:
-            cursor.execute(query, params)
-            return cursor.rowcount
+        try:
+            with connections[self.db_alias].cursor() as cursor:
+                cursor.execute(query, params)
+                return cursor.rowcount
+        except DatabaseError as exc:
+            self._raise_if_not_migrated(exc)
+            raise
+
+    def _raise_if_not_migrated(self, exc: DatabaseError) -> None:
+        """Raise ``NotMigrated`` ("run manage.py migrate") instead of ``exc`` if ``exc``
+        says the jobs table or one of its columns is missing; else return."""
+        missing = schema.not_migrated(exc, self.db_alias)
+        if missing is not None:
+            raise missing from exc
 
     # --- enqueue --------------------------------------------------------------------
 
@@ -206,9 +225,13 @@ class JobManager(models.Manager["Job"]):
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
         for _ in range(5):
-            with prepared.cursor(self.db_alias) as cursor:
-                cursor.execute(sql.JOB_ENQUEUE, params)
-                row = cursor.fetchone()
+            try:
+                with prepared.cursor(self.db_alias) as cursor:
+                    cursor.execute(sql.JOB_ENQUEUE, params)
+                    row = cursor.fetchone()
+            except DatabaseError as exc:
+                self._raise_if_not_migrated(exc)
+                raise
             if row is not None:
                 return self._enqueued(params, row)
             # ON CONFLICT: a live job holds the key. It may finish between the insert
@@ -608,6 +631,15 @@ class JobManager(models.Manager["Job"]):
         the statistics say, and commit without waiting for the disk (see
         ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
         self._rows(sql.SESSION_CONFIGURE_CLAIM, {})
+
+    def session_state(self) -> dict[str, Any]:
+        """What this thread's connection carries beyond its transaction: roles, the
+        settings that change later statements, and session-level objects held (see
+        ``sql.SESSION_GET_STATE``), by name."""
+        with connections[self.db_alias].cursor() as cursor:
+            cursor.execute(sql.SESSION_GET_STATE, {})
+            names = [column.name for column in cursor.description or ()]
+            return dict(zip(names, cursor.fetchone() or (), strict=True))
 
     def configure_session(
         self, application_name: str, *, statement_timeout_ms: int | None = None

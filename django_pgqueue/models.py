@@ -175,7 +175,7 @@ class Schedule(models.Model):
     """The state of one ``PGQUEUE_PERIODIC`` entry: the last tick enqueued for it.
 
     Written only by the sweeper's two statements (``sql.SCHEDULE_SYNC`` and
-    ``sql.SCHEDULE_ENQUEUE_TICK``); the settings stay the source of the entry itself, so
+    ``sql.SCHEDULE_ENQUEUE_TICKS``); the settings stay the source of the entry itself, so
     a row whose entry was removed from the settings is left behind and ignored."""
 
     name = models.CharField(max_length=200, primary_key=True)

@@ -1,9 +1,9 @@
 """Periodic jobs: the ``PGQUEUE_PERIODIC`` entries, their cron ticks, and enqueueing them.
 
 Each entry names a task and a cron expression. Every sweep pass computes, for each
-enabled entry, its latest tick at or before the database's clock and hands it to one
-conditional statement (``sql.SCHEDULE_ENQUEUE_TICK``) that advances the entry's row in
-``pgqueue_schedule`` and inserts the job together, only if that row's last tick is older.
+enabled entry, its latest tick at or before the database's clock, and one conditional
+statement for all entries (``sql.SCHEDULE_ENQUEUE_TICKS``) advances each entry's row in
+``pgqueue_schedule`` and inserts its job together, only if that row's last tick is older.
 However many sweepers run, each tick is enqueued once; a sweeper that starts after
 missed ticks enqueues only the latest of them (no flood of catch-up jobs).
 
@@ -48,7 +48,18 @@ ALIASES = {
     "@hourly": "0 * * * *",
 }
 ENTRY_KEYS = frozenset(
-    {"task", "cron", "args", "kwargs", "queue", "priority", "timezone", "max_attempts", "enabled"}
+    {
+        "task",
+        "cron",
+        "args",
+        "kwargs",
+        "queue",
+        "priority",
+        "timezone",
+        "max_attempts",
+        "enabled",
+        "backend",
+    }
 )
 MAX_NAME_LENGTH = 200
 #: Longer than any daylight saving shift: ticks are re-walked forwards over this window
@@ -70,6 +81,7 @@ class PeriodicEntry:
     priority: int | None = None  # None: the task's own priority
     max_attempts: int | None = None  # None: the task's option, else PGQUEUE_MAX_ATTEMPTS
     enabled: bool = True
+    backend: str = "default"  # the TASKS alias its jobs' results are read back through
 
     @property
     def expression(self) -> str:
@@ -121,9 +133,10 @@ def latest_tick(expression: str, now: dt.datetime) -> dt.datetime | None:
     """The latest tick of ``expression`` at or before the aware datetime ``now`` (whose
     time zone is the entry's), returned in UTC.
 
-    Found backwards (cheap for a yearly entry), then confirmed by walking forwards from a
-    few hours before it: cronsim's backward walk gives the first occurrence of a
-    repeated hour where the forward walk gives both, and ticks must be the forward ones.
+    Found backwards (cheap for a yearly entry), then, if the UTC offset changed since a
+    few hours before it, confirmed by walking forwards from there: cronsim's backward
+    walk gives the first occurrence of a repeated hour where the forward walk gives
+    both, and ticks must be the forward ones.
     Compared in UTC: Python compares two times of one zone by wall clock, fold ignored.
     """
     limit = now.astimezone(dt.UTC)
@@ -133,6 +146,8 @@ def latest_tick(expression: str, now: dt.datetime) -> dt.datetime | None:
         return None
     latest = candidate.astimezone(dt.UTC)
     start = (latest - DST_WINDOW).astimezone(now.tzinfo)
+    if start.utcoffset() == now.utcoffset():
+        return latest  # no clock change in between: the backward walk is right
     for tick in CronSim(expression, start):
         tick_utc = tick.astimezone(dt.UTC)
         if tick_utc > limit:
@@ -189,6 +204,7 @@ def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
         priority=None if priority is None else validation.priority(priority),
         max_attempts=None if max_attempts is None else validation.max_attempts(max_attempts),
         enabled=enabled,
+        backend=validation.backend_alias(raw.get("backend", "default")),
     )
 
 
@@ -224,11 +240,12 @@ class EnqueuedTick:
 def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedTick]:
     """Enqueue the latest due tick of every enabled entry, once across all sweepers.
 
-    The clock is the database's (``now`` pins it, for tests). Per entry: one upsert of
-    its row (a new entry starts from its latest past tick without a job; a changed cron
-    or time zone, or a disabled entry, moves the last tick to its latest past tick, so
-    the new cron takes effect at its next tick), then one conditional statement that
-    advances the row and inserts the job. Returns what this call enqueued."""
+    The clock is the database's (``now`` pins it, for tests). Three statements a pass,
+    however many entries: the clock; one sync of their rows (a new entry starts from its
+    latest past tick without a job; a changed cron or time zone, or a disabled entry,
+    moves the last tick to its latest past tick, so the new cron takes effect at its
+    next tick); one conditional statement that advances each due row and inserts its
+    job. Returns what this call enqueued."""
     valid, errors = entries()
     for name, message in errors.items():
         logger.error(
@@ -244,56 +261,71 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
     with connections[using].cursor() as cursor:
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         (clock,) = cursor.fetchone()
-    enqueued: list[EnqueuedTick] = []
-    for entry in valid:
-        tick = entry.latest_tick(clock)
-        if tick is None:
-            continue
-        _run(
-            using,
-            sql.SCHEDULE_SYNC,
-            {
-                "name": entry.name,
-                "task": entry.task,
-                "cron": entry.cron,
-                "timezone": entry.timezone,
-                "enabled": entry.enabled,
-                "tick": tick,
-                "now": now,
-            },
-        )
-        if not entry.enabled:
-            continue
+    ticked = sorted(
+        ((entry, tick) for entry in valid if (tick := entry.latest_tick(clock)) is not None),
+        key=lambda pair: pair[0].name,
+    )
+    if not ticked:
+        return []
+    _run(
+        using,
+        sql.SCHEDULE_SYNC,
+        {
+            "names": [e.name for e, _ in ticked],
+            "tasks": [e.task for e, _ in ticked],
+            "crons": [e.cron for e, _ in ticked],
+            "timezones": [e.timezone for e, _ in ticked],
+            "enabled": [e.enabled for e, _ in ticked],
+            "ticks": [tick for _, tick in ticked],
+            "now": now,
+        },
+    )
+    due = [(e, tick) for e, tick in ticked if e.enabled]
+    if not due:
+        return []
+    columns: dict[str, list[Any]] = {
+        key: []
+        for key in (
+            "names crons timezones ticks keys backends queues tasks args kwargs "
+            "priorities max_attempts"
+        ).split()
+    }
+    for entry, tick in due:
         task = load_task(entry.task)
-        max_attempts = entry.max_attempts or getattr(task, "max_attempts", None)
         args, kwargs = validation.payload(
             entry.args, entry.kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
-        params = {
-            "name": entry.name,
-            "cron": entry.cron,
-            "timezone": entry.timezone,
-            "tick": tick,
-            "idempotency_key": f"periodic:{entry.name}:{tick.isoformat()}",
-            "backend": "default",
-            "queue": entry.queue or task.queue_name,
-            "task": entry.task,
-            "args": args,
-            "kwargs": kwargs,
-            "priority": task.priority if entry.priority is None else entry.priority,
-            "max_attempts": max_attempts or settings.MAX_ATTEMPTS,
-            "channel": settings.NOTIFY_CHANNEL,
-            "now": now,
-        }
-        for job_id, queue, _notified in _run(using, sql.SCHEDULE_ENQUEUE_TICK, params):
-            enqueued.append(EnqueuedTick(entry.name, tick, job_id, queue))
-            logger.info(
-                "periodic %s: enqueued tick %s as job %s",
-                entry.name,
-                tick.isoformat(),
-                job_id,
-                extra={"action": "periodic", "job_id": job_id, "schedule": entry.name},
-            )
+        columns["names"].append(entry.name)
+        columns["crons"].append(entry.cron)
+        columns["timezones"].append(entry.timezone)
+        columns["ticks"].append(tick)
+        columns["keys"].append(f"periodic:{entry.name}:{tick.isoformat()}")
+        columns["backends"].append(entry.backend)
+        columns["queues"].append(entry.queue or task.queue_name)
+        columns["tasks"].append(entry.task)
+        columns["args"].append(args)
+        columns["kwargs"].append(kwargs)
+        columns["priorities"].append(task.priority if entry.priority is None else entry.priority)
+        columns["max_attempts"].append(
+            entry.max_attempts or getattr(task, "max_attempts", None) or settings.MAX_ATTEMPTS
+        )
+    rows = _run(
+        using,
+        sql.SCHEDULE_ENQUEUE_TICKS,
+        {**columns, "channel": settings.NOTIFY_CHANNEL, "now": now},
+    )
+    tick_of = dict(zip(columns["names"], columns["ticks"], strict=True))
+    enqueued: list[EnqueuedTick] = []
+    for name, job_id, queue in rows:
+        tick = tick_of[name]
+        enqueued.append(EnqueuedTick(name, tick, job_id, queue))
+        logger.info(
+            "periodic %s: enqueued tick %s as job %s",
+            name,
+            tick.isoformat(),
+            job_id,
+            extra={"action": "periodic", "job_id": job_id, "schedule": name},
+        )
     return enqueued
 
 

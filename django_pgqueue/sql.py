@@ -885,88 +885,119 @@ FROM dead, clock
 GROUP BY queue, clock.now
 """
 
-# Enqueue one tick of a periodic entry, exactly once however many sweepers run: advance
-# the entry's row to the tick only if its last tick is older (and its cron and time zone
-# are the ones this tick was computed from), and insert the job from that same row, in one
-# statement. Primary-key lookup on pgqueue_schedule. SKIP LOCKED: a sweeper that finds
-# the row locked by another one skips it; the other enqueues the tick, or, if it rolls
-# back, the next pass does. The job's id is drawn in the UPDATE so the row links to the
-# job it enqueued; run_at is the tick, and the idempotency key periodic:<name>:<tick>
-# keeps it through retries. A live job already holding that key (enqueued by hand) is
-# that tick's job: the row advances and nothing is inserted (the partial unique index
-# pgqueue_job_idempotency_uniq is the arbiter). pg_notify in RETURNING wakes idle
-# workers at commit.
-SCHEDULE_ENQUEUE_TICK = """
+# Enqueue the due ticks of periodic entries (one row per entry in the arrays), each
+# exactly once however many sweepers run: advance an entry's row to its tick only if its
+# last tick is older (and its cron and time zone are the ones the tick was computed
+# from), and insert the job from that same row, all in one statement. Primary-key
+# lookups on pgqueue_schedule, locked in name order with SKIP LOCKED: a sweeper that
+# finds a row locked by another one skips it; the other enqueues that tick, or, if it
+# rolls back, the next pass does. Each job's id is drawn in the UPDATE so the row links
+# to the job it enqueued; run_at is the tick, and the idempotency key
+# periodic:<name>:<tick> keeps it through retries. A live job already holding that key
+# (enqueued by hand) is that tick's job: the row advances and nothing is inserted (the
+# partial unique index pgqueue_job_idempotency_uniq is the arbiter). pg_notify in
+# RETURNING wakes idle workers at commit.
+SCHEDULE_ENQUEUE_TICKS = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), entry AS (
+    SELECT *
+    FROM unnest(
+        %(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
+        %(ticks)s::timestamptz[], %(keys)s::text[], %(backends)s::text[],
+        %(queues)s::text[], %(tasks)s::text[], %(args)s::text[], %(kwargs)s::text[],
+        %(priorities)s::int[], %(max_attempts)s::int[]
+    ) AS e(name, cron, timezone, tick, key, backend, queue, task, args, kwargs,
+           priority, max_attempts)
 ), due AS (
     SELECT s.name
-    FROM pgqueue_schedule AS s, clock
-    WHERE s.name = %(name)s
-      AND s.last_tick < %(tick)s::timestamptz
-      AND s.cron = %(cron)s
-      AND s.timezone = %(timezone)s
-      AND %(tick)s::timestamptz <= clock.now
+    FROM pgqueue_schedule AS s
+    JOIN entry AS e ON e.name = s.name, clock
+    WHERE s.last_tick < e.tick
+      AND s.cron = e.cron
+      AND s.timezone = e.timezone
+      AND e.tick <= clock.now
+    ORDER BY s.name
     FOR UPDATE OF s SKIP LOCKED
 ), advanced AS (
     UPDATE pgqueue_schedule AS s
-    SET last_tick = %(tick)s::timestamptz,
+    SET last_tick = e.tick,
         last_job_id = nextval(pg_get_serial_sequence('pgqueue_job', 'id')),
         updated_at = clock.now
-    FROM due, clock
+    FROM due, entry AS e, clock
     WHERE s.name = due.name
-    RETURNING s.last_job_id
+      AND e.name = due.name
+    RETURNING s.name, s.last_job_id
+), inserted AS (
+    INSERT INTO pgqueue_job AS j (
+        id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+        run_at, idempotency_key, errors, created_at
+    )
+    SELECT a.last_job_id, e.backend, e.queue, e.task, e.args::jsonb, e.kwargs::jsonb,
+           e.priority, 'pending', 0, e.max_attempts, e.tick, e.key, '[]'::jsonb, clock.now
+    FROM advanced AS a
+    JOIN entry AS e ON e.name = a.name, clock
+    ON CONFLICT (queue, idempotency_key)
+        WHERE idempotency_key IS NOT NULL
+          AND status IN ('pending', 'scheduled', 'running')
+        DO NOTHING
+    RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 )
-INSERT INTO pgqueue_job AS j (
-    id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at
-)
-SELECT advanced.last_job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
-       %(kwargs)s::jsonb, %(priority)s, 'pending', 0, %(max_attempts)s,
-       %(tick)s::timestamptz, %(idempotency_key)s, '[]'::jsonb, clock.now
-FROM advanced, clock
-ON CONFLICT (queue, idempotency_key)
-    WHERE idempotency_key IS NOT NULL
-      AND status IN ('pending', 'scheduled', 'running')
-    DO NOTHING
-RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
+SELECT a.name, i.id, i.queue
+FROM inserted AS i
+JOIN advanced AS a ON a.last_job_id = i.id
+ORDER BY a.name
 """
 
-# Make a periodic entry's row agree with the settings, taking no lock when it already
-# does. A new entry starts at its latest past tick (%(tick)s) without a job, so it first
-# runs at its next tick. A changed cron or time zone, or a disabled entry, moves the last
-# tick up to the latest past tick of the new cron (never back), so the change takes effect
-# at its next tick and no tick of the old cron is enqueued late. Primary-key lookup;
-# the UPDATE matches no row when nothing changed, and ON CONFLICT DO NOTHING (not DO
-# UPDATE, which would lock the row every pass) leaves an existing row alone.
+# Make the rows of periodic entries (one per entry in the arrays) agree with the
+# settings, taking no lock on a row that already does. A new entry starts at its latest
+# past tick (its element of %(ticks)s) without a job, so it first runs at its next
+# tick. A changed cron or time zone, or a disabled entry, moves the last tick up to the
+# latest past tick of the new cron (never back), so the change takes effect at its next
+# tick and no tick of the old cron is enqueued late. Primary-key lookups; only rows
+# that differ are locked, in name order (two sweepers applying one settings change wait
+# for each other instead of deadlocking); ON CONFLICT DO NOTHING (not DO UPDATE, which
+# would lock every row every pass) leaves existing rows alone.
 SCHEDULE_SYNC = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), entry AS (
+    SELECT *
+    FROM unnest(
+        %(names)s::text[], %(tasks)s::text[], %(crons)s::text[], %(timezones)s::text[],
+        %(enabled)s::boolean[], %(ticks)s::timestamptz[]
+    ) AS e(name, task, cron, timezone, enabled, tick)
+), stale AS (
+    SELECT s.name
+    FROM pgqueue_schedule AS s
+    JOIN entry AS e ON e.name = s.name
+    WHERE s.task <> e.task OR s.cron <> e.cron OR s.timezone <> e.timezone
+       OR s.enabled <> e.enabled
+       OR (NOT e.enabled AND s.last_tick < e.tick)
+    ORDER BY s.name
+    FOR UPDATE OF s
 ), changed AS (
     UPDATE pgqueue_schedule AS s
-    SET task = %(task)s,
-        cron = %(cron)s,
-        timezone = %(timezone)s,
-        enabled = %(enabled)s,
-        last_tick = CASE WHEN s.cron <> %(cron)s OR s.timezone <> %(timezone)s
-                               OR NOT %(enabled)s
-                          THEN greatest(s.last_tick, %(tick)s::timestamptz)
-                          ELSE s.last_tick END,
+    SET task = e.task,
+        cron = e.cron,
+        timezone = e.timezone,
+        enabled = e.enabled,
+        last_tick = CASE WHEN s.cron <> e.cron OR s.timezone <> e.timezone OR NOT e.enabled
+                         THEN greatest(s.last_tick, e.tick)
+                         ELSE s.last_tick END,
         updated_at = clock.now
-    FROM clock
-    WHERE s.name = %(name)s
-      AND (s.task <> %(task)s OR s.cron <> %(cron)s OR s.timezone <> %(timezone)s
-           OR s.enabled <> %(enabled)s
-           OR (NOT %(enabled)s AND s.last_tick < %(tick)s::timestamptz))
+    FROM stale, entry AS e, clock
+    WHERE s.name = stale.name
+      AND e.name = stale.name
     RETURNING s.name
 )
 INSERT INTO pgqueue_schedule (
     name, task, cron, timezone, enabled, last_tick, created_at, updated_at
 )
-SELECT %(name)s, %(task)s, %(cron)s, %(timezone)s, %(enabled)s, %(tick)s::timestamptz,
-       clock.now, clock.now
-FROM clock
-WHERE NOT EXISTS (SELECT 1 FROM changed)
+SELECT e.name, e.task, e.cron, e.timezone, e.enabled, e.tick, clock.now, clock.now
+FROM entry AS e, clock
+WHERE e.name NOT IN (SELECT name FROM changed)
+ORDER BY e.name
 ON CONFLICT (name) DO NOTHING
 """
 
@@ -999,6 +1030,40 @@ SELECT set_config('application_name', %(application_name)s, false),
 SESSION_CONFIGURE_CLAIM = """
 SELECT set_config('enable_bitmapscan', 'off', false),
        set_config('synchronous_commit', 'off', false)
+"""
+
+# What a task can leave behind on a runner connection beyond its transaction: the
+# roles, the session settings that change what later jobs' SQL means or how it runs,
+# and the session-level objects (advisory locks, open cursors, prepared statements,
+# LISTEN, temporary tables). The runner reads it once per connection as a baseline and
+# again after each job that opened a cursor, and discards the connection if they differ.
+# Session-local views only, except pg_locks (filtered on this backend). pg_settings is
+# not read (about 0.4 ms per call), so a setting outside this list, or a custom one
+# (app.tenant), is not seen. psycopg's own prepared statements (_pg3_*) are not leaks.
+SESSION_GET_STATE = """
+SELECT current_user AS "role",
+       session_user AS "session authorization",
+       current_setting('search_path') AS "search_path",
+       current_setting('statement_timeout') AS "statement_timeout",
+       current_setting('lock_timeout') AS "lock_timeout",
+       current_setting('idle_in_transaction_session_timeout')
+           AS "idle_in_transaction_session_timeout",
+       current_setting('default_transaction_isolation') AS "default_transaction_isolation",
+       current_setting('default_transaction_read_only') AS "default_transaction_read_only",
+       current_setting('session_replication_role') AS "session_replication_role",
+       current_setting('synchronous_commit') AS "synchronous_commit",
+       current_setting('row_security') AS "row_security",
+       current_setting('TimeZone') AS "TimeZone",
+       current_setting('DateStyle') AS "DateStyle",
+       EXISTS (SELECT FROM pg_locks
+               WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS "advisory locks",
+       EXISTS (SELECT FROM pg_cursors WHERE name <> '') AS "open cursors",
+       EXISTS (SELECT FROM pg_prepared_statements WHERE name NOT LIKE '\\_pg3\\_%%')
+           AS "prepared statements",
+       EXISTS (SELECT FROM pg_listening_channels()) AS "LISTEN",
+       CASE WHEN pg_my_temp_schema() = 0 THEN false
+            ELSE EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema())
+       END AS "temporary tables"
 """
 
 # Subscribe the listener's connection to the wake-up channel. A template, not a query

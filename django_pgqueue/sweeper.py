@@ -17,6 +17,7 @@ from django.db import DatabaseError, close_old_connections
 
 from . import periodic
 from .conf import settings
+from .exceptions import NotMigrated
 from .manager import SweepResult
 from .models import Job
 from .worker.connections import backoff_delay, close_connection, first_line
@@ -69,7 +70,7 @@ class Sweeper:
 
     def run_forever(self) -> None:
         """Sweep every ``interval`` seconds until stopped; database errors are logged
-        and retried with backoff, never fatal."""
+        and retried with backoff, except ``NotMigrated``, which is raised."""
         failures = 0
         while not self._stop.is_set():
             close_old_connections()
@@ -78,6 +79,8 @@ class Sweeper:
                 failures = 0
                 delay = self.interval
             except DatabaseError as exc:
+                if isinstance(exc, NotMigrated):
+                    raise  # no retry cures a missing table
                 failures += 1
                 delay = backoff_delay(failures)
                 logger.warning(

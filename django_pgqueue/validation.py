@@ -157,7 +157,7 @@ def backend_alias(value: Any) -> str:
             f"backend {value!r} is not an alias in settings.TASKS (configured: {configured})"
         )
     path = config.get("BACKEND")
-    if not isinstance(path, str) or not _is_pgqueue_backend(path):
+    if not isinstance(path, str) or not is_pgqueue_backend(path):
         raise InvalidJob(
             f"backend {value!r} is {show(path)} in settings.TASKS, not "
             "django_pgqueue.backend.PgQueueBackend: its jobs could not be read back"
@@ -166,7 +166,7 @@ def backend_alias(value: Any) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _is_pgqueue_backend(path: str) -> bool:
+def is_pgqueue_backend(path: str) -> bool:
     """Whether a ``TASKS[...]["BACKEND"]`` path imports to a ``PgQueueBackend``."""
     from .backend import PgQueueBackend
 

@@ -100,3 +100,16 @@ async def async_sleeper(marker: str, seconds: float = 60.0) -> str:
         Path(marker + ".cancelled").write_text("cancelled")
         raise
     return "slept"
+
+
+@task()
+def fails_first_attempt(message: str = "first attempt fails", seconds: float = 0.0) -> int:
+    """Raises on attempt 1 (a two-line message) after ``seconds``, returns the attempt
+    after that."""
+    time.sleep(seconds)
+    job = current_job()
+    assert job is not None
+    attempt = job.attempt
+    if attempt == 1:
+        raise ValueError(f"{message}\nsecond line of the message")
+    return attempt

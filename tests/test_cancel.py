@@ -4,6 +4,8 @@ worker processes stopping cancelled jobs."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import threading
 import time
 from pathlib import Path
 
@@ -196,11 +198,21 @@ def test_worker__cooperative_task_sees_cancel_requested(run_worker, tmp_path):
     assert len(cancel_errors(job)) == 1
 
 
-def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(
-    run_worker, tmp_path, caplog
-):
-    import threading
+class Seen(logging.Handler):
+    """Sets ``event`` when a record containing ``text`` is emitted on its logger (attached
+    to the logger itself, so it works whatever propagation other tests configured)."""
 
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.INFO)
+        self.text = text
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(run_worker, tmp_path):
     from django.db import connections
 
     from tests.tasks import cooperative, sleep_after_marking
@@ -208,22 +220,37 @@ def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(
     first_marker, second_marker = tmp_path / "first", tmp_path / "second"
     first = Job.objects.enqueue(cooperative, [str(first_marker), 60])
     second = Job.objects.enqueue(sleep_after_marking, [str(second_marker), 0])
+    heartbeat = logging.getLogger("django_pgqueue.worker.heartbeat")
+    runner = logging.getLogger("django_pgqueue.worker.runner")
+    seen = Seen(f"job {second.id}: cancellation requested")
+    skipped = Seen(f"job {second.id} cancelled before it started")
+    levels = heartbeat.level, runner.level
+    heartbeat.addHandler(seen)
+    runner.addHandler(skipped)
+    heartbeat.setLevel(logging.INFO)
+    runner.setLevel(logging.INFO)
 
     def operator() -> None:
         try:
             wait_for(first_marker.exists, timeout=30)
             assert Job.objects.cancel([second.id]).requested == [second.id]  # prefetched
-            wait_for(lambda: f"job {second.id}: cancellation requested" in caplog.text)
+            assert seen.event.wait(20), "the heartbeat never passed the cancellation on"
             Job.objects.cancel([first.id])
         finally:
             connections.close_all()
 
-    threading.Thread(target=operator, daemon=True).start()
-    run_worker(concurrency=1, batch_size=2, lease_seconds=0.6, timeout=30)
+    try:
+        threading.Thread(target=operator, daemon=True).start()
+        run_worker(concurrency=1, batch_size=2, lease_seconds=0.6, timeout=30)
+    finally:
+        heartbeat.removeHandler(seen)
+        runner.removeHandler(skipped)
+        heartbeat.setLevel(levels[0])
+        runner.setLevel(levels[1])
     assert (fresh(first).status, fresh(second).status) == ("cancelled", "cancelled")
     assert not second_marker.exists()
     assert fresh(second).attempts == 0  # given back, not charged
-    assert f"job {second.id} cancelled before it started" in caplog.text
+    assert skipped.event.is_set()
 
 
 # --- real worker processes -------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from bench.pgcluster import PrivateServer
+from tests.pgcluster import PrivateServer
 
 from .conftest import MANAGE, REPO, ManagedProcess, wait_for
 

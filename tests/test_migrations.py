@@ -97,6 +97,21 @@ def test_makemigrations__check_is_clean():
     assert "No changes detected" in out.getvalue()
 
 
+def test_migration_0005__widens_the_status_check_without_a_locked_scan(db):
+    """The new CHECK is added NOT VALID and validated afterwards, in its own transaction
+    (a non-atomic migration), and ends up validated, rejecting unknown statuses."""
+    migration = importlib.import_module("django_pgqueue.migrations.0005_job_cancel")
+    assert migration.Migration.atomic is False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT convalidated, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conname = 'pgqueue_job_status_valid'"
+        )
+        validated, definition = cursor.fetchone()
+    assert validated is True
+    assert "'cancelled'" in definition
+
+
 @pytest.mark.django_db
 def test_migration_0008__sets_the_tables_autovacuum_settings():
     autovacuum = importlib.import_module("django_pgqueue.migrations.0008_job_autovacuum")

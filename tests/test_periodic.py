@@ -14,6 +14,7 @@ from django_pgqueue import periodic
 from django_pgqueue.checks import check_periodic
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job, Schedule
+from django_pgqueue.taskapi import FRAMEWORK
 
 from .conftest import wait_for
 
@@ -41,7 +42,7 @@ def run_ats() -> list[dt.datetime]:
     ("raw", "message"),
     [
         (entry(task="tests.tasks.nope"), "does not import"),
-        (entry(task="testproject.demo.tasks.not_a_task"), "not a django.tasks.Task"),
+        (entry(task="testproject.demo.tasks.not_a_task"), f"not a {FRAMEWORK}.Task"),
         (entry(cron="61 * * * *"), "Bad minute"),
         (entry(cron="* * * *"), "has 4 fields"),
         (entry(cron="0 * * * * *"), "has 6 fields"),
@@ -55,6 +56,7 @@ def run_ats() -> list[dt.datetime]:
         (entry(priority=1000), "out of range"),
         (entry(max_attempts=0), "max_attempts"),
         (entry(enabled="yes"), "enabled must be True or False"),
+        (entry(backend="nope"), "backend 'nope' is not an alias in settings.TASKS"),
         (entry(schedule="daily"), "unknown key(s) 'schedule'"),
         ({"cron": "* * * * *"}, "'task' key is missing"),
         ("0 3 * * *", "must be a dict"),
@@ -258,26 +260,26 @@ def test_schedule_enqueue_tick__second_statement_after_a_commit_changes_nothing(
     sweep(T0)
     tick = T0 + dt.timedelta(minutes=1)
     params = {
-        "name": "e",
-        "cron": "* * * * *",
-        "timezone": "UTC",
-        "tick": tick,
-        "idempotency_key": None,
-        "backend": "default",
-        "queue": "default",
-        "task": TASK,
-        "args": "[]",
-        "kwargs": "{}",
-        "priority": 0,
-        "max_attempts": 1,
+        "names": ["e"],
+        "crons": ["* * * * *"],
+        "timezones": ["UTC"],
+        "ticks": [tick],
+        "keys": [None],
+        "backends": ["default"],
+        "queues": ["default"],
+        "tasks": [TASK],
+        "args": ["[]"],
+        "kwargs": ["{}"],
+        "priorities": [0],
+        "max_attempts": [1],
         "channel": "pgqueue_job",
         "now": tick,
     }
     first, second = other_connection(), other_connection()
     with first.transaction():
-        assert len(first.execute(sql.SCHEDULE_ENQUEUE_TICK, params).fetchall()) == 1
-        assert second.execute(sql.SCHEDULE_ENQUEUE_TICK, params).fetchall() == []
-    assert second.execute(sql.SCHEDULE_ENQUEUE_TICK, params).fetchall() == []
+        assert len(first.execute(sql.SCHEDULE_ENQUEUE_TICKS, params).fetchall()) == 1
+        assert second.execute(sql.SCHEDULE_ENQUEUE_TICKS, params).fetchall() == []
+    assert second.execute(sql.SCHEDULE_ENQUEUE_TICKS, params).fetchall() == []
     second.commit()
     assert Job.objects.count() == 1
 
@@ -376,3 +378,19 @@ def test_schedule_admin__lists_cron_next_tick_and_last_job_read_only(admin_clien
         assert detail.status_code == 200
         assert b'name="_save"' not in detail.content  # read-only
     assert admin_client.post(reverse("admin:django_pgqueue_schedule_add"), {}).status_code == 403
+
+
+@override_settings(
+    PGQUEUE_PERIODIC={
+        f"e{i}": entry(cron="*/5 * * * *" if i % 2 else "* * * * *") for i in range(20)
+    }
+)
+def test_enqueue_due__three_statements_a_pass_however_many_entries(db, django_assert_num_queries):
+    sweep(T0)
+    with django_assert_num_queries(3):  # clock, sync, enqueue
+        ticked = sweep(T0 + dt.timedelta(minutes=5))
+    assert sorted(t.name for t in ticked) == sorted(f"e{i}" for i in range(20))
+    with django_assert_num_queries(3):
+        ticked = sweep(T0 + dt.timedelta(minutes=6))
+    assert sorted(t.name for t in ticked) == sorted(f"e{i}" for i in range(0, 20, 2))
+    assert Job.objects.count() == 30

@@ -198,6 +198,137 @@ def test_worker__row_naming_a_non_task_callable_is_dead_without_calling_it() -> 
     assert f"not a {FRAMEWORK}.Task" in dead.errors[-1]["traceback"]
 
 
+# --- connections left dirty by a task ---------------------------------------------
+
+LEAK_KINDS = fault_tasks.LEAK_KINDS
+
+
+def probes_around(leaking: Job) -> tuple[Job, Job]:
+    """Session probes that run on the same runner right before and after ``leaking``
+    (with one runner and one job per claim, priorities order them)."""
+    before = Job.objects.enqueue(fault_tasks.session_probe, priority=leaking.priority + 1)
+    after = Job.objects.enqueue(fault_tasks.session_probe, priority=leaking.priority - 1)
+    return before, after
+
+
+@pytest.mark.parametrize("kind", LEAK_KINDS)
+def test_runner__task_leaving_its_connection_dirty_fails_and_the_next_job_gets_a_clean_one(
+    kind: str,
+) -> None:
+    """Defect: the leak check read only Django's flags, so a raw BEGIN, the driver's
+    autocommit turned off or session state (SET ROLE, search_path, an advisory lock, a
+    WITH HOLD cursor, PREPARE, LISTEN, a temporary table) passed it and reached the
+    next job on that connection. Now the attempt fails with TransactionLeak (writes in
+    the leaked transaction rolled back) and the next job gets a clean session."""
+    leaking = Job.objects.enqueue(fault_tasks.leak, kwargs={"kind": kind}, priority=5)
+    before, after = probes_around(leaking)
+    stats = Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    failed = job(leaking.id)
+    assert (failed.status, failed.attempts) == ("scheduled", 1)
+    assert failed.errors[-1]["exception_class_path"].endswith("TransactionLeak")
+    assert ledger(leaking.id) == [("plain", 1)]  # what it wrote in the leaked tx is gone
+    assert job(before.id).status == job(after.id).status == "done"
+    assert job(after.id).result == job(before.id).result
+    assert job(after.id).result["in_transaction"] is False
+    assert (stats.done, stats.failed) == (2, 1)
+
+
+def test_runner__task_that_reconnects_is_no_leak_and_the_next_job_gets_a_clean_connection() -> (
+    None
+):
+    """A connection the task replaced has no baseline to compare with: it is dropped
+    (so the next job starts clean) without failing a task that did nothing wrong."""
+    task = Job.objects.enqueue(fault_tasks.reconnect, priority=5)
+    before, after = probes_around(task)
+    Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    assert job(task.id).status == "done"
+    assert ledger(task.id) == [("plain", 1)]
+    assert job(after.id).result == job(before.id).result
+
+
+def test_runner__session_check_off_still_catches_transactions(settings: Any) -> None:
+    """``PGQUEUE_CHECK_SESSION_STATE = False`` skips the one server-side statement, so
+    session state goes unseen, but an open transaction is still caught for free."""
+    settings.PGQUEUE_CHECK_SESSION_STATE = False
+    unseen = Job.objects.enqueue(
+        fault_tasks.leak, kwargs={"kind": "statement_timeout"}, priority=6
+    )
+    begin = Job.objects.enqueue(fault_tasks.leak, kwargs={"kind": "raw_begin"}, priority=5)
+    Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    assert job(unseen.id).status == "done"
+    assert job(begin.id).errors[-1]["exception_class_path"].endswith("TransactionLeak")
+
+
+@pytest.mark.parametrize("kind", ["begin", "raw_begin", "autocommit_off", "advisory_lock"])
+def test_runner__task_leaking_then_raising_records_its_own_error_outside_the_leak(
+    kind: str,
+) -> None:
+    """Defect: a task that leaked a raw transaction and then raised had its failure
+    written inside that transaction (lost when the connection closed). Now the
+    connection is discarded first: the failure is committed, with the task's error."""
+    leaking = Job.objects.enqueue(
+        fault_tasks.leak, kwargs={"kind": kind, "then_raise": True}, priority=5
+    )
+    before, after = probes_around(leaking)
+    Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    failed = job(leaking.id)
+    assert (failed.status, failed.attempts) == ("scheduled", 1)
+    assert failed.errors[-1]["exception_class_path"] == "builtins.RuntimeError"
+    assert job(after.id).result == job(before.id).result
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "effects"),
+    [
+        ("advisory_lock", "done", [("tx", 1)]),
+        ("hold_cursor", "done", [("tx", 1)]),
+        ("statement_timeout", "done", [("tx", 1)]),
+        # The role applies to the completion in the same transaction: it is refused,
+        # so the effect rolls back, and the SET with it (nothing left to discard).
+        ("set_role", "scheduled", []),
+    ],
+)
+def test_runner__transactional_task_leaving_session_state_has_its_connection_discarded(
+    kind: str, status: str, effects: list[tuple[str, int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transactional task's effect and completion commit together (or not); session
+    state it left beyond the transaction is dropped with the connection, and said so."""
+    leaking = Job.objects.enqueue(fault_tasks.leak_tx, kwargs={"kind": kind}, priority=5)
+    before, after = probes_around(leaking)
+    Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    assert job(leaking.id).status == status
+    assert ledger(leaking.id) == effects
+    assert job(after.id).result == job(before.id).result
+    assert ("the connection was discarded" in caplog.text) == (status == "done")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["begin", "raw_begin", "autocommit_off"])
+def test_worker__leaked_raw_transaction_holds_no_lock_and_hides_no_later_write(
+    manage: Callable[..., ManagedProcess], kind: str
+) -> None:
+    """Defect, in a live worker: after a task leaked a transaction Django did not see,
+    later jobs were marked done by the completer while their writes sat uncommitted in
+    that transaction, and transactional jobs failed, their rows locked by an idle in
+    transaction backend. Now, while the worker still runs, every done job's effect is
+    committed and no runner backend is left in a transaction."""
+    leaking = Job.objects.enqueue(fault_tasks.leak, kwargs={"kind": kind}, priority=5)
+    later = [Job.objects.enqueue(fault_tasks.ledger_plain, [n]) for n in range(3)]
+    later.append(Job.objects.enqueue(fault_tasks.ledger_tx, [9]))
+    worker = manage("pgqueue_worker", *FAST, "--concurrency", "1")
+    wait_for(lambda: all(job(j.id).status == "done" for j in later))
+    assert all(ledger(j.id) for j in later)  # committed: visible from another connection
+    assert job(leaking.id).errors[-1]["exception_class_path"].endswith("TransactionLeak")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE 'pgqueue runner%%' AND state LIKE 'idle in%%'"
+        )
+        assert cursor.fetchone()[0] == 0
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "ledger_after"),
@@ -298,6 +429,71 @@ def test_heartbeat__job_timeout_setting_applies_to_plain_tasks(
     assert worker.stats.lost == 1 and worker.stats.done == 0
     assert "timeout; no longer extending its lease" in caplog.text
     assert job(enqueued.id).status == "pending"
+
+
+@pytest.mark.parametrize("writer", ["completer", "transactional", "fail", "release"])
+def test_heartbeat__job_finished_between_snapshot_and_extension_is_no_lost_lease(
+    writer: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: the heartbeat snapshots the held jobs, then extends their leases; a job
+    recorded in between (by the completer, a runner, or a release) is not extended,
+    and was logged as "lease lost" with no fault at all. Deterministic: the outcome is
+    written from inside the extension call, after the snapshot."""
+    from django_pgqueue.backend import PgQueueBackend
+    from django_pgqueue.manager import JobManager
+    from django_pgqueue.worker.completer import Completer, Completion
+    from django_pgqueue.worker.heartbeat import Heartbeat
+    from django_pgqueue.worker.outcomes import Reporter
+    from django_pgqueue.worker.runner import JobRunner
+    from django_pgqueue.worker.state import Held, WorkerState
+
+    task = fault_tasks.ledger_tx if writer == "transactional" else fault_tasks.ledger_plain
+    Job.objects.enqueue(task, [1])
+    (claimed,) = Job.objects.claim("w-hb", limit=1, lease_seconds=30)
+    state = WorkerState(alias="default", worker_id="w-hb", lease_seconds=30)
+    state.held[claimed.id] = Held(claimed)
+    reporter = Reporter(sender=PgQueueBackend, worker_id="w-hb")
+    completer = Completer(state, reporter=reporter, interval=0.0, max_batch=10)
+    runner = JobRunner(state, reporter=reporter, completer=completer)
+    extend = JobManager.extend_leases
+
+    def finish_then_extend(self: JobManager, *args: Any, **kwargs: Any) -> set[int]:
+        if writer == "completer":
+            state.held[claimed.id].completing = True  # as the runner does at submit
+            result = fault_tasks.ledger_plain.get_result(str(claimed.id))
+            completer.flush([Completion(claimed, 1, 0.0, result, None)])
+        elif writer == "transactional":
+            runner.execute(claimed)  # runs the task and commits its completion
+        elif writer == "fail":
+            runner._record_failure(claimed, RuntimeError("boom"))
+        else:
+            runner.release(claimed)
+        return extend(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobManager, "extend_leases", finish_then_extend)
+    Heartbeat(state).beat()
+    assert job(claimed.id).status != "running"  # it did finish during the beat
+    assert "lease lost" not in caplog.text
+    assert state.stats.lost == 0
+    assert not (claimed.id in state.held and state.held[claimed.id].lost)
+
+
+def test_heartbeat__a_lease_really_taken_back_is_still_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The other side of the fix above: a held job whose lease another worker took is
+    marked lost (so a prefetched copy is never started) and logged."""
+    from django_pgqueue.worker.heartbeat import Heartbeat
+    from django_pgqueue.worker.state import Held, WorkerState
+
+    Job.objects.enqueue(fault_tasks.ledger_plain, [1])
+    (claimed,) = Job.objects.claim("w-hb", limit=1, lease_seconds=30)
+    Job.objects.filter(pk=claimed.id).update(lease_owner="someone-else")
+    state = WorkerState(alias="default", worker_id="w-hb", lease_seconds=30)
+    state.held[claimed.id] = Held(claimed)
+    Heartbeat(state).beat()
+    assert state.held[claimed.id].lost
+    assert "lease lost (expired and taken back)" in caplog.text
 
 
 @pytest.mark.slow

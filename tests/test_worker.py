@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -347,3 +349,103 @@ def test_worker__claims_whole_batches_and_the_next_one_ahead():
     assert worker._claim_size(20) == 0  # jobs still wait: wait for a whole batch
     assert worker._claim_size(50) == 50
     assert Worker(concurrency=4, batch_size=4)._ahead == 0  # no prefetch asked for
+
+
+# --- how failures are reported (log lines, task_finished) ------------------------------
+
+
+class Collect(logging.Handler):
+    """Records of our loggers and Django's ``django.tasks`` logger, for one test."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.loggers = [logging.getLogger("django_pgqueue"), logging.getLogger("django.tasks")]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def __enter__(self) -> Collect:
+        for logger in self.loggers:
+            logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for logger in self.loggers:
+            logger.removeHandler(self)
+
+
+@pytest.fixture
+def finished() -> Iterator[list[tuple[str, str]]]:
+    """(job id, status) of every task_finished the worker sends."""
+    from django_pgqueue.taskapi import task_finished
+
+    sent: list[tuple[str, str]] = []
+
+    def receiver(sender: object, task_result: object, **kwargs: object) -> None:
+        sent.append((task_result.id, task_result.status))  # type: ignore[attr-defined]
+
+    task_finished.connect(receiver)
+    yield sent
+    task_finished.disconnect(receiver)
+
+
+def test_worker__retried_attempt_is_one_line_and_no_task_finished(
+    job_factory, run_worker, settings, finished
+):
+    """One warning line, the exception's first line, no traceback from our logger or
+    Django's; task_finished only for the final outcome (here: done on attempt 2)."""
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 0  # the retry is due at once
+    job = job_factory(task=test_tasks.fails_first_attempt, args=[])
+    with Collect() as logs:
+        run_worker()
+    row = fresh(job)
+    assert (row.status, row.attempts, row.result) == ("done", 2, 2)
+    assert "second line of the message" in row.errors[0]["traceback"]  # the traceback is kept
+    assert [r for r in logs.records if r.exc_info] == []
+    (line,) = [r for r in logs.records if "first attempt fails" in r.getMessage()]
+    assert (line.name, line.levelno) == ("django_pgqueue.worker.runner", logging.WARNING)
+    assert line.getMessage() == (
+        f"job {job.id} tests.tasks.fails_first_attempt failed after "
+        f"{line.args[2]:.3f}s (attempt 1/5), will retry: ValueError: first attempt fails"
+    )
+    assert finished == [(str(job.id), "SUCCESSFUL")]
+
+
+def test_worker__final_failure_has_one_traceback_and_one_task_finished(
+    job_factory, run_worker, settings, finished
+):
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 0
+    job = job_factory(task=tasks.always_fails, args=["kaput"], max_attempts=2)
+    with Collect() as logs:
+        run_worker()
+    assert (fresh(job).status, fresh(job).attempts) == ("dead", 2)
+    with_traceback = [r for r in logs.records if r.exc_info]
+    assert [(r.name, r.levelno) for r in with_traceback] == [
+        ("django_pgqueue.worker.runner", logging.ERROR)
+    ]
+    assert with_traceback[0].getMessage().endswith("(attempt 2/2) -> dead")
+    assert finished == [(str(job.id), "FAILED")]
+    # Django's own receiver still logs the outcome, as one line.
+    (django_line,) = [
+        r for r in logs.records if r.name == "django.tasks" and "FAILED" in str(r.args)
+    ]
+    assert django_line.exc_info is None
+
+
+def test_worker__burst_runs_a_retry_that_is_due_before_exiting(job_factory, run_worker, settings):
+    """The poll interval throttles promotion; a burst worker promotes once more before
+    it exits, so a due retry of a job it failed is not left behind."""
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 0
+    # Slow enough that the idle promote while it runs finds nothing due yet.
+    job = job_factory(task=test_tasks.fails_first_attempt, args=[], kwargs={"seconds": 0.5})
+    run_worker(poll_interval=60, timeout=20)
+    assert (fresh(job).status, fresh(job).attempts) == ("done", 2)
+
+
+def test_worker__burst_leaves_a_retry_due_later_and_exits(job_factory, run_worker, settings):
+    settings.PGQUEUE_RETRY_BACKOFF_BASE = 600
+    job = job_factory(task=test_tasks.fails_first_attempt, args=[])
+    worker = run_worker(timeout=20)
+    assert (fresh(job).status, fresh(job).attempts) == ("scheduled", 1)
+    assert worker.stats.failed == 1

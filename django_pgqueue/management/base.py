@@ -9,7 +9,8 @@ from django.db import DatabaseError
 
 from django_pgqueue import __version__
 from django_pgqueue.conf import settings
-from django_pgqueue.exceptions import UnsupportedServerError
+from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError
+from django_pgqueue.schema import check_migrated
 from django_pgqueue.server import check_server_version
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,8 @@ class PgQueueCommand(BaseCommand):
 
     ``--version`` prints this package's version (``BaseCommand`` prints Django's), and
     :meth:`check_server` stops the command with a clear error on a server older than
-    django-pgqueue supports, before it touches a job."""
+    django-pgqueue supports, and :meth:`check_migrated` on a database that lacks its
+    migrations, before it touches a job."""
 
     def get_version(self) -> str:
         return __version__
@@ -39,6 +41,23 @@ class PgQueueCommand(BaseCommand):
             # backoff; Django checks its own floor when they connect.
             logger.warning(
                 "database %r unreachable at start, server version not checked: %s",
+                alias,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+
+    def check_migrated(self, alias: str | None = None) -> None:
+        """Raise ``CommandError`` naming ``migrate`` if the jobs database lacks any of
+        django-pgqueue's migrations: a missing table is no fault a retry can cure. A
+        server that cannot be reached is left to the commands' retries (they stop, in
+        the same words, if they then find the tables missing)."""
+        alias = alias or settings.DATABASE
+        try:
+            check_migrated(alias)
+        except NotMigrated as exc:
+            raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:
+            logger.warning(
+                "database %r unreachable at start, migrations not checked: %s",
                 alias,
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )

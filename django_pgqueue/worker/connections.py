@@ -2,17 +2,20 @@
 
 Every worker thread (claim, heartbeat, runners, completer) uses its own Django
 connection to the jobs database. These helpers label it, recycle it between jobs, drop
-it after an error, throw it away when a task left a transaction open on it, and pace
-reconnect loops.
+it after an error, throw it away when a task left a transaction or session state on
+it, and pace reconnect loops.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from django.db import DatabaseError, connections
+from psycopg import pq
 
+from ..conf import settings
 from ..models import Job
 
 #: Longest wait between reconnection attempts after a database error.
@@ -99,3 +102,83 @@ def discard_connection(alias: str) -> None:
     wrapper.needs_rollback = False
     wrapper.closed_in_transaction = False
     wrapper.run_on_commit = []
+
+
+# Cursor classes that count their creations on their connection, by the class they wrap.
+_COUNTING: dict[type, type] = {}
+
+
+def _counting(base: type[Any]) -> type:
+    """A subclass of the cursor class ``base`` that counts, on its psycopg connection,
+    every cursor made: Django's cursors, ``connection.connection.execute()`` and named
+    cursors all pass through the connection's cursor factories."""
+    cls = _COUNTING.get(base)
+    if cls is None:
+
+        def __init__(self: Any, connection: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+            base.__init__(self, connection, *args, **kwargs)
+            connection._pgqueue_cursors = getattr(connection, "_pgqueue_cursors", 0) + 1
+
+        cls = type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__})
+        _COUNTING[base] = cls
+    return cls
+
+
+def watch_session(alias: str) -> Any:
+    """Before a task runs on this thread's (connected, labelled) connection: remember,
+    once per physical connection, what a clean session looks like, and start counting
+    cursors. Return the psycopg connection, for :func:`session_leftovers`."""
+    raw = connections[alias].connection
+    if getattr(raw, "_pgqueue_baseline", None) is None:
+        raw.cursor_factory = _counting(raw.cursor_factory)
+        raw.server_cursor_factory = _counting(raw.server_cursor_factory)
+        raw._pgqueue_baseline = Job.objects.db_manager(alias).session_state()
+    raw._pgqueue_cursors = 0
+    return raw
+
+
+def session_leftovers(alias: str, raw: Any) -> list[str]:
+    """What the task that just ran left on this thread's connection, by name (empty:
+    nothing). ``raw`` is what :func:`watch_session` returned before it ran.
+
+    Free checks first, on the client: Django's transaction state and the driver's own
+    (``transaction_status``, ``autocommit``), which see a raw ``BEGIN`` or
+    ``connection.connection.autocommit = False`` that Django does not. Then, only if
+    the task opened a cursor on the connection, one statement (``sql.SESSION_GET_STATE``)
+    compared to the connection's baseline: roles, settings, advisory locks, cursors,
+    prepared statements, LISTEN, temporary tables. A connection the task replaced (it
+    closed Django's and queried again), or one whose check fails (a terminated backend,
+    a ``statement_timeout`` too short for the check), cannot be compared: it is
+    discarded here, without blaming the task, so the next job still starts clean."""
+    wrapper = connections[alias]
+    current = wrapper.connection
+    found: list[str] = []
+    if wrapper.in_atomic_block:
+        found.append("an atomic block open")
+    elif current is not None and not wrapper.autocommit:
+        found.append("autocommit off (Django)")
+    if current is None or current.closed or current.broken:
+        return found  # closed or lost: nothing of its session survives
+    status = current.info.transaction_status
+    if status != pq.TransactionStatus.IDLE:
+        found.append(f"a transaction open ({status.name})")
+    if not current.autocommit:
+        found.append("autocommit off (driver)")
+    if found:
+        return found
+    if current is not raw:
+        discard_connection(alias)  # no baseline to compare it with
+        return found
+    if not getattr(raw, "_pgqueue_cursors", 0) or not settings.CHECK_SESSION_STATE:
+        return found
+    try:
+        state = Job.objects.db_manager(alias).session_state()
+    except DatabaseError:
+        discard_connection(alias)
+        return found
+    baseline = raw._pgqueue_baseline
+    return [
+        f"SET {name}" if isinstance(value, str) else str(name)
+        for name, value in state.items()
+        if value != baseline.get(name)
+    ]

@@ -112,8 +112,12 @@ class Heartbeat(WorkerPart):
             if job.id not in owned:
                 with self.lock:
                     entry = self.state.entry(job)
-                    if entry is not None:  # not a newer claim
-                        entry.lost = True
+                    # Gone, replaced by a newer claim, or being recorded since the
+                    # snapshot: the job finished (its row left 'running' for that
+                    # reason), and the write that recorded it reports a real loss.
+                    if entry is None or entry.finishing:
+                        continue
+                    entry.lost = True
                 logger.warning(
                     "job %s: lease lost (expired and taken back)",
                     job.id,

@@ -38,6 +38,7 @@ from django.db import DatabaseError
 
 from ..backend import PgQueueBackend
 from ..conf import settings
+from ..exceptions import NotMigrated
 from ..models import Job
 from . import presence
 from .completer import Completer
@@ -257,11 +258,23 @@ class Worker:
                     self._position.rescan()  # look from the head before exiting idle
                     continue
                 promoted = 0
+                promote_ran = False
                 if not jobs and time.monotonic() - last_promote >= self.poll_interval:
                     # Idle: move a bounded batch of due scheduled jobs to pending.
                     last_promote = time.monotonic()
+                    promote_ran = True
                     promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
             except DatabaseError as exc:
+                if isinstance(exc, NotMigrated):
+                    # No retry cures a missing table: stop, and say how to fix it.
+                    self.fatal = str(exc)
+                    logger.error(
+                        "worker %s: %s",
+                        self.worker_id,
+                        exc,
+                        extra={"action": "fatal", "worker_id": self.worker_id},
+                    )
+                    break
                 failures += 1
                 delay = backoff_delay(failures)
                 logger.warning(
@@ -288,7 +301,12 @@ class Worker:
             with self._lock:
                 idle = not self._held
             if self.burst and idle:
-                break
+                if promote_ran:
+                    break
+                # Promote once more before exiting: a retry of a job this run failed
+                # (or any scheduled job) may have come due since the last promote.
+                last_promote = 0.0
+                continue
             self._wait(self.poll_interval)
 
     def _wait(self, timeout: float) -> None:

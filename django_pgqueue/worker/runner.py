@@ -3,8 +3,10 @@
 Every outcome is written fenced on (owner, attempt), so a worker that lost the lease
 changes nothing and says so in the log. A ``transactional`` task (see ``tasks.py``) runs
 in one transaction with its fenced completion, so its effects commit exactly once; any
-other task runs in autocommit, and one that returns with a transaction still open fails
-with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection discarded.
+other task runs in autocommit, and one that returns with a transaction still open, or
+with session state left on its connection (see ``connections.session_leftovers``),
+fails with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection
+discarded.
 """
 
 from __future__ import annotations
@@ -40,11 +42,22 @@ from .connections import (
     configure_session,
     discard_connection,
     recycle_connections,
+    session_leftovers,
+    watch_session,
 )
 from .outcomes import Reporter
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
+
+
+def exception_line(exc: BaseException) -> str:
+    """``"ValueError: boom"``: the exception's class and the first line of its message,
+    for a one-line log record (the whole traceback is kept in the job's errors)."""
+    text = str(exc).strip()
+    name = type(exc).__qualname__
+    return f"{name}: {text.splitlines()[0]}" if text else name
+
 
 CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effects rolled back"
 #: How often a running coroutine task's cancellation flag is checked, in seconds.
@@ -95,6 +108,7 @@ class JobRunner(WorkerPart):
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
         attempt not charged. If that fails, its lease expires instead."""
+        self._mark_recording(job)
         try:
             if Job.objects.db_manager(self.alias).release(job, self.worker_id):
                 self.stats.count("released")
@@ -225,8 +239,11 @@ class JobRunner(WorkerPart):
             self.reporter.signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
+        failure: tuple[BaseException, str, float] | None = None
+        raw = None
         try:
             configure_session(self.alias, "runner", self.worker_id)
+            raw = watch_session(self.alias)
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
@@ -234,6 +251,7 @@ class JobRunner(WorkerPart):
                     value = self._call(job, task, task_result, cancel)
                     if cancel.is_set():
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
+                    self._mark_recording(job)
                     status = Job.objects.db_manager(self.alias).complete_status(
                         job, self.worker_id, result=value
                     )
@@ -245,17 +263,24 @@ class JobRunner(WorkerPart):
                     if status == "cancelled":  # requested since the last lease extension
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     completed_in_tx = True
+                # Committed; what the task left beyond its transaction (a session
+                # SET, an advisory lock) must still not reach the next job.
+                self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
                 value = self._call(job, task, task_result, cancel)
-                wrapper = connections[self.alias]
-                if wrapper.in_atomic_block or not wrapper.get_autocommit():
+                leftovers = session_leftovers(self.alias, raw)
+                if leftovers:
+                    # Before anything is recorded: the completion must not join a
+                    # leaked transaction, and later jobs must get a clean session.
                     discard_connection(self.alias)
                     raise TransactionLeak(
-                        "the task returned with a transaction still open; it was "
-                        "rolled back and the connection discarded"
+                        f"the task left {', '.join(leftovers)} on its database "
+                        "connection; the worker discarded the connection (rolling back "
+                        "any open transaction) and failed the attempt"
                     )
         except LeaseLost:
             tracing.outcome(tracing.LOST)
+            self._discard_leftovers(job, raw, "lease lost")
             self.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
@@ -269,11 +294,16 @@ class JobRunner(WorkerPart):
             # asyncio.CancelledError) is its own failure; signals reach the main thread
             # only. Swallowing nothing here would wedge the slot with the job held.
             elapsed = time.perf_counter() - started
-            if (
+            committed = (
                 completed_in_tx
                 and not isinstance(exc, DatabaseError)
                 and not connections[self.alias].in_atomic_block
-            ):
+            )
+            if raw is not None and not isinstance(exc, TransactionLeak):
+                # A task that leaked a transaction and then raised: its failure must
+                # not be written into that transaction (nor wait behind its locks).
+                self._discard_leftovers(job, raw, "done" if committed else "failed")
+            if committed:
                 # Committed: only an on_commit callback raised after the commit.
                 tracing.outcome(tracing.SUCCEEDED)
                 self.stats.count("done")
@@ -289,34 +319,14 @@ class JobRunner(WorkerPart):
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             tracing.outcome(tracing.FAILED, exc)
             status = self._record_failure(job, exc)
-            if status == "cancelled":
-                logger.info(
-                    "job %s %s cancelled after %.3fs (%s: %s)",
-                    job.id,
-                    job.task,
-                    elapsed,
-                    type(exc).__name__,
-                    exc,
-                    extra={"action": "cancel", **log_extra},
-                )
-                if task_result is not None:
-                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                    self.reporter.signal(task_finished, task_result)
-            elif status is not None:
-                logger.error(
-                    "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
-                    job.id,
-                    job.task,
-                    elapsed,
-                    job.attempts,
-                    job.max_attempts,
-                    status,
-                    exc_info=exc,
-                    extra={"action": "fail", **log_extra},
-                )
-                if task_result is not None:
-                    object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-                    self.reporter.signal(task_finished, task_result)
+            if status is None:
+                return False
+            failure = (exc, status, elapsed)
+        if failure is not None:
+            # Reported here, outside the except block: Django's own task_finished
+            # receiver logs the traceback of the exception being handled, if any, and
+            # ours already holds it (once, for the final failure only).
+            self._report_failure(job, task_result, *failure)
             return False
         elapsed = time.perf_counter() - started
         tracing.outcome(tracing.SUCCEEDED)
@@ -342,11 +352,90 @@ class JobRunner(WorkerPart):
         )
         return True
 
+    def _report_failure(
+        self,
+        job: Job,
+        task_result: TaskResult | None,
+        exc: BaseException,
+        status: str,
+        elapsed: float,
+    ) -> None:
+        """Log a recorded failure and, if it ended the job, send ``task_finished``.
+
+        An attempt that will be retried (``scheduled``) is one warning line with the
+        exception's first line (its traceback is in the job's errors) and no signal:
+        the job is not finished, as Django's ``TaskResult`` of it still says (READY).
+        The final failure (``dead``) is logged at error level with its traceback, then
+        ``task_finished`` is sent with status FAILED, once per job."""
+        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
+        if status == "scheduled":
+            logger.warning(
+                "job %s %s failed after %.3fs (attempt %d/%d), will retry: %s",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                job.max_attempts,
+                exception_line(exc),
+                extra={"action": "retry", **log_extra},
+            )
+            return
+        if status == "cancelled":
+            logger.info(
+                "job %s %s cancelled after %.3fs (%s)",
+                job.id,
+                job.task,
+                elapsed,
+                exception_line(exc),
+                extra={"action": "cancel", **log_extra},
+            )
+        else:
+            logger.error(
+                "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                job.max_attempts,
+                status,
+                exc_info=exc,
+                extra={"action": "fail", **log_extra},
+            )
+        if task_result is not None:  # None: no receiver of task_finished to tell
+            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+            self.reporter.signal(task_finished, task_result)
+
+    def _mark_recording(self, job: Job) -> None:
+        """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
+        ``running`` now for that reason (a missed extension is not a lost lease)."""
+        with self.lock:
+            entry = self.state.entry(job)
+            if entry is not None:
+                entry.recording = True
+
+    def _discard_leftovers(self, job: Job, raw: object, outcome: str) -> None:
+        """Discard this thread's connection if the task left anything on it (see
+        ``session_leftovers``), saying so: the job's own outcome stands."""
+        leftovers = session_leftovers(self.alias, raw)
+        if not leftovers:
+            return
+        discard_connection(self.alias)
+        logger.warning(
+            "job %s %s: %s, but the task left %s on its database connection; the "
+            "connection was discarded",
+            job.id,
+            job.task,
+            outcome,
+            ", ".join(leftovers),
+            extra={"action": "leak", "job_id": job.id, "worker_id": self.worker_id},
+        )
+
     def _record_cancelled(
         self, job: Job, value: object, elapsed: float, task_result: TaskResult | None
     ) -> None:
         """Write the outcome of a task that returned after its job's cancellation was
         requested: the fenced completion ends it ``cancelled`` (result kept)."""
+        self._mark_recording(job)
         manager = Job.objects.db_manager(self.alias)
         written, status = self.write_retrying(
             lambda: manager.complete_status(job, self.worker_id, result=value),
@@ -374,6 +463,7 @@ class JobRunner(WorkerPart):
         """Write a failed attempt, fenced; return the job's new status, or None if it
         was not recorded (lease lost, or database errors for about one lease: then the
         lease expires and the sweeper recovers the job)."""
+        self._mark_recording(job)
         manager = Job.objects.db_manager(self.alias)
         written, status = self.write_retrying(
             lambda: manager.fail(job, self.worker_id, error, retry=retry),

@@ -38,9 +38,18 @@ class Held:
     timeout: float | None = None  # the task's own timeout option, once it is loaded
     timed_out: bool = False
     completing: bool = False  # finished; waiting for the completer to record it
+    # Its outcome (fail, release, inline or transactional completion) is being written:
+    # a lease extension that misses it is that write's to report, not a loss.
+    recording: bool = False
     #: Set by the heartbeat when a lease extension reports the job's cancellation was
     #: requested; the task sees it as ``current_job().cancel_requested``.
     cancel: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def finishing(self) -> bool:
+        """Its outcome is being written (by the completer or inline), so the row may
+        leave ``running`` at any moment without the lease having been lost."""
+        return self.completing or self.recording
 
 
 @dataclass

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
@@ -47,7 +48,10 @@ def ledger_tx(n: int = 0, work_ms: float = 0.0) -> int:
 
 @task(max_attempts=3)
 def poison() -> None:
-    """Kills its own worker process every time it runs."""
+    """Kills its own worker process every time it runs, after a "poison" ledger row
+    (so the chaos suite can tell its SIGKILLs from ones nobody sent, e.g. the OOM
+    killer's)."""
+    record("poison")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -80,6 +84,82 @@ def leak_transaction() -> None:
     """Opens an atomic block and never closes it."""
     transaction.atomic().__enter__()
     record("plain")
+
+
+#: Ways a task can leave its connection dirty outside Django's tracking, by name: SQL
+#: run through Django's cursor, then (``raw_*``) straight on the psycopg connection.
+LEAKS: dict[str, str] = {
+    "begin": "BEGIN",
+    "set_role": "SET ROLE pg_monitor",
+    "search_path": "SET search_path = pg_catalog",
+    "statement_timeout": "SET statement_timeout = 1234",
+    "advisory_lock": "SELECT pg_advisory_lock(8)",
+    "hold_cursor": "DECLARE pgqueue_leak CURSOR WITH HOLD FOR SELECT 1",
+    "prepare": "PREPARE pgqueue_leak AS SELECT 1",
+    "listen": "LISTEN pgqueue_leak",
+    "temp_table": "CREATE TEMPORARY TABLE pgqueue_leak (id int)",
+}
+#: Every way ``leak`` knows.
+LEAK_KINDS: list[str] = [*LEAKS, *(f"raw_{k}" for k in LEAKS), "autocommit_off"]
+
+
+@task()
+def leak(kind: str, then_raise: bool = False) -> None:
+    """Record an execution, then leave the connection dirty in the way ``kind`` names
+    (one of ``LEAK_KINDS``), then maybe raise. A "leaked" ledger row is written inside
+    the leaked transaction: it must never be committed."""
+    record("plain")
+    if kind == "autocommit_off":
+        connection.ensure_connection()
+        connection.connection.autocommit = False  # the driver's, behind Django's back
+        record("leaked")  # this row now waits in an implicit transaction
+    elif kind.startswith("raw_"):
+        connection.connection.execute(LEAKS[kind.removeprefix("raw_")])
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(LEAKS[kind])
+    if kind in ("begin", "raw_begin"):
+        record("leaked")  # this row now waits in the leaked transaction
+    if then_raise:
+        raise RuntimeError(f"failed after leaking {kind}")
+
+
+@task(transactional=True)
+def leak_tx(kind: str) -> None:
+    """A transactional task that leaves session state beyond its transaction."""
+    record("tx")
+    with connection.cursor() as cursor:
+        cursor.execute(LEAKS[kind])
+
+
+@task()
+def reconnect() -> None:
+    """Closes Django's connection mid-task, then writes on a fresh one (as a task
+    calling ``close_old_connections()`` would): not a leak."""
+    connection.close()
+    record("plain")
+
+
+@task()
+def session_probe() -> dict[str, Any]:
+    """What this runner connection carries: the state a leak would have left."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_user, current_setting('search_path'),"
+            " current_setting('statement_timeout'),"
+            " (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            "  AND pid = pg_backend_pid()),"
+            " (SELECT count(*) FROM pg_cursors WHERE name <> ''),"
+            " (SELECT count(*) FROM pg_prepared_statements WHERE name = 'pgqueue_leak'),"
+            " (SELECT count(*) FROM pg_listening_channels()),"
+            " to_regclass('pg_temp.pgqueue_leak') IS NOT NULL"
+        )
+        row = cursor.fetchone()
+    names = ("user", "search_path", "statement_timeout", "advisory", "cursors", "prepared")
+    state: dict[str, Any] = dict(zip(names + ("listening", "temp_table"), row, strict=True))
+    state["in_transaction"] = connection.connection.info.transaction_status != 0
+    state["autocommit"] = connection.connection.autocommit
+    return state
 
 
 @task()

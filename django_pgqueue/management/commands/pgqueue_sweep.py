@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from django_pgqueue import limits
+from django_pgqueue.exceptions import NotMigrated
 from django_pgqueue.management.base import PgQueueCommand
 from django_pgqueue.management.commands.pgqueue_worker import configure_logging
 from django_pgqueue.signals import Abort, on_stop
@@ -76,18 +77,21 @@ class Command(PgQueueCommand):
             raise CommandError("--now-step needs --now")
         configure_logging(verbosity)
         self.check_server()
+        self.check_migrated()
         sweeper = Sweeper(interval=interval, now=now, now_step=now_step)
-        if not loop:
-            result = sweeper.run_once()
-            self.stdout.write(
-                f"recovered={result.recovered} dead={result.dead} "
-                f"promoted={result.promoted} pruned={result.pruned} "
-                f"periodic={result.periodic} cancelled={result.cancelled} "
-                f"lost_workers={result.lost_workers}"
-            )
-            return
         try:
+            if not loop:
+                result = sweeper.run_once()
+                self.stdout.write(
+                    f"recovered={result.recovered} dead={result.dead} "
+                    f"promoted={result.promoted} pruned={result.pruned} "
+                    f"periodic={result.periodic} cancelled={result.cancelled} "
+                    f"lost_workers={result.lost_workers}"
+                )
+                return
             with on_stop(sweeper.stop):
                 sweeper.run_forever()
         except Abort:
             sys.exit(1)
+        except NotMigrated as exc:  # the tables went away after the start-up check
+            raise CommandError(str(exc)) from exc

@@ -82,7 +82,9 @@ class Command(PgQueueCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Exit when no work is left (default: %(default)r)",
+            help="Exit once no job is due: due scheduled jobs and due retries (also of "
+            "jobs this run failed) are promoted and run first; jobs and retries due later "
+            "are left for the next run (default: %(default)r)",
         )
         parser.add_argument(
             "--max-jobs",
@@ -131,6 +133,7 @@ class Command(PgQueueCommand):
     ) -> None:
         configure_logging(verbosity)
         self.check_server()
+        self.check_migrated()
         worker_options = {
             "queues": queues,
             "concurrency": concurrency,

@@ -1,0 +1,230 @@
+"""The chaos suite's oracle: fault injection helpers, invariants sampled while the faults
+run, and the end-of-run verdict, judged job by job.
+
+It lives under ``tests/`` because the tests import it (``bench/chaos.py`` does too).
+The harness hands it the **identity** of every job it enqueued (id and kind: ``plain``,
+``tx``, ``poison``, ``leak``), so a job deleted and another duplicated cannot cancel
+out in a total. Over the jobs table and the ``demo_execution`` ledger (one row per
+execution of a chaos task) it counts, each of which must be 0 unless said otherwise:
+
+* lost: an expected job missing, or ``done`` without its effect (ledger row);
+* dup_jobs: a job row nobody enqueued (a duplicated job), or effects of such a job;
+* dup_tx (I3): a transactional job with more than one effect;
+* stuck (I1 after the drain): an expected job neither ``done`` nor ``dead``;
+* i1: a running job whose lease reaches further than one lease from now;
+* i2: ``attempts > max_attempts``;
+* i4: a running job without owner or lease, or a lease on a job not running;
+* i5: a transactional job is ``done`` if and only if it has exactly one effect;
+* dead_unexpected: a dead job that is not a poison pill or a leaking task, or a pill
+  not dead after all its attempts;
+* leak_undetected / leaked_rows: a task that leaks a transaction or session state
+  (defect of issue 8) ended ``done``, or a write made inside a leaked transaction was
+  committed;
+* poison_runs: executions of poison pills, at most pills x their attempts;
+* dup_plain: extra runs of ordinary tasks (at-least-once): reported, not a fault.
+
+:data:`SAMPLE` is run about every 0.5 s while the faults run (see ``bench/chaos.py``):
+no job ``running`` past its lease by more than the allowed lateness, none both
+finished and still leased, attempts never above the limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+# Jobs per status, for progress lines and the drain check. Sequential scan; small table.
+STATUS_COUNTS = """
+SELECT status, count(*) FROM pgqueue_job GROUP BY status
+"""
+
+# Backends the killer may terminate: every client of the chaos database but ourselves.
+CLIENT_BACKENDS = """
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database()
+  AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid()
+"""
+
+# Terminate one backend, as an administrator (or a failover) would.
+TERMINATE_BACKEND = """
+SELECT pg_terminate_backend(%(pid)s)
+"""
+
+# Planted faults (``bench.chaos --plant``), which the oracle must catch. A job deleted:
+PLANT_DELETE = """
+DELETE FROM pgqueue_job WHERE id = %(id)s
+"""
+
+# A job row copied under a new id (a duplicated job: the totals do not change when
+# another job is deleted).
+PLANT_COPY = """
+INSERT INTO pgqueue_job (task, queue, priority, args, kwargs, status, attempts,
+                         max_attempts, run_at, created_at, errors, backend)
+SELECT task, queue, priority, args, kwargs, status, attempts, max_attempts, run_at,
+       created_at, errors, backend
+FROM pgqueue_job WHERE id = %(id)s
+"""
+
+# A second effect of one transactional job.
+PLANT_EFFECT = """
+INSERT INTO demo_execution (job_id, attempt, kind, worker_id, created_at)
+VALUES (%(id)s, 0, 'tx', 'planted', clock_timestamp())
+"""
+
+# Make one pending job look claimed by a worker whose lease runs out at once...
+PLANT_RUNNING = """
+UPDATE pgqueue_job AS j
+SET status = 'running', lease_owner = 'planted', attempts = j.attempts + 1,
+    last_attempted_at = clock_timestamp(),
+    lease_expires_at = clock_timestamp() + interval '0.2 seconds'
+FROM (SELECT id FROM pgqueue_job WHERE status = 'pending' AND task LIKE '%%.ledger_plain'
+      ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick
+WHERE j.id = pick.id
+RETURNING j.id
+"""
+
+# ... and keep it locked, as a leaked transaction on a live worker would: the
+# sweeper's SKIP LOCKED rescue passes it by for as long as the lock is held.
+PLANT_LOCK = """
+SELECT id FROM pgqueue_job WHERE id = %(id)s FOR UPDATE
+"""
+
+# Invariants that must hold at every moment, sampled while faults run: a lease the
+# sweeper should have taken back long ago (``late``, more than %(lateness)s seconds past
+# its expiry: a row locked by a leaked transaction, a sweeper that stopped working), a
+# finished job still holding a lease, attempts above the limit. Sequential scan.
+SAMPLE = """
+SELECT
+    count(*) FILTER (WHERE status = 'running'
+                       AND lease_expires_at < clock_timestamp()
+                                              - make_interval(secs => %(lateness)s))
+        AS late_leases,
+    count(*) FILTER (WHERE status <> 'running' AND lease_expires_at IS NOT NULL)
+        AS finished_leased,
+    count(*) FILTER (WHERE attempts > max_attempts) AS over_attempts
+FROM pgqueue_job
+"""
+
+# Every end-of-run invariant in one pass: the expected jobs (by identity) fully joined
+# to the jobs table, each with its ledger rows; then effects of jobs nobody enqueued.
+CHECK = """
+WITH expected AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(kinds)s::text[]) AS e(job_id, kind)
+), ledger AS (
+    SELECT job_id,
+           count(*) FILTER (WHERE kind = 'tx') AS tx_rows,
+           count(*) FILTER (WHERE kind = 'plain') AS plain_rows,
+           count(*) FILTER (WHERE kind = 'poison') AS poison_rows,
+           count(*) FILTER (WHERE kind = 'leaked') AS leaked_rows
+    FROM demo_execution
+    GROUP BY job_id
+), j AS (
+    SELECT expected.job_id AS expected_id,
+           expected.kind,
+           job.id, job.status, job.attempts, job.max_attempts, job.lease_owner,
+           job.lease_expires_at,
+           coalesce(ledger.tx_rows, 0) AS tx_rows,
+           coalesce(ledger.plain_rows, 0) AS plain_rows,
+           coalesce(ledger.poison_rows, 0) AS poison_rows,
+           coalesce(ledger.leaked_rows, 0) AS leaked_rows
+    FROM expected
+    FULL JOIN pgqueue_job AS job ON job.id = expected.job_id
+    LEFT JOIN ledger ON ledger.job_id = coalesce(job.id, expected.job_id)
+)
+SELECT
+    count(expected_id) AS expected,
+    count(*) FILTER (WHERE expected_id IS NOT NULL AND id IS NULL) AS missing,
+    count(*) FILTER (WHERE expected_id IS NULL) AS unexpected_jobs,
+    (SELECT count(*) FROM ledger
+     WHERE job_id NOT IN (SELECT job_id FROM expected)) AS unexpected_effects,
+    count(*) FILTER (WHERE status = 'done') AS done,
+    count(*) FILTER (WHERE status = 'dead') AS dead,
+    count(*) FILTER (WHERE expected_id IS NOT NULL AND status NOT IN ('done', 'dead'))
+        AS stuck,
+    count(*) FILTER (WHERE status = 'done'
+                       AND ((kind = 'tx' AND tx_rows = 0)
+                            OR (kind = 'plain' AND plain_rows = 0))) AS lost_effects,
+    count(*) FILTER (WHERE kind = 'tx' AND tx_rows > 1) AS dup_tx,
+    coalesce(sum(plain_rows - 1) FILTER (WHERE kind = 'plain' AND plain_rows > 1), 0)
+        AS dup_plain,
+    count(*) FILTER (WHERE status = 'running'
+                       AND lease_expires_at > clock_timestamp()
+                                              + make_interval(secs => %(lease_seconds)s))
+        AS i1,
+    count(*) FILTER (WHERE attempts > max_attempts) AS i2,
+    count(*) FILTER (WHERE (status = 'running'
+                            AND (lease_owner IS NULL OR lease_expires_at IS NULL))
+                        OR (status <> 'running' AND lease_expires_at IS NOT NULL)) AS i4,
+    count(*) FILTER (WHERE kind = 'tx' AND (status = 'done') <> (tx_rows = 1)) AS i5,
+    count(*) FILTER (WHERE status = 'dead' AND kind NOT IN ('poison', 'leak'))
+        AS dead_unexpected,
+    count(*) FILTER (WHERE kind = 'poison'
+                       AND NOT (status = 'dead' AND attempts = max_attempts))
+        AS poison_wrong,
+    count(*) FILTER (WHERE kind = 'poison') AS pills,
+    coalesce(sum(max_attempts) FILTER (WHERE kind = 'poison'), 0) AS pill_attempts,
+    coalesce(sum(poison_rows), 0) AS poison_runs,
+    count(*) FILTER (WHERE kind = 'leak' AND status = 'done') AS leak_undetected,
+    coalesce(sum(leaked_rows), 0) AS leaked_rows
+FROM j
+"""
+
+#: What ``check`` returns that must be 0 for the run to pass.
+MUST_BE_ZERO = (
+    "lost",
+    "dup_jobs",
+    "stuck",
+    "dup_tx",
+    "i1",
+    "i2",
+    "i4",
+    "i5",
+    "dead_unexpected",
+    "leak_undetected",
+    "leaked_rows",
+    "poison_overrun",
+)
+
+
+def check(url: str, *, expected: dict[int, str], lease_seconds: float) -> dict[str, int]:
+    """Judge the final state against ``expected`` (job id -> kind, every job the
+    harness enqueued). ``lost``: expected jobs missing or done without an effect;
+    ``dup_jobs``: jobs, or effects, of ids nobody enqueued; ``poison_overrun``: more
+    poison executions than pills x attempts."""
+    ids = list(expected)
+    params = {"ids": ids, "kinds": [expected[i] for i in ids], "lease_seconds": lease_seconds}
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(CHECK, params)
+        names = [column.name for column in cursor.description or []]
+        row = dict(zip(names, cursor.fetchone() or (), strict=True))
+    result = {name: int(value or 0) for name, value in row.items()}
+    result["lost"] = result["missing"] + result["lost_effects"]
+    result["dup_jobs"] = result["unexpected_jobs"] + result["unexpected_effects"]
+    result["dead_unexpected"] += result["poison_wrong"]
+    result["poison_overrun"] = max(0, result["poison_runs"] - result["pill_attempts"])
+    return result
+
+
+class Sampler:
+    """Runs :data:`SAMPLE` on the harness's monitor connection and keeps the worst
+    count seen for each invariant (a sample that cannot run, e.g. during a restart,
+    is skipped and counted)."""
+
+    NAMES = ("late_leases", "finished_leased", "over_attempts")
+
+    def __init__(self, lateness: float) -> None:
+        self.lateness = lateness
+        self.worst = dict.fromkeys(self.NAMES, 0)
+        self.samples = 0
+        self.skipped = 0
+
+    def sample(self, rows: list[tuple[Any, ...]] | None) -> None:
+        """Record one sample (the rows of SAMPLE, or None when it could not run)."""
+        if not rows:
+            self.skipped += 1
+            return
+        self.samples += 1
+        for name, value in zip(self.NAMES, rows[0], strict=True):
+            self.worst[name] = max(self.worst[name], int(value or 0))
