@@ -18,13 +18,13 @@ import psycopg
 import pytest
 from django.core import checks as django_checks
 from django.db import connection, transaction
-from django.tasks import task_backends
 
 from django_pgqueue.checks import check_migrated
 from django_pgqueue.exceptions import NotMigrated
 from django_pgqueue.models import Job
 from django_pgqueue.schema import unapplied_migrations
 from django_pgqueue.sweeper import Sweeper
+from django_pgqueue.taskapi import task_backends
 from django_pgqueue.worker import Worker
 from testproject.demo import tasks
 from tests.conftest import connect_test_db, test_database_url
