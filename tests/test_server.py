@@ -6,6 +6,8 @@ which Django caches on the connection) on the default connection: it is the only
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, connections
@@ -21,6 +23,12 @@ REFUSED = "django-pgqueue needs PostgreSQL 14 or later; database 'default' is on
 @pytest.fixture
 def old_server(monkeypatch):
     monkeypatch.setattr(connections["default"], "pg_version", OLD)
+    # The commands set the package logger's level from --verbosity: restore it for the
+    # tests that follow (setLevel also clears the loggers' level cache).
+    logger = logging.getLogger("django_pgqueue")
+    level = logger.level
+    yield
+    logger.setLevel(level)
 
 
 @pytest.mark.parametrize(
