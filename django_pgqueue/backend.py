@@ -171,7 +171,7 @@ class PgQueueBackend(BaseTaskBackend):
                     hint="Remove PGQUEUE_DATABASE: each backend's OPTIONS['DATABASE'] "
                     "names its jobs database, for enqueue, workers, sweeper and admin.",
                     obj=obj,
-                    id="pgqueue.E020",
+                    id="pgqueue.E050",
                 )
             )
         if not router.allow_migrate_model(self.database, Job):
@@ -182,7 +182,7 @@ class PgQueueBackend(BaseTaskBackend):
                     hint="Let allow_migrate() return True for app 'django_pgqueue' on "
                     "that database, or point OPTIONS['DATABASE'] elsewhere.",
                     obj=obj,
-                    id="pgqueue.E021",
+                    id="pgqueue.E051",
                 )
             )
         try:
@@ -194,7 +194,7 @@ class PgQueueBackend(BaseTaskBackend):
                     hint="Name a DATABASES alias with a direct (session) connection, a "
                     "libpq DSN, or None to poll.",
                     obj=obj,
-                    id="pgqueue.E022",
+                    id="pgqueue.E052",
                 )
             )
         return messages

@@ -19,7 +19,7 @@ class Settings:
     DATABASE: str = "default"
     """Fallback only: the jobs database of a ``TASKS`` backend whose ``OPTIONS`` has no
     ``DATABASE`` (unset: where the database routers send the ``Job`` model, "default"
-    without routers). Prefer ``OPTIONS["DATABASE"]``; a check (pgqueue.E020) reports a
+    without routers). Prefer ``OPTIONS["DATABASE"]``; a check (pgqueue.E050) reports a
     default backend whose ``OPTIONS["DATABASE"]`` disagrees with it."""
 
     LEASE_SECONDS: float = 300.0

@@ -124,7 +124,7 @@ def test_check__router_forbids_the_jobs_database() -> None:
         TASKS={"second": {"BACKEND": PGQUEUE, "OPTIONS": {"DATABASE": "second"}}},
     ):
         codes = [m.id for m in task_backends["second"].check()]
-    assert codes == ["pgqueue.E021"]
+    assert codes == ["pgqueue.E051"]
 
 
 def test_check__pgqueue_database_disagrees_with_options() -> None:
@@ -133,7 +133,7 @@ def test_check__pgqueue_database_disagrees_with_options() -> None:
         TASKS={"default": {"BACKEND": PGQUEUE, "OPTIONS": {"DATABASE": "default"}}},
     ):
         messages = task_backends["default"].check()
-    assert [m.id for m in messages] == ["pgqueue.E020"]
+    assert [m.id for m in messages] == ["pgqueue.E050"]
     assert "PGQUEUE_DATABASE is 'second'" in messages[0].msg
 
 
@@ -147,7 +147,7 @@ def test_check__listen_database_must_name_something() -> None:
     options = {"DATABASE": "default", "LISTEN_DATABASE": "nowhere"}
     with override_settings(TASKS={"default": {"BACKEND": PGQUEUE, "OPTIONS": options}}):
         messages = task_backends["default"].check()
-    assert [m.id for m in messages] == ["pgqueue.E022"]
+    assert [m.id for m in messages] == ["pgqueue.E052"]
     assert isinstance(messages[0], checks.Error)
 
 
