@@ -247,6 +247,12 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
     next tick); one conditional statement that advances each due row and inserts its
     job. Returns what this call enqueued."""
     valid, errors = entries()
+    # An entry's jobs belong in its backend's database, whose workers read them: each
+    # database's sweepers enqueue the entries of the backends stored there (a sweeper
+    # of another database would put them where no worker of that backend looks).
+    from .databases import backend_database
+
+    valid = [entry for entry in valid if backend_database(entry.backend) == using]
     for name, message in errors.items():
         logger.error(
             "periodic entry %r skipped: %s",

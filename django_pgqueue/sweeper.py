@@ -16,7 +16,7 @@ import threading
 from django.db import DatabaseError, close_old_connections
 
 from . import periodic
-from .databases import backend_database, default_database
+from .databases import backend_database
 from .exceptions import NotMigrated
 from .manager import SweepResult
 from .models import Job
@@ -51,14 +51,9 @@ class Sweeper:
     def run_once(self) -> SweepResult:
         """One pass; logs at info level only when something changed."""
         result = Job.objects.db_manager(self.alias).sweep(now=self.now)
-        # PGQUEUE_PERIODIC's jobs are the default backend's: only a sweeper of its
-        # database enqueues them (a sweeper of another one would enqueue every tick
-        # again, in its own database).
-        ticks = (
-            periodic.enqueue_due(using=self.alias, now=self.now)
-            if self.alias == default_database()
-            else []
-        )
+        # Each sweeper enqueues the PGQUEUE_PERIODIC entries whose backend's jobs live
+        # in its database (an entry's "backend", default "default").
+        ticks = periodic.enqueue_due(using=self.alias, now=self.now)
         result = dataclasses.replace(result, periodic=len(ticks))
         if result:
             logger.info(

@@ -245,20 +245,27 @@ def test_worker__in_process_backend_alias(run_worker: Callable[..., object]) -> 
     assert isinstance(task_backends["second"], PgQueueBackend)
 
 
-def test_sweeper__periodic_ticks_only_in_the_default_backends_database(
+def test_sweeper__periodic_ticks_go_to_their_backends_database(
     now: dt.datetime,
 ) -> None:
-    """PGQUEUE_PERIODIC's jobs belong to the default backend: the second database's
-    sweeper enqueues none of them (else every tick would run once per database)."""
-    entry = {"every-minute": {"task": "testproject.demo.tasks.add", "cron": "* * * * *",
-                              "args": [1, 2]}}  # fmt: skip
-    with override_settings(PGQUEUE_PERIODIC=entry):
+    """A PGQUEUE_PERIODIC entry's jobs belong to its backend (default "default"): only
+    the sweepers of that backend's database enqueue them, so each tick runs once and
+    lands where that backend's workers look."""
+    entries = {
+        "every-minute": {"task": "testproject.demo.tasks.add", "cron": "* * * * *",
+                         "args": [1, 2]},
+        "every-minute-second": {"task": "testproject.demo.tasks.add", "cron": "* * * * *",
+                                "args": [3, 4], "backend": "second"},
+    }  # fmt: skip
+    with override_settings(PGQUEUE_PERIODIC=entries):
         for backend in ("second", None):
             sweeper = Sweeper(backend=backend, now=now, now_step=61)
             for _ in range(3):
                 sweeper.run_once()
-    assert Job.objects.using("second").count() == 0
-    assert Job.objects.using("default").filter(task="testproject.demo.tasks.add").count() == 2
+    in_default = Job.objects.using("default").filter(task="testproject.demo.tasks.add")
+    in_second = Job.objects.using("second").filter(task="testproject.demo.tasks.add")
+    assert sorted(j.args for j in in_default) == [[1, 2], [1, 2]]
+    assert sorted((j.args, j.backend) for j in in_second) == [([3, 4], "second")] * 2
 
 
 def test_status__backend_reports_its_databases_queues() -> None:
