@@ -43,8 +43,8 @@ from . import periodic
 from .databases import backend_database, default_database, pgqueue_backend_aliases
 from .exceptions import InvalidJob
 from .models import LIVE_STATUSES, DeadLetter, Job, Schedule, WorkerProcess, WorkerQuerySet
+from .monitoring import common_values, queue_summary
 from .paginator import EstimatedCountPaginator
-from .summary import common_values, queue_summary
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -178,7 +178,7 @@ def actor(request: HttpRequest) -> dict[str, Any]:
 class CommonValueFilter(admin.SimpleListFilter):
     """Choices for a text column without ``SELECT DISTINCT`` over a big table: exact on a
     small table, the planner's most common values on a big one (see
-    ``summary.common_values``). The value in the URL is always offered."""
+    ``monitoring.common_values``). The value in the URL is always offered."""
 
     column = ""
 
