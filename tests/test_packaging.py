@@ -38,3 +38,14 @@ def test_command__version_prints_this_packages_version(name, capsys):
     printed = capsys.readouterr().out.strip()
     assert printed == version(DISTRIBUTION)
     assert printed != django.get_version()
+
+
+def test_templates__use_no_tag_that_django_5_2_lacks():
+    # {% csp_nonce_attr %} is Django 6.1's; the csp_nonce context variable works on all.
+    templates = Path(django_pgqueue.__file__).parent / "templates"
+    offenders = [
+        str(path.relative_to(templates))
+        for path in sorted(templates.rglob("*.html"))
+        if "csp_nonce_attr" in path.read_text()
+    ]
+    assert offenders == [], f"use {{% if csp_nonce %}} instead of csp_nonce_attr: {offenders}"
