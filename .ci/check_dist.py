@@ -43,7 +43,7 @@ SDIST_NEEDS = [
     "testproject/manage.py",
     "docs/conf.py",
     "docs/index.md",
-    "bench/oracle.py",
+    "tests/oracle.py",
     ".ci/dev",
 ]
 CLASSIFIERS = [
