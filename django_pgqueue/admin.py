@@ -228,6 +228,34 @@ class IndexedOrderChangeList(ChangeList):
         return super().get_ordering_field(field_name)
 
 
+def log_change(request: HttpRequest, ids: list[int], message: str) -> None:
+    """Record an action on jobs in the admin's history (LogEntry), one entry per job
+    it changed; nothing when it changed none."""
+    if not ids:
+        return
+    assert request.user.pk is not None  # the admin lets only staff users in
+    LogEntry.objects.log_actions(
+        user_id=request.user.pk,
+        queryset=Job.objects.using(admin_database(request)).filter(pk__in=ids),
+        action_flag=CHANGE,
+        change_message=message,
+    )
+
+
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """A page that only shows rows the queue itself writes (schedules from settings,
+    worker processes, the dashboard): nobody adds, edits or deletes them by hand."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class ReadOnlyJobAdmin(admin.ModelAdmin):
     """Read-only display of jobs, shared by the job list and the dead-letter list."""
 
@@ -523,14 +551,7 @@ class JobAdmin(ReadOnlyJobAdmin):
             },
         )
         changed = result.cancelled + result.requested
-        if changed:
-            assert request.user.pk is not None  # the admin lets only staff users in
-            LogEntry.objects.log_actions(
-                user_id=request.user.pk,
-                queryset=Job.objects.using(admin_database(request)).filter(pk__in=changed),
-                action_flag=CHANGE,
-                change_message="Cancelled from the admin.",
-            )
+        log_change(request, changed, "Cancelled from the admin.")
         parts = [
             f"Cancelled {len(result.cancelled)} job{'s' if len(result.cancelled) != 1 else ''}"
         ]
@@ -701,15 +722,12 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
             requeued,
             extra={"action": "requeue", "job_ids": requeued, **actor(request)},
         )
-        if requeued:
-            assert request.user.pk is not None  # the admin lets only staff users in
-            LogEntry.objects.log_actions(
-                user_id=request.user.pk,
-                queryset=Job.objects.using(admin_database(request)).filter(pk__in=requeued),
-                action_flag=CHANGE,
-                change_message=f"Requeued from dead letters (queue={queue or 'same'}, "
-                f"priority={'same' if priority is None else priority}).",
-            )
+        log_change(
+            request,
+            requeued,
+            f"Requeued from dead letters (queue={queue or 'same'}, "
+            f"priority={'same' if priority is None else priority}).",
+        )
         self.report(request, "Requeued", requeued, ids, "requeued")
         if len(ids) == 1 and requeued and self.from_change_form(request):
             # The dead letter is gone from this page; follow the job it became.
@@ -830,7 +848,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(ViewOnlyAdmin):
     """Every periodic entry the sweepers have seen, read-only: the settings
     (``PGQUEUE_PERIODIC``) are where entries are added, changed and removed."""
 
@@ -854,15 +872,6 @@ class ScheduleAdmin(admin.ModelAdmin):
     sortable_by = ("name",)
     ordering = ("name",)
     search_fields = ("name", "task")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def _entry(self, obj: Schedule) -> periodic.PeriodicEntry | None:
         valid, _ = periodic.entries()
@@ -900,7 +909,7 @@ class ScheduleAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):
+class WorkerProcessAdmin(ViewOnlyAdmin):
     """The workers table, read-only: who runs, where, since when, holding how many jobs.
 
     Rows are written by the workers themselves (and pruned by the sweeper), never here.
@@ -941,14 +950,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):
     list_per_page = 100
     sortable_by = ("id", "hostname", "started_at", "last_seen_at")
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # a live worker would register again at its next beat
+    # Not deleted by hand either: a live worker would register again at its next beat.
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)

@@ -20,7 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from . import charts, monitoring
-from .admin import human_duration
+from .admin import ViewOnlyAdmin, human_duration
 from .models import Dashboard
 
 
@@ -29,7 +29,7 @@ def seconds_text(value: float | None) -> str:
 
 
 @admin.register(Dashboard)
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(ViewOnlyAdmin):
     """The queue at a glance: per-queue figures, an hour of throughput and latency as
     SVG charts, the workers. Read-only, for whoever may view jobs; every figure comes
     from ``monitoring.py``'s bounded queries, so the page is as fast on 10 million rows
@@ -42,15 +42,6 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
