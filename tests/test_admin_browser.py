@@ -17,7 +17,6 @@ import pytest
 from django.db.models import F
 from django.db.models.functions import Now
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.select import Select
@@ -25,17 +24,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from django_pgqueue.models import Job
 from testproject.demo.models import Delivery
+from tests.browser import BROWSER_MARKS, chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-        reason="needs Debian's chromium and chromium-driver: run .ci/install-browser",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 
 def traceback_of(message: str) -> str:
@@ -49,28 +40,8 @@ def traceback_of(message: str) -> str:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1500,760",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.implicitly_wait(0)
-    try:
+    with chromium(tmp_path / "chromium-profile", width=1500, height=760) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def make_dead(**kwargs: Any) -> Job:

@@ -17,49 +17,20 @@ from typing import Any
 import pytest
 from django.db import connection
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.browser import BROWSER_MARKS, chromium
 from tests.conftest import wait_for
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-        reason="needs Debian's chromium and chromium-driver: run .ci/install-browser",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--window-size=1600,1250",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.implicitly_wait(0)
-    try:
+    with chromium(tmp_path / "chromium-profile", width=1600, height=1250) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def an_hour_of_history() -> None:
