@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
@@ -31,33 +32,30 @@ class PgQueueCommand(BaseCommand):
         """Raise ``CommandError`` naming the version if the jobs database's server is
         older than PostgreSQL 14. A server that cannot be reached is not an error here
         (the commands wait for it)."""
-        alias = alias or default_database()
-        try:
-            check_server_version(alias)
-        except UnsupportedServerError as exc:
-            raise CommandError(str(exc)) from exc
-        except DatabaseError as exc:
-            # The server is down: the worker and the sweeper wait for it, retrying with
-            # backoff; Django checks its own floor when they connect.
-            logger.warning(
-                "database %r unreachable at start, server version not checked: %s",
-                alias,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-            )
+        self._check_at_start(check_server_version, alias, "server version")
 
     def check_migrated(self, alias: str | None = None) -> None:
         """Raise ``CommandError`` naming ``migrate`` if the jobs database lacks any of
         django-pgqueue's migrations: a missing table is no fault a retry can cure. A
         server that cannot be reached is left to the commands' retries (they stop, in
         the same words, if they then find the tables missing)."""
+        self._check_at_start(check_migrated, alias, "migrations")
+
+    def _check_at_start(
+        self, check: Callable[[str], object], alias: str | None, what: str
+    ) -> None:
+        """Run one start-up ``check`` of the jobs database: its refusal (an unsupported
+        server, missing migrations) stops the command; an unreachable server is only
+        logged, since the worker and the sweeper wait for it, retrying with backoff."""
         alias = alias or default_database()
         try:
-            check_migrated(alias)
-        except NotMigrated as exc:
+            check(alias)
+        except (UnsupportedServerError, NotMigrated) as exc:
             raise CommandError(str(exc)) from exc
         except DatabaseError as exc:
             logger.warning(
-                "database %r unreachable at start, migrations not checked: %s",
+                "database %r unreachable at start, %s not checked: %s",
                 alias,
+                what,
                 str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             )
