@@ -230,10 +230,13 @@ def test_listener__listen_database_wakes_a_worker_behind_pgbouncer(
         return bool(rows) and "wake-ups: LISTEN on" in worker.output()
 
     wait_for(listening, timeout=30)
-    time.sleep(0.5)  # past the worker's first claim and the listener's catch-up poll
-    began = time.monotonic()
+    # A first job done means the worker has made its claims since starting and gone
+    # idle (its next poll is 60 s away); only a NOTIFY can bring it the second one soon.
     run_python(pooled, "from testproject.demo.tasks import add; add.enqueue(1, 2)")
     wait_for(lambda: statuses() == {"done": 1}, timeout=30)
+    began = time.monotonic()
+    run_python(pooled, "from testproject.demo.tasks import add; add.enqueue(3, 4)")
+    wait_for(lambda: statuses() == {"done": 2}, timeout=30)
     assert time.monotonic() - began < 30  # far below the 60 s poll
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
