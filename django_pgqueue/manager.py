@@ -7,6 +7,7 @@ The manager holds no SQL text. Methods that write return materialised lists (a l
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import time
 import traceback
@@ -268,7 +269,7 @@ class JobManager(models.Manager["Job"]):
             "trace_context": None if trace_context is None else json.loads(trace_context),
         }
         # Every other column of a new job is NULL (lease, result, timestamps, flags).
-        names = [f.attname for f in self.model._meta.concrete_fields]
+        names = _field_names(self.model)
         return self.model.from_db(self.db_alias, names, [known.get(name) for name in names])
 
     def bulk_enqueue(
@@ -675,3 +676,10 @@ class JobManager(models.Manager["Job"]):
             sql.SESSION_BOUND_TRANSACTION,
             {"statement_timeout": f"{int(statement_timeout_ms)}ms"},
         )
+
+
+@functools.cache
+def _field_names(model: type[models.Model]) -> list[str]:
+    """The model's concrete field names in column order, read once (enqueue's hot path
+    builds every returned Job from them)."""
+    return [f.attname for f in model._meta.concrete_fields]
