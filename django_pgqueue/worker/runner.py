@@ -242,8 +242,7 @@ class JobRunner(WorkerPart):
         failure: tuple[BaseException, str, float] | None = None
         raw = None
         try:
-            configure_session(self.alias, "runner", self.worker_id)
-            raw = watch_session(self.alias)
+            raw = self._prepare_session()
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
@@ -458,6 +457,19 @@ class JobRunner(WorkerPart):
         if task_result is not None:
             object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
             self.reporter.signal(task_finished, task_result)
+
+    def _prepare_session(self) -> Any:
+        """Label this thread's connection and read its clean-session baseline before the
+        task runs (see ``watch_session``). A connection that died since its last use (a
+        terminated backend, a restarted server) is replaced once: the worker's own set-up
+        failing is no failure of the task, and must not charge it an attempt."""
+        try:
+            configure_session(self.alias, "runner", self.worker_id)
+            return watch_session(self.alias)
+        except DatabaseError:
+            close_connection(self.alias)
+            configure_session(self.alias, "runner", self.worker_id)
+            return watch_session(self.alias)
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
         """Write a failed attempt, fenced; return the job's new status, or None if it
