@@ -49,6 +49,7 @@ if TYPE_CHECKING or BUILTIN:
         default_task_backend,
         task_backends,
     )
+    from django.tasks import signals as _signals
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import (
         DEFAULT_TASK_PRIORITY,
@@ -83,6 +84,7 @@ else:  # Django 5.2: the django-tasks backport
         default_task_backend,
         task_backends,
     )
+    from django_tasks import signals as _signals
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import (  # the backport's package does not export Task
         DEFAULT_TASK_PRIORITY,
@@ -101,6 +103,18 @@ else:  # Django 5.2: the django-tasks backport
     from django_tasks.utils import normalize_json
 
     FRAMEWORK = "django_tasks"
+
+#: The framework's own receivers of ``task_started`` and ``task_finished``: each only
+#: logs a line on the logger named ``FRAMEWORK`` (the worker skips sending a signal
+#: whose only receiver is one of these when that line would reach no handler).
+LOG_RECEIVERS = frozenset(
+    receiver
+    for receiver in (
+        getattr(_signals, "log_task_started", None),
+        getattr(_signals, "log_task_finished", None),
+    )
+    if receiver is not None
+)
 
 #: Dotted paths of the framework's own backends (for settings and tests).
 DUMMY_BACKEND = f"{FRAMEWORK}.backends.dummy.DummyBackend"
@@ -169,6 +183,7 @@ __all__ = [
     "DUMMY_BACKEND",
     "FRAMEWORK",
     "IMMEDIATE_BACKEND",
+    "LOG_RECEIVERS",
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "BaseTaskBackend",

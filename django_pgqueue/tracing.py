@@ -11,7 +11,10 @@ its own rather than growing the request's), and the attributes ``messaging.syste
 ``failed``, ``lost``).
 
 Without the package nothing is imported and every function here is a constant no-op:
-enqueue stores NULL and a run costs one empty context manager.
+enqueue stores NULL and a run costs one empty context manager. With the package but no
+SDK (no tracer provider set: the API's proxy provider, whose spans record nothing), a
+run costs the same: building a span and its attributes per job only to drop them was a
+twentieth of a no-op job's cost in the worker.
 """
 
 from __future__ import annotations
@@ -73,12 +76,21 @@ if ENABLED:
         ) as span:
             yield span
 
+    _NULL_SPAN: AbstractContextManager[None] = nullcontext()
+
+    def _recording() -> bool:
+        """Whether a tracer provider is set (the proxy provider's spans record nothing).
+        Asked per run, so a provider set after the worker started is used at once."""
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
     def job_span(job: Job) -> AbstractContextManager[Any]:
         """The span of one run of ``job`` (current while the task runs)."""
-        return _job_span(job)
+        return _job_span(job) if _recording() else _NULL_SPAN
 
     def outcome(name: str, error: BaseException | None = None) -> None:
         """Record how the current run ended on its span (an error marks it failed)."""
+        if not _recording():
+            return
         span = trace.get_current_span()
         span.set_attribute("pgqueue.outcome", name)
         if error is not None:

@@ -4,20 +4,58 @@ Both the runner threads (failures, transactional completions) and the completer 
 (batched completions) report through one :class:`Reporter`, built before either of
 them, so neither needs the other. Reporting is on the path of every job, so it does
 nothing it need not: no log record below the logger's level, no ``TaskResult`` and no
-signal without receivers.
+signal that would change nothing.
+
+"Would change nothing" includes Django's own receivers: the framework connects
+``log_task_started`` and ``log_task_finished`` itself, and Django's default logging
+sends the ``django`` loggers' INFO records to a console handler that drops them unless
+``DEBUG`` is on. Building a ``TaskResult`` and a log record per job only to have them
+dropped was about a sixth of a no-op job's cost in the worker, so a signal whose only
+receivers are those two is not sent while the line they would log reaches no handler
+(:func:`would_log`, asked again every ``RECHECK_SECONDS`` and whenever the signal's
+receivers change).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from django.dispatch import Signal
 
 from ..models import Job
-from ..taskapi import TaskResult, TaskResultStatus, task_finished
+from ..taskapi import FRAMEWORK, LOG_RECEIVERS, TaskResult, TaskResultStatus, task_finished
 from ..tasks import CurrentJob, _current
 
 logger = logging.getLogger(__name__)
+
+#: How long an answer of :meth:`Reporter.wants` is kept (seconds) while the signal's
+#: receivers stay the same: a logging configuration changed at run time is seen
+#: within this long.
+RECHECK_SECONDS = 1.0
+
+
+def would_log(log: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` on ``log`` would reach a handler that emits it:
+    the logger's level and filters, then each handler's level and filters up the
+    hierarchy (as ``Logger.handle`` and ``callHandlers`` apply them), and Python's
+    last-resort handler when there is no handler at all. A filter that decides by
+    something other than the record (a clock, a counter) is asked once, with a probe."""
+    if log.disabled or not log.isEnabledFor(level):
+        return False
+    record = log.makeRecord(log.name, level, __file__, 0, "probe", (), None)
+    if not log.filter(record):
+        return False
+    found = False
+    current: logging.Logger | None = log
+    while current is not None:
+        for handler in current.handlers:
+            found = True
+            if level >= handler.level and handler.filter(record):
+                return True
+        current = current.parent if current.propagate else None  # type: ignore[assignment]
+    last = logging.lastResort
+    return not found and last is not None and level >= last.level
 
 
 class Reporter:
@@ -27,10 +65,38 @@ class Reporter:
     def __init__(self, *, sender: type, worker_id: str) -> None:
         self.sender = sender
         self.worker_id = worker_id
+        self._framework_log = logging.getLogger(FRAMEWORK)
+        #: (signal, level) -> (its receivers' keys, answer valid until, answer).
+        self._wants: dict[tuple[int, int], tuple[tuple[object, ...], float, bool]] = {}
 
-    def wants(self, signal: Signal) -> bool:
-        """Whether ``signal`` has receivers (else its ``TaskResult`` need not exist)."""
-        return signal.has_listeners(self.sender)
+    def wants(self, signal: Signal, level: int = logging.INFO) -> bool:
+        """Whether sending ``signal`` could do anything (else its ``TaskResult`` need not
+        exist): it has a receiver other than the framework's own log receivers, or
+        their line, logged at ``level``, would be emitted. Cached per signal and level
+        for ``RECHECK_SECONDS`` while its receivers stay the same."""
+        try:
+            keys = tuple(entry[0] for entry in signal.receivers)
+        except (TypeError, IndexError):  # another Django's layout: ask every time
+            return self._decide(signal, level)
+        now = time.monotonic()
+        cached = self._wants.get((id(signal), level))
+        if cached is not None and cached[0] == keys and now < cached[1]:
+            return cached[2]
+        answer = self._decide(signal, level)
+        self._wants[(id(signal), level)] = (keys, now + RECHECK_SECONDS, answer)
+        return answer
+
+    def _decide(self, signal: Signal, level: int) -> bool:
+        try:
+            sync, asynchronous = signal._live_receivers(self.sender)
+        except (AttributeError, TypeError, ValueError):  # not Django 5.0+: be safe, send
+            return signal.has_listeners(self.sender)
+        receivers = [*sync, *asynchronous]
+        if not receivers:
+            return False
+        if any(receiver not in LOG_RECEIVERS for receiver in receivers):
+            return True
+        return would_log(self._framework_log, level)
 
     def signal(self, signal: Signal, task_result: TaskResult | None) -> None:
         """Send a Django task signal; a failing receiver is logged, never fatal to the

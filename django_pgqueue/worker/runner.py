@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from inspect import iscoroutinefunction
@@ -35,7 +34,7 @@ from ..taskapi import (
     task_finished,
     task_started,
 )
-from ..tasks import CurrentJob, _current, task_option
+from ..tasks import CancelFlag, CurrentJob, _current, task_option
 from .completer import Completer, Completion
 from .connections import (
     close_connection,
@@ -66,7 +65,7 @@ ASYNC_CANCEL_POLL = 0.05
 
 async def cancellable(
     func: Callable[..., Coroutine[Any, Any, Any]],
-    cancel: threading.Event,
+    cancel: CancelFlag,
     /,
     *args: Any,
     **kwargs: Any,
@@ -207,7 +206,7 @@ class JobRunner(WorkerPart):
             _current.reset(token)
 
     def _call(
-        self, job: Job, task: Task, task_result: TaskResult | None, cancel: threading.Event
+        self, job: Job, task: Task, task_result: TaskResult | None, cancel: CancelFlag
     ) -> object:
         """Call the task; return its JSON-safe value (a bad value raises here). A
         coroutine task is cancelled (``asyncio.CancelledError`` inside it) once
@@ -224,19 +223,18 @@ class JobRunner(WorkerPart):
         validation.result_json(value)  # a bad return value fails the job here
         return value
 
-    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: threading.Event) -> bool:
+    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: CancelFlag) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         # Django's TaskResult only when something reads it: the task's context, or a
-        # receiver of task_started or task_finished.
+        # receiver of task_started or of a successful task_finished that would do
+        # something (see Reporter.wants). A failure builds one then if it must.
         task_result = None
-        if (
-            task.takes_context
-            or self.reporter.wants(task_started)
-            or self.reporter.wants(task_finished)
-        ):
+        started_wanted = self.reporter.wants(task_started)
+        if task.takes_context or started_wanted or self.reporter.wants(task_finished):
             task_result = to_task_result(job, task)
             object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-            self.reporter.signal(task_started, task_result)
+            if started_wanted:
+                self.reporter.signal(task_started, task_result)
         started = time.perf_counter()
         completed_in_tx = False
         failure: tuple[BaseException, str, float] | None = None
@@ -325,7 +323,7 @@ class JobRunner(WorkerPart):
             # Reported here, outside the except block: Django's own task_finished
             # receiver logs the traceback of the exception being handled, if any, and
             # ours already holds it (once, for the final failure only).
-            self._report_failure(job, task_result, *failure)
+            self._report_failure(job, task, task_result, *failure)
             return False
         elapsed = time.perf_counter() - started
         tracing.outcome(tracing.SUCCEEDED)
@@ -336,16 +334,12 @@ class JobRunner(WorkerPart):
         if cancel.is_set():
             # Cancelled, and the task returned (a cooperative stop): written now rather
             # than in a batch, so the log and the signal say "cancelled", not "done".
-            self._record_cancelled(job, value, elapsed, task_result)
+            self._record_cancelled(job, task, value, elapsed, task_result)
             return False
         # Recorded in a batch by the completer thread, which logs it and sends
         # task_finished once the fenced write succeeded; the job stays held (its lease
         # extended) until then.
-        with self.lock:
-            held = self.state.entry(job)
-            if held is not None:
-                held.completing = True
-            last = not self.state.in_flight_locked()
+        last = not self.state.mark_completing(job)
         self.completer.submit(
             Completion(job, value, elapsed, task_result, _current.get()), last=last
         )
@@ -354,6 +348,7 @@ class JobRunner(WorkerPart):
     def _report_failure(
         self,
         job: Job,
+        task: Task,
         task_result: TaskResult | None,
         exc: BaseException,
         status: str,
@@ -400,9 +395,17 @@ class JobRunner(WorkerPart):
                 exc_info=exc,
                 extra={"action": "fail", **log_extra},
             )
-        if task_result is not None:  # None: no receiver of task_finished to tell
-            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-            self.reporter.signal(task_finished, task_result)
+        self._finished_failed(job, task, task_result)
+
+    def _finished_failed(self, job: Job, task: Task, task_result: TaskResult | None) -> None:
+        """Send ``task_finished`` with status FAILED, if it would do anything (logged at
+        error level, Django's own receiver logs more often than a success's line)."""
+        if task_result is None:
+            if not self.reporter.wants(task_finished, logging.ERROR):
+                return
+            task_result = to_task_result(job, task)
+        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+        self.reporter.signal(task_finished, task_result)
 
     def _mark_recording(self, job: Job) -> None:
         """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
@@ -430,7 +433,12 @@ class JobRunner(WorkerPart):
         )
 
     def _record_cancelled(
-        self, job: Job, value: object, elapsed: float, task_result: TaskResult | None
+        self,
+        job: Job,
+        task: Task,
+        value: object,
+        elapsed: float,
+        task_result: TaskResult | None,
     ) -> None:
         """Write the outcome of a task that returned after its job's cancellation was
         requested: the fenced completion ends it ``cancelled`` (result kept)."""
@@ -454,9 +462,7 @@ class JobRunner(WorkerPart):
             elapsed,
             extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
         )
-        if task_result is not None:
-            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-            self.reporter.signal(task_finished, task_result)
+        self._finished_failed(job, task, task_result)
 
     def _prepare_session(self) -> Any:
         """Label this thread's connection and read its clean-session baseline before the

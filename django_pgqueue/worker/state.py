@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from django.db import DatabaseError
 
+from ..tasks import CancelFlag
 from .connections import backoff_delay, close_connection, first_line
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class Held:
     recording: bool = False
     #: Set by the heartbeat when a lease extension reports the job's cancellation was
     #: requested; the task sees it as ``current_job().cancel_requested``.
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelFlag = field(default_factory=CancelFlag)
 
     @property
     def finishing(self) -> bool:
@@ -71,7 +72,9 @@ class WorkerStats:
 @dataclass(frozen=True)
 class WorkerState:
     """One worker's shared state. ``held`` is guarded by ``lock``; ``wakeup`` wakes the
-    claim loop (a NOTIFY came, a slot freed); ``done`` tells background threads to end."""
+    claim loop (a NOTIFY came, a slot freed); ``done`` tells background threads to end.
+    Entries are added, marked completing and dropped through ``hold``,
+    ``mark_completing`` and ``forget``."""
 
     alias: str
     worker_id: str
@@ -98,8 +101,27 @@ class WorkerState:
             return self.in_flight_locked()
 
     def in_flight_locked(self) -> bool:
-        """``in_flight()``, with ``lock`` already held."""
-        return any(not h.completing for h in self.held.values())
+        """``in_flight()``, with ``lock`` already held. Newest entries first: those are
+        the jobs claimed last, still waiting to run, so the answer is usually the first
+        entry looked at (the runners ask after every job; the oldest entries are the
+        ones waiting for the completer)."""
+        return any(not h.completing for h in reversed(self.held.values()))
+
+    def hold(self, job: Job) -> None:
+        """Add a claimed job's entry. It replaces the entry of an older attempt this
+        worker still runs (its lease was taken back): only the newest is extended, and
+        the old run, once over, finds it is no longer its claim (``entry``)."""
+        with self.lock:
+            self.held[job.id] = Held(job)
+
+    def mark_completing(self, job: Job) -> bool:
+        """Mark ``job``'s entry as waiting for its batched completion; return whether
+        any other held job is still running or waiting to run."""
+        with self.lock:
+            entry = self.entry(job)
+            if entry is not None:
+                entry.completing = True
+            return self.in_flight_locked()
 
     def forget(self, jobs: Iterable[Job]) -> None:
         """Drop the entries of these claims (never a newer claim of the same job), and
