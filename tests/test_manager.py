@@ -455,7 +455,32 @@ def test_claim__jobs_are_the_rows_the_orm_reads(job_factory):
     assert claimed.args == [{"a": [1, 2]}, "x"]
     assert claimed.kwargs == {"k": None}
     assert claimed.last_attempted_at.tzinfo is not None
+    # psycopg's own timestamp loader (the claim's) gives Django's very tzinfo.
+    assert claimed.created_at.tzinfo is row.created_at.tzinfo
     assert (claimed._state.adding, claimed._state.db) == (False, "default")
+    assert claimed == row and hash(claimed) == hash(row)
+    claimed.refresh_from_db()  # a usable instance
+    assert claimed.status == "running"
+
+
+@pytest.mark.django_db
+def test_claim__init_signals_are_sent_when_received(job_factory):
+    """Without receivers of pre_init/post_init the claim skips Model.__init__; with one,
+    the jobs are built by Model.from_db, which sends them."""
+    from django.db.models.signals import post_init
+
+    made = job_factory()
+    seen: list[int] = []
+
+    def receiver(sender: type, instance: Job, **kwargs: object) -> None:
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        (claimed,) = Job.objects.claim("w1", limit=1)
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+    assert seen == [made.pk] and claimed.pk == made.pk
 
 
 @pytest.mark.django_db
