@@ -202,9 +202,16 @@ class JobManager(models.Manager["Job"]):
             jobs.append(job)
         return jobs
 
-    def _rows(self, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, query: str, params: dict[str, Any], *, prepare: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run ``query``; its rows (none if it returns none). ``prepare``: through a
+        cursor of ``prepared.py`` (bound on the server, prepared where allowed), for
+        the statements a worker runs for every batch."""
         try:
-            with connections[self.db_alias].cursor() as cursor:
+            alias = self.db_alias
+            opened = prepared.cursor(alias) if prepare else connections[alias].cursor()
+            with opened as cursor:
                 cursor.execute(query, params)
                 return cursor.fetchall() if cursor.description else []
         except DatabaseError as exc:
@@ -486,6 +493,7 @@ class JobManager(models.Manager["Job"]):
                 "results": [validation.result_json(completions[i][1]) for i in order],
                 "now": now,
             },
+            prepare=True,
         )
         recorded = [False] * len(completions)
         for (ord_,) in rows:

@@ -19,6 +19,7 @@ twentieth of a no-op job's cost in the worker.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,9 @@ except ImportError:  # the optional dependency is absent: tracing is off
 
 #: True when ``opentelemetry-api`` is importable.
 ENABLED = trace is not None
+
+#: How long the answer "is a tracer provider set?" is kept, in seconds.
+RECHECK_SECONDS = 1.0
 
 #: What a run ended in (``pgqueue.outcome``).
 SUCCEEDED, FAILED, LOST = "succeeded", "failed", "lost"
@@ -78,10 +82,26 @@ if ENABLED:
 
     _NULL_SPAN: AbstractContextManager[None] = nullcontext()
 
+    #: (answer of _recording, monotonic time until which it holds).
+    _recording_until: list[Any] = [False, 0.0]
+
     def _recording() -> bool:
         """Whether a tracer provider is set (the proxy provider's spans record nothing).
-        Asked per run, so a provider set after the worker started is used at once."""
-        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        Asked again every RECHECK_SECONDS (the API reads the environment each time no
+        provider is set), so a provider set after the worker started is used soon."""
+        now = time.monotonic()
+        if now >= _recording_until[1]:
+            provider = trace.get_tracer_provider()
+            _recording_until[:] = [
+                not isinstance(provider, trace.ProxyTracerProvider),
+                now + RECHECK_SECONDS,
+            ]
+        return bool(_recording_until[0])
+
+    def recheck() -> None:
+        """Look for a tracer provider at the next run, not up to RECHECK_SECONDS later
+        (for code that sets one while workers run: tests, a late SDK set-up)."""
+        _recording_until[1] = 0.0
 
     def job_span(job: Job) -> AbstractContextManager[Any]:
         """The span of one run of ``job`` (current while the task runs)."""
@@ -103,6 +123,9 @@ else:
         return None
 
     _NULL: AbstractContextManager[None] = nullcontext()
+
+    def recheck() -> None:
+        return None
 
     def job_span(job: Job) -> AbstractContextManager[Any]:
         return _NULL

@@ -29,6 +29,7 @@ def exporter() -> InMemorySpanExporter:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
+    tracing.recheck()  # an earlier test's worker may have found no provider
     _EXPORTER.clear()
     return _EXPORTER
 

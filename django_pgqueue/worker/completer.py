@@ -146,7 +146,7 @@ class Completer(WorkerPart):
         """Write ``batch`` with one fenced statement and report each job's outcome;
         through database errors retry for about one lease, then give up (the leases
         expire and the sweeper recovers the jobs: never done without the fenced write)."""
-        manager = Job.objects.db_manager(self.alias)
+        manager = self.jobs
 
         def write() -> list[bool]:
             configure_session(self.alias, "completer", self.worker_id)

@@ -100,9 +100,7 @@ class Heartbeat(WorkerPart):
             return
         # A lease extension blocked on a lock must fail well before the lease runs out.
         with bounded(self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)):
-            owned = Job.objects.db_manager(self.alias).extend_leases(
-                self.worker_id, held, lease_seconds=self.lease_seconds
-            )
+            owned = self.jobs.extend_leases(self.worker_id, held, lease_seconds=self.lease_seconds)
         self.ok_at = now
         for job in held:
             if job.id in owned.cancel_requested:

@@ -280,7 +280,7 @@ class Worker:
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 ):
                     after = self._position.start()
-                    jobs = Job.objects.db_manager(self.alias).claim(
+                    jobs = self._state.jobs.claim(
                         self.worker_id,
                         limit=free,
                         queues=self.queues,
@@ -300,7 +300,7 @@ class Worker:
                     with bounded(
                         self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                     ):
-                        promoted = Job.objects.db_manager(self.alias).promote_due(batch_size=100)
+                        promoted = self._state.jobs.promote_due(batch_size=100)
             except DatabaseError as exc:
                 if isinstance(exc, NotMigrated):
                     # No retry cures a missing table: stop, and say how to fix it.

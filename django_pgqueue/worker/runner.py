@@ -109,7 +109,7 @@ class JobRunner(WorkerPart):
         attempt not charged. If that fails, its lease expires instead."""
         self._mark_recording(job)
         try:
-            if Job.objects.db_manager(self.alias).release(job, self.worker_id):
+            if self.jobs.release(job, self.worker_id):
                 self.stats.count("released")
                 logger.info(
                     "job %s released (shutdown before start)",
@@ -163,7 +163,7 @@ class JobRunner(WorkerPart):
             # Prefetched, and cancelled before it started: never run it. The release
             # statement ends a cancel-requested job 'cancelled' (attempt not charged).
             written, _ = self.write_retrying(
-                lambda: Job.objects.db_manager(self.alias).release(job, self.worker_id),
+                lambda: self.jobs.release(job, self.worker_id),
                 jobs=[job],
                 outcome="cancel",
             )
@@ -249,9 +249,7 @@ class JobRunner(WorkerPart):
                     if cancel.is_set():
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     self._mark_recording(job)
-                    status = Job.objects.db_manager(self.alias).complete_status(
-                        job, self.worker_id, result=value
-                    )
+                    status = self.jobs.complete_status(job, self.worker_id, result=value)
                     if status is None:
                         raise LeaseLost(
                             f"job {job.id}: lease lost before completion; "
@@ -443,7 +441,7 @@ class JobRunner(WorkerPart):
         """Write the outcome of a task that returned after its job's cancellation was
         requested: the fenced completion ends it ``cancelled`` (result kept)."""
         self._mark_recording(job)
-        manager = Job.objects.db_manager(self.alias)
+        manager = self.jobs
         written, status = self.write_retrying(
             lambda: manager.complete_status(job, self.worker_id, result=value),
             jobs=[job],
@@ -482,7 +480,7 @@ class JobRunner(WorkerPart):
         was not recorded (lease lost, or database errors for about one lease: then the
         lease expires and the sweeper recovers the job)."""
         self._mark_recording(job)
-        manager = Job.objects.db_manager(self.alias)
+        manager = self.jobs
         written, status = self.write_retrying(
             lambda: manager.fail(job, self.worker_id, error, retry=retry),
             jobs=[job],

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, TypeVar
 
 from django.db import DatabaseError
@@ -22,6 +23,7 @@ from ..tasks import CancelFlag
 from .connections import backoff_delay, close_connection, first_line
 
 if TYPE_CHECKING:
+    from ..manager import JobManager
     from ..models import Job
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,14 @@ class WorkerState:
     wakeup: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
+    @cached_property
+    def jobs(self) -> JobManager:
+        """``Job.objects`` on this worker's database, made once: ``db_manager()``
+        copies the manager on every call, and the worker's parts call it per job."""
+        from ..models import Job
+
+        return Job.objects.db_manager(self.alias)
+
     def entry(self, job: Job) -> Held | None:
         """Is this still my claim? ``job``'s entry in ``held`` if it belongs to this
         very claim; None if the job is no longer held, or if this worker claimed it
@@ -146,6 +156,7 @@ class WorkerPart:
         self.lock = state.lock
         self.wakeup = state.wakeup
         self.done = state.done
+        self.jobs = state.jobs
 
     def write_retrying(
         self, write: Callable[[], T], *, jobs: Sequence[Job], outcome: str
