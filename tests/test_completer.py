@@ -234,3 +234,58 @@ def test_completer__burst_waits_for_jobs_still_in_flight(job_factory, settings):
     worker._completer.submit(second, last=True)
     thread.join(5)
     assert [c.job.id for c in out[0]] == [first.job.id, second.job.id]
+
+
+@pytest.fixture
+def completion_threads(monkeypatch) -> list[tuple[str, int]]:
+    """(thread name, batch size) of every batched completion statement."""
+    from django_pgqueue.manager import JobManager
+
+    seen: list[tuple[str, int]] = []
+    real = JobManager.complete_many
+
+    def spy(self: JobManager, completions: Any, *args: Any, **kwargs: Any) -> list[bool]:
+        seen.append((threading.current_thread().name, len(completions)))
+        return real(self, completions, *args, **kwargs)
+
+    monkeypatch.setattr(JobManager, "complete_many", spy)
+    return seen
+
+
+def test_completer__idle_worker_records_on_the_runner_thread(
+    job_factory, run_worker, completion_threads
+):
+    """Nothing else in flight: the runner writes its job's completion itself (same fenced
+    statement) instead of handing it to the completer thread."""
+    job = job_factory(args=[2, 3])
+    worker = run_worker(worker_id="w-inline")
+    assert (fresh(job).status, fresh(job).result) == ("done", 5)
+    assert completion_threads == [("pgqueue-runner-0", 1)]
+    assert worker._completer.flushes == 1
+
+
+def test_completer__a_burst_still_goes_to_the_completer_thread(
+    job_factory, run_worker, completion_threads, settings
+):
+    settings.PGQUEUE_COMPLETION_FLUSH_INTERVAL = 0.05
+    jobs = [job_factory(args=[i, i]) for i in range(40)]
+    run_worker(concurrency=4, batch_size=40)
+    assert {fresh(j).status for j in jobs} == {"done"}
+    assert sum(n for _, n in completion_threads) == 40
+    assert "pgqueue-completer" in {name for name, _ in completion_threads}
+
+
+def test_worker__freed_slot_wakes_the_claim_loop_only_when_it_wants_slots():
+    """After a short claim the loop waits for new work only (NOTIFY, poll): a job that
+    ends then does not wake it for a claim that would find nothing."""
+    worker = Worker(worker_id="w-slots")
+    state = worker._state
+    state.slots_wanted.set()
+    state.slot_freed()
+    assert state.wakeup.is_set()
+    state.wakeup.clear()
+    state.slots_wanted.clear()
+    state.slot_freed()
+    assert not state.wakeup.is_set()
+    state.forget([])  # a completion written: the same rule
+    assert not state.wakeup.is_set()

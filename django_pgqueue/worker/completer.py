@@ -11,6 +11,11 @@ written or given up; a job whose completion was never written is recovered by th
 sweeper when its lease expires, like any job of a worker that died, so delivery stays
 at-least-once and a job is never marked done without the fenced write.
 
+When the worker is otherwise idle (nothing else running, waiting to run or pending
+here), the runner thread writes its job's completion itself, with the same statement
+and fence, rather than hand it over: the hand-over's wake-up and GIL switch were a
+large part of an idle worker's pickup-to-done latency.
+
 Transactional tasks and failures are still recorded inline by the runner thread. Each
 recorded job is reported (log line, ``task_finished``) through the worker's
 :class:`~django_pgqueue.worker.outcomes.Reporter`.
@@ -76,12 +81,23 @@ class Completer(WorkerPart):
     def submit(self, completion: Completion, *, last: bool) -> None:
         """Queue a successful run for the next flush (its held entry stays). ``last``:
         no other job of this worker runs or waits to run, so nothing more is coming
-        soon and the batch is written at once."""
+        soon and the batch is written at once: by the calling (runner) thread itself
+        when nothing else is pending, which saves the hand-over to this thread (a
+        wake-up and a GIL switch) on the path of an idle worker's job."""
         with self._cond:
-            self._pending.append(completion)
-            # Wake the thread to start a batch, to write a full one, or to write now.
-            if last or len(self._pending) in (1, self.max_batch):
-                self._cond.notify()
+            inline = (
+                last
+                and not self._pending
+                and not self._stopping
+                and self.interval <= IDLE_FLUSH_MAX_INTERVAL
+            )
+            if not inline:
+                self._pending.append(completion)
+                # Wake the thread to start a batch, to write a full one, or to write now.
+                if last or len(self._pending) in (1, self.max_batch):
+                    self._cond.notify()
+        if inline:
+            self._flush_guarded([completion], role="runner")
 
     def stop(self) -> None:
         """Flush what is pending now, then let ``run`` return."""
@@ -101,21 +117,24 @@ class Completer(WorkerPart):
                 batch = self._next_batch()
                 if batch is None:
                     return
-                try:
-                    self.flush(batch)
-                except BaseException:
-                    # A bug of ours must not stop completions for good: these jobs'
-                    # leases expire (their entries are dropped) and are recovered.
-                    logger.exception(
-                        "worker %s: internal error while recording completions; their "
-                        "leases will expire",
-                        self.worker_id,
-                        extra={"action": "error", "worker_id": self.worker_id},
-                    )
-                    close_connection(self.alias)
-                    self.state.forget(c.job for c in batch)
+                self._flush_guarded(batch)
         finally:
             close_connection(self.alias)
+
+    def _flush_guarded(self, batch: list[Completion], *, role: str = "completer") -> None:
+        """``flush``, on whichever thread: a bug of ours must not stop completions for
+        good, so these jobs' leases expire instead (their entries are dropped) and the
+        sweeper recovers them."""
+        try:
+            self.flush(batch, role=role)
+        except BaseException:
+            logger.exception(
+                "worker %s: internal error while recording completions; their leases will expire",
+                self.worker_id,
+                extra={"action": "error", "worker_id": self.worker_id},
+            )
+            close_connection(self.alias)
+            self.state.forget(c.job for c in batch)
 
     def _next_batch(self) -> list[Completion] | None:
         """Wait for work; then up to ``interval`` for more of it (or ``max_batch``) while
@@ -142,14 +161,14 @@ class Completer(WorkerPart):
             del self._pending[: self.max_batch]
             return batch
 
-    def flush(self, batch: list[Completion]) -> None:
+    def flush(self, batch: list[Completion], *, role: str = "completer") -> None:
         """Write ``batch`` with one fenced statement and report each job's outcome;
         through database errors retry for about one lease, then give up (the leases
         expire and the sweeper recovers the jobs: never done without the fenced write)."""
         manager = self.jobs
 
         def write() -> list[bool]:
-            configure_session(self.alias, "completer", self.worker_id)
+            configure_session(self.alias, role, self.worker_id)  # the thread's label
             return manager.complete_many([(c.job, c.value) for c in batch], self.worker_id)
 
         _, recorded = self.write_retrying(write, jobs=[c.job for c in batch], outcome="complete")

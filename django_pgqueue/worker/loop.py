@@ -260,7 +260,13 @@ class Worker:
     def _claim_loop(self) -> None:
         failures = 0
         last_promote = 0.0
+        # Waking on freed slots only matters while claiming could go on; a burst or
+        # max_jobs worker also needs to see its last job end (then it exits).
+        always_wake = self.burst or self.max_jobs is not None
         while not self._stopping.is_set():
+            # Before the free slots are counted: a slot freed from now on wakes the wait
+            # below, so none is missed between the count and the wait.
+            self._state.slots_wanted.set()
             recycle_connections()
             if not self._heartbeat_alive():
                 break
@@ -329,6 +335,12 @@ class Worker:
                 self._state.hold(job)
                 self._jobs.put(job)
             self.stats.count("claimed", len(jobs))
+            if jobs and len(jobs) < free and not always_wake:
+                # Fewer than asked for: the queue is drained for now. Claim again on a
+                # NOTIFY (or the poll), not as soon as these jobs end: an empty claim
+                # then would only compete with them for the GIL and the cores.
+                self._wait(self.poll_interval, idle=True)
+                continue
             if jobs or promoted:
                 continue
             with self._lock:
@@ -340,9 +352,14 @@ class Worker:
                 # (or any scheduled job) may have come due since the last promote.
                 last_promote = 0.0
                 continue
-            self._wait(self.poll_interval)
+            self._wait(self.poll_interval, idle=not always_wake)
 
-    def _wait(self, timeout: float) -> None:
+    def _wait(self, timeout: float, *, idle: bool = False) -> None:
+        """Wait for a wake-up (a NOTIFY, a freed slot, a stop) or ``timeout``. ``idle``:
+        the last claim found nothing more to take, so only new work is worth waking
+        for, not a freed slot."""
+        if idle:
+            self._state.slots_wanted.clear()
         self._wakeup.wait(timeout)
         self._wakeup.clear()
 
@@ -372,7 +389,7 @@ class Worker:
                     close_connection(self.alias)
                 finally:
                     if handed_off:  # the completer forgets it once written
-                        self._wakeup.set()
+                        self._state.slot_freed()
                     else:
                         self._state.forget([job])
         finally:

@@ -85,6 +85,11 @@ class WorkerState:
     held: dict[int, Held] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     wakeup: threading.Event = field(default_factory=threading.Event)
+    #: Set while the claim loop wants to hear of freed slots; clear while it waits
+    #: only for new work (its last claim found the queue empty), when a freed slot
+    #: would wake it for a claim that finds nothing, in the middle of the very jobs
+    #: whose latency counts (see ``slot_freed``).
+    slots_wanted: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
     @cached_property
@@ -140,7 +145,12 @@ class WorkerState:
             for job in jobs:
                 if self.entry(job) is not None:
                     del self.held[job.id]
-        self.wakeup.set()
+        self.slot_freed()
+
+    def slot_freed(self) -> None:
+        """A held job no longer takes a slot: wake the claim loop if it wants to know."""
+        if self.slots_wanted.is_set():
+            self.wakeup.set()
 
 
 class WorkerPart:
