@@ -140,8 +140,9 @@ class JobManager(models.Manager["Job"]):
         database converters, extra columns set as attributes) at a fraction of its cost,
         since a worker runs this for every batch it claims and every row costs:
 
-        * the statement is prepared where that is allowed (``prepared.py``): parsed and
-          planned once per connection instead of once per claim;
+        * the statement is bound on the server (``prepared.py``), so no parameter is
+          quoted in Python; it is not prepared, so it is planned for its own
+          parameters every time (a generic plan of the claim sorts the backlog);
         * timestamps are read by psycopg's own (C) loader instead of Django's wrapper
           of it, where both give the same value (UTC sessions, as Django sets them up
           with ``USE_TZ``), see :func:`_native_timestamps`;
@@ -151,7 +152,7 @@ class JobManager(models.Manager["Job"]):
         alias = self.db_alias
         connection = connections[alias]
         try:
-            with prepared.cursor(alias) as cursor:
+            with prepared.cursor(alias, prepare=False) as cursor:
                 _native_timestamps(cursor.cursor, connection)
                 cursor.execute(query, params)
                 columns = tuple(column.name for column in cursor.description)

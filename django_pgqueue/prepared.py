@@ -34,6 +34,7 @@ from typing import Any
 
 import psycopg
 from django.db import connections
+from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 
 from .databases import is_pooled
@@ -59,6 +60,21 @@ class PreparingCursor(psycopg.Cursor[Any]):
         return self
 
 
+class BindingCursor(psycopg.Cursor[Any]):
+    """Server-side binding; never prepared, whatever the connection's threshold."""
+
+    def execute(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        prepare: bool | None = False,
+        binary: bool | None = None,
+    ) -> BindingCursor:
+        super().execute(query, params, prepare=False, binary=binary)
+        return self
+
+
 def prepares(alias: str) -> bool:
     """True if statements run through :func:`cursor` on ``alias`` are prepared."""
     options = connections[alias].settings_dict.get("OPTIONS") or {}
@@ -71,14 +87,30 @@ def prepares(alias: str) -> bool:
     return options.get("server_side_binding") is not True
 
 
-def cursor(alias: str) -> CursorWrapper:
-    """A Django cursor on ``alias`` whose statements are prepared where allowed."""
+def cursor(alias: str, *, prepare: bool = True) -> CursorWrapper:
+    """A Django cursor on ``alias`` that binds on the server, and whose statements are
+    prepared where allowed unless ``prepare`` is False.
+
+    ``prepare=False`` is for a statement whose best plan depends on its parameters and
+    on the data: a prepared statement may switch to a generic plan, planned once for
+    any parameters, and for the claim that plan is a sort of the whole backlog
+    (measured: 42 ms a claim at 200,000 pending against 0.34 ms planned each time).
+    Binding on the server still spares the client-side quoting of every parameter."""
     wrapper = connections[alias]
     wrapper.ensure_connection()
     raw = wrapper.connection
-    if raw.prepare_threshold is None and prepares(alias):
+    if prepare and raw.prepare_threshold is None and prepares(alias):
         raw.prepare_threshold = DEFAULT_PREPARE_THRESHOLD
-    # Django's own cursor() does the same: ensure_connection, then _prepare_cursor
+    # Django's own cursor() does the same: ensure_connection, create_cursor (which
+    # gives the cursor the time zone's loader when the connection's time zone changed
+    # since it connected, as override_settings(USE_TZ=...) does), then _prepare_cursor
     # (debug wrapper when queries are logged, thread-sharing check).
     with wrapper.wrap_database_errors:
-        return wrapper._prepare_cursor(PreparingCursor(raw))  # type: ignore[attr-defined]
+        made = PreparingCursor(raw) if prepare else BindingCursor(raw)
+        loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+        if wrapper.timezone != getattr(loader, "timezone", wrapper.timezone):
+            register_tzloader(wrapper.timezone, made)
+        return wrapper._prepare_cursor(made)  # type: ignore[attr-defined]
+
+
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid

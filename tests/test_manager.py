@@ -464,6 +464,35 @@ def test_claim__jobs_are_the_rows_the_orm_reads(job_factory):
 
 
 @pytest.mark.django_db
+def test_claim__times_match_the_orm_without_use_tz(job_factory, settings):
+    """psycopg's own timestamp loader is used only where it gives Django's value (UTC
+    sessions): without USE_TZ, Django's loader (naive datetimes) is kept."""
+    settings.USE_TZ = False  # Django resets the connection's time zone for this
+    job_factory()
+    (claimed,) = Job.objects.claim("w1", limit=1)
+    row = Job.objects.get(pk=claimed.pk)
+    for name in ("created_at", "run_at", "started_at", "last_attempted_at"):
+        assert getattr(claimed, name) == getattr(row, name), name
+        assert getattr(claimed, name).tzinfo is None, name
+
+
+@pytest.mark.django_db
+def test_claim__is_planned_for_its_parameters_every_time(job_factory):
+    """The claim is never a prepared statement: its generic plan (one plan for any
+    LIMIT and position) sorts the whole backlog. Other statements on the same
+    connection are prepared (enqueue sets the connection's threshold)."""
+    for _ in range(12):
+        job_factory()
+        Job.objects.claim("w1", limit=1)
+        Job.objects.claim("w1", limit=1, after=(0, 0))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        statements = [row[0] for row in cursor.fetchall()]
+    assert any("INSERT INTO pgqueue_job" in text for text in statements)
+    assert not [text for text in statements if "SET status = 'running'" in text]
+
+
+@pytest.mark.django_db
 def test_claim__init_signals_are_sent_when_received(job_factory):
     """Without receivers of pre_init/post_init the claim skips Model.__init__; with one,
     the jobs are built by Model.from_db, which sends them."""
