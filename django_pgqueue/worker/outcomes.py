@@ -53,7 +53,7 @@ def would_log(log: logging.Logger, level: int) -> bool:
             found = True
             if level >= handler.level and handler.filter(record):
                 return True
-        current = current.parent if current.propagate else None  # type: ignore[assignment]
+        current = current.parent if current.propagate else None
     last = logging.lastResort
     return not found and last is not None and level >= last.level
 

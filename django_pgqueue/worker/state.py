@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError
 
@@ -23,7 +23,6 @@ from ..tasks import CancelFlag
 from .connections import backoff_delay, close_connection, first_line
 
 if TYPE_CHECKING:
-    from ..manager import JobManager
     from ..models import Job
 
 logger = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ class WorkerState:
     done: threading.Event = field(default_factory=threading.Event)
 
     @cached_property
-    def jobs(self) -> JobManager:
+    def jobs(self) -> Any:  # JobManager (typed Any: a Manager is a descriptor to mypy)
         """``Job.objects`` on this worker's database, made once: ``db_manager()``
         copies the manager on every call, and the worker's parts call it per job."""
         from ..models import Job
