@@ -45,34 +45,28 @@ DEFAULT_PREPARE_THRESHOLD = 5
 
 
 class PreparingCursor(psycopg.Cursor[Any]):
-    """Server-side binding; every ``execute`` asks to be prepared (psycopg prepares
-    only if the connection's ``prepare_threshold`` is not None)."""
+    """Server-side binding; every ``execute`` is prepared (psycopg prepares only if the
+    connection's ``prepare_threshold`` is not None) unless the class says ``PREPARE``
+    False (:class:`BindingCursor`)."""
+
+    PREPARE = True
 
     def execute(
         self,
         query: Any,
         params: Any = None,
         *,
-        prepare: bool | None = True,
+        prepare: bool | None = None,
         binary: bool | None = None,
     ) -> PreparingCursor:
-        super().execute(query, params, prepare=prepare, binary=binary)
+        super().execute(query, params, prepare=self.PREPARE, binary=binary)
         return self
 
 
-class BindingCursor(psycopg.Cursor[Any]):
+class BindingCursor(PreparingCursor):
     """Server-side binding; never prepared, whatever the connection's threshold."""
 
-    def execute(
-        self,
-        query: Any,
-        params: Any = None,
-        *,
-        prepare: bool | None = False,
-        binary: bool | None = None,
-    ) -> BindingCursor:
-        super().execute(query, params, prepare=False, binary=binary)
-        return self
+    PREPARE = False
 
 
 def prepares(alias: str) -> bool:

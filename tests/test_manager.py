@@ -492,6 +492,29 @@ def test_claim__is_planned_for_its_parameters_every_time(job_factory):
     assert not [text for text in statements if "SET status = 'running'" in text]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_claim__prepared_with_a_generic_plan_on_a_claim_connection(job_factory):
+    """A worker's claim connection (its set-up rules out the plans a generic plan could
+    go wrong with) prepares the claims and plans each once."""
+    from django_pgqueue.worker.connections import close_connection, configure_session
+
+    configure_session("default", "claim", "w-generic")
+    try:
+        for _ in range(8):
+            job_factory()
+            assert len(Job.objects.claim("w1", limit=5)) == 1
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE %s",
+                ["%SET status = 'running'%"],
+            )
+            counts = cursor.fetchall()
+    finally:
+        close_connection("default")  # the next test gets an ordinary connection
+    assert [(generic > 0, custom) for generic, custom in counts] == [(True, 0)]
+
+
 @pytest.mark.django_db
 def test_claim__init_signals_are_sent_when_received(job_factory):
     """Without receivers of pre_init/post_init the claim skips Model.__init__; with one,
