@@ -16,7 +16,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 from django.db import DatabaseError, connections, models, transaction
 from django.db.models import signals
 from django.db.models.base import ModelState
@@ -93,26 +92,6 @@ CANCEL_ROUNDS = 5
 CANCEL_RETRY_DELAY = 0.05
 
 
-def _native_timestamps(cursor: Any, connection: Any) -> None:
-    """Have the psycopg ``cursor`` read ``timestamptz`` with psycopg's own loader when
-    it gives exactly what Django's would: Django's wraps it, then replaces the tzinfo
-    with the connection's time zone (a Python call per value); in a session whose time
-    zone is UTC, with Django's set to UTC too, psycopg's already says UTC. The loader is
-    registered on this cursor only, never on the connection Django's own queries use."""
-    if connection.timezone is not dt.UTC:
-        return
-    raw = cursor.connection
-    if raw.info.timezone is not dt.UTC:
-        return
-    cursor.adapters.register_loader("timestamptz", _TIMESTAMPTZ_LOADER)
-
-
-#: psycopg's default (C, when psycopg-binary or psycopg-c is installed) text loader.
-_TIMESTAMPTZ_LOADER = psycopg.adapters.get_loader(
-    psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT
-)
-
-
 def _chunks(ids: Iterable[int], size: int) -> Iterator[list[int]]:
     """Distinct ids in ascending order, ``size`` at a time (a stable lock order)."""
     ordered = sorted({int(i) for i in ids})
@@ -147,8 +126,7 @@ class JobManager(models.Manager["Job"]):
           parameters every time, since a generic plan made with the default settings
           sorts the whole backlog (42 ms a claim at 200,000 pending, 0.34 ms planned);
         * timestamps are read by psycopg's own (C) loader instead of Django's wrapper
-          of it, where both give the same value (UTC sessions, as Django sets them up
-          with ``USE_TZ``), see :func:`_native_timestamps`;
+          of it, where both give the same value (``prepared.cursor``);
         * JSON columns are decoded with ``json.loads``, as ``JSONField`` does;
         * each ``Job`` is built from its values as ``Model.from_db`` builds it, minus
           the ``pre_init``/``post_init`` signals, unless something receives them."""
@@ -158,7 +136,6 @@ class JobManager(models.Manager["Job"]):
             connection.ensure_connection()
             generic = getattr(connection.connection, "_pgqueue_claims_prepared", False)
             with prepared.cursor(alias, prepare=generic) as cursor:
-                _native_timestamps(cursor.cursor, connection)
                 cursor.execute(query, params)
                 columns = tuple(column.name for column in cursor.description)
                 rows = cursor.fetchall()
@@ -479,11 +456,14 @@ class JobManager(models.Manager["Job"]):
         worker_id: str,
         *,
         now: dt.datetime | None = None,
+        encoded: bool = False,
     ) -> list[bool]:
         """Mark many ``(job, result)`` done in one statement, each fenced like
         ``complete()``; return, in input order, whether each was recorded (False: that
         lease was lost, and the job is unchanged). Results must be JSON-safe
-        (``validation.result_json`` is applied to each)."""
+        (``validation.result_json`` is applied to each), or, with ``encoded``, already
+        the JSON text ``validation.result_json`` made of them (the worker's runner made
+        it when the task returned: encoding it again here would double that work)."""
         if not completions:
             return []
         # Ascending ids: the lock order of the heartbeat's JOB_EXTEND_LEASES.
@@ -496,7 +476,10 @@ class JobManager(models.Manager["Job"]):
                 "ids": [job.id for job in jobs],
                 "attempts": [job.attempts for job in jobs],
                 "claimed_at": [job.last_attempted_at for job in jobs],
-                "results": [validation.result_json(completions[i][1]) for i in order],
+                "results": [
+                    completions[i][1] if encoded else validation.result_json(completions[i][1])
+                    for i in order
+                ],
                 "now": now,
             },
             prepare=True,

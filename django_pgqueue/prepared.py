@@ -30,6 +30,7 @@ composition, parameters whose types the server can infer.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import psycopg
@@ -101,10 +102,29 @@ def cursor(alias: str, *, prepare: bool = True) -> CursorWrapper:
     # (debug wrapper when queries are logged, thread-sharing check).
     with wrapper.wrap_database_errors:
         made = PreparingCursor(raw) if prepare else BindingCursor(raw)
-        loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
-        if wrapper.timezone != getattr(loader, "timezone", wrapper.timezone):
-            register_tzloader(wrapper.timezone, made)
+        _timestamp_loader(made, wrapper.timezone)
         return wrapper._prepare_cursor(made)  # type: ignore[attr-defined]
 
 
 _TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+#: psycopg's default (C, when psycopg-binary or psycopg-c is installed) text loader.
+_NATIVE_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+
+
+def _timestamp_loader(made: psycopg.Cursor[Any], timezone: Any) -> None:
+    """Give ``made`` the ``timestamptz`` loader that returns Django's values.
+
+    Django's loader wraps psycopg's, then replaces each value's tzinfo with the
+    connection's time zone: a Python call per value. In a UTC session with Django's
+    time zone UTC (``USE_TZ``, no database ``TIME_ZONE``), psycopg's own loader already
+    gives that very value, so the cursor uses it (the claim reads seven timestamps a
+    row). Otherwise, when the connection's time zone changed since it connected,
+    Django's loader for the new one, as Django's ``create_cursor`` does. Registered on
+    this cursor only, never on the connection Django's own queries use."""
+    raw = made.connection
+    if _NATIVE_TIMESTAMPTZ is not None and timezone is dt.UTC and raw.info.timezone is dt.UTC:
+        made.adapters.register_loader(_TIMESTAMPTZ_OID, _NATIVE_TIMESTAMPTZ)
+        return
+    loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+    if timezone != getattr(loader, "timezone", timezone):
+        register_tzloader(timezone, made)

@@ -31,6 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from .. import validation
 from ..models import Job
 from ..taskapi import TaskResult
 from ..tasks import CurrentJob
@@ -56,6 +57,8 @@ class Completion:
     elapsed: float
     task_result: TaskResult | None  # None: no receiver of task_finished wanted one
     current: CurrentJob | None
+    #: ``value``'s JSON text, made when the runner validated it (None: encode here).
+    text: str | None = None
 
 
 class Completer(WorkerPart):
@@ -165,11 +168,13 @@ class Completer(WorkerPart):
         """Write ``batch`` with one fenced statement and report each job's outcome;
         through database errors retry for about one lease, then give up (the leases
         expire and the sweeper recovers the jobs: never done without the fenced write)."""
-        manager = self.jobs
+        results = [
+            (c.job, validation.result_json(c.value) if c.text is None else c.text) for c in batch
+        ]
 
         def write() -> list[bool]:
             configure_session(self.alias, role, self.worker_id)  # the thread's label
-            return manager.complete_many([(c.job, c.value) for c in batch], self.worker_id)
+            return self.jobs.complete_many(results, self.worker_id, encoded=True)
 
         _, recorded = self.write_retrying(write, jobs=[c.job for c in batch], outcome="complete")
         # Free the slots first: the claim loop may go on while the receivers run.

@@ -207,10 +207,12 @@ class JobRunner(WorkerPart):
 
     def _call(
         self, job: Job, task: Task, task_result: TaskResult | None, cancel: CancelFlag
-    ) -> object:
-        """Call the task; return its JSON-safe value (a bad value raises here). A
-        coroutine task is cancelled (``asyncio.CancelledError`` inside it) once
-        ``cancel`` is set. ``task_result`` is built whenever the task takes a context."""
+    ) -> tuple[object, str]:
+        """Call the task; return its JSON-safe value and that value's JSON text (a bad
+        value raises here; the text is what the batched completion stores, so it is
+        not encoded twice). A coroutine task is cancelled (``asyncio.CancelledError``
+        inside it) once ``cancel`` is set. ``task_result`` is built whenever the task
+        takes a context."""
         args: list[Any] = list(job.args)
         if task.takes_context:
             assert task_result is not None
@@ -220,8 +222,7 @@ class JobRunner(WorkerPart):
         else:
             value = task.call(*args, **job.kwargs)
         value = normalize_json(value)
-        validation.result_json(value)  # a bad return value fails the job here
-        return value
+        return value, validation.result_json(value)  # a bad value fails the job here
 
     def _run(self, job: Job, task: Task, *, transactional: bool, cancel: CancelFlag) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
@@ -245,7 +246,7 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value = self._call(job, task, task_result, cancel)
+                    value, _ = self._call(job, task, task_result, cancel)
                     if cancel.is_set():
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     self._mark_recording(job)
@@ -262,7 +263,7 @@ class JobRunner(WorkerPart):
                 # SET, an advisory lock) must still not reach the next job.
                 self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
-                value = self._call(job, task, task_result, cancel)
+                value, text = self._call(job, task, task_result, cancel)
                 leftovers = session_leftovers(self.alias, raw)
                 if leftovers:
                     # Before anything is recorded: the completion must not join a
@@ -339,7 +340,7 @@ class JobRunner(WorkerPart):
         # extended) until then.
         last = not self.state.mark_completing(job)
         self.completer.submit(
-            Completion(job, value, elapsed, task_result, _current.get()), last=last
+            Completion(job, value, elapsed, task_result, _current.get(), text), last=last
         )
         return True
 
@@ -441,9 +442,8 @@ class JobRunner(WorkerPart):
         """Write the outcome of a task that returned after its job's cancellation was
         requested: the fenced completion ends it ``cancelled`` (result kept)."""
         self._mark_recording(job)
-        manager = self.jobs
         written, status = self.write_retrying(
-            lambda: manager.complete_status(job, self.worker_id, result=value),
+            lambda: self.jobs.complete_status(job, self.worker_id, result=value),
             jobs=[job],
             outcome="cancel",
         )
@@ -480,9 +480,8 @@ class JobRunner(WorkerPart):
         was not recorded (lease lost, or database errors for about one lease: then the
         lease expires and the sweeper recovers the job)."""
         self._mark_recording(job)
-        manager = self.jobs
         written, status = self.write_retrying(
-            lambda: manager.fail(job, self.worker_id, error, retry=retry),
+            lambda: self.jobs.fail(job, self.worker_id, error, retry=retry),
             jobs=[job],
             outcome="fail",
         )
