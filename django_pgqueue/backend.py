@@ -1,44 +1,35 @@
 """``PgQueueBackend``: django-pgqueue as a backend for Django's Tasks framework.
 
-This is the only module that speaks Django's ``TaskResultStatus``; the rest of the app
-uses the job states of the jobs table (pending, scheduled, running, done, dead).
+The top of the package: nothing in it imports this module. What lower modules need to
+know of the backend is ``databases.QueueBackend`` (its jobs database and options) and
+``framework.py`` (loading tasks, mapping a job to a ``TaskResult``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
+from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
-from django.utils.module_loading import import_string
+from django.db import DatabaseError, connections, router
 
 from . import schema
-from .databases import listen_target, options_database
+from .databases import QueueBackend, listen_target
+from .framework import TaskGone, load_task, to_task_result
+from .models import Job
 from .taskapi import (
     DEFAULT_TASK_BACKEND_ALIAS,
-    FRAMEWORK,
-    BaseTaskBackend,
     Task,
-    TaskError,
     TaskResult,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     task_enqueued,
 )
-from .tasks import PgQueueTask, task_option
-
-STATUS_MAP = {
-    "pending": TaskResultStatus.READY,
-    "scheduled": TaskResultStatus.READY,  # delayed, or waiting to retry
-    "running": TaskResultStatus.RUNNING,
-    "done": TaskResultStatus.SUCCESSFUL,
-    "dead": TaskResultStatus.FAILED,
-    "cancelled": TaskResultStatus.FAILED,  # its errors end with a JobCancelled entry
-}
+from .tasks import PgQueueTask
 
 
-class PgQueueBackend(BaseTaskBackend):
+class PgQueueBackend(QueueBackend):
     """Stores tasks as rows of ``pgqueue_job``; ``manage.py pgqueue_worker`` runs them.
 
     ``OPTIONS`` may hold ``DATABASE`` (alias of the jobs database, see
@@ -67,35 +58,18 @@ class PgQueueBackend(BaseTaskBackend):
         # Django defaults QUEUES to {"default"}; we accept any valid name unless told.
         self.queues = set(params["QUEUES"]) if "QUEUES" in params else set()
 
-    @property
-    def database(self) -> str:
-        """The jobs database: ``OPTIONS["DATABASE"]``, else ``PGQUEUE_DATABASE``, else
-        the routers' choice for ``Job`` (see ``databases.options_database``)."""
-        return options_database(self.options)
-
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         require_installed()
-        from .models import Job
-
         self.validate_task(task)
-        job = Job.objects.db_manager(self.database).enqueue(
-            task,
-            args,
-            kwargs,
-            queue=task.queue_name,
-            priority=task.priority,
-            run_at=task.run_after,
-            max_attempts=task_option(task, "max_attempts") or self.options.get("MAX_ATTEMPTS"),
-            backend=self.alias,
-        )
+        # Queue, priority, run time and attempts come from the task and this backend's
+        # OPTIONS, resolved as for every other way in (defaults.resolve).
+        job = Job.objects.db_manager(self.database).enqueue(task, args, kwargs, backend=self.alias)
         result = to_task_result(job, task)
         task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: Any) -> TaskResult:
         require_installed()
-        from .models import Job
-
         try:
             job = Job.objects.db_manager(self.database).get(pk=int(result_id))
         except (ValueError, TypeError, Job.DoesNotExist) as exc:
@@ -107,13 +81,11 @@ class PgQueueBackend(BaseTaskBackend):
             raise missing from exc
         try:
             task = load_task(job.task)
-        except ValueError as exc:
+        except TaskGone as exc:
             raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
         return to_task_result(job, task)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        from django.apps import apps
-
         messages: list[checks.CheckMessage] = []
         if not apps.is_installed("django_pgqueue"):
             messages.append(
@@ -150,11 +122,6 @@ class PgQueueBackend(BaseTaskBackend):
     def _check_database(self) -> list[checks.CheckMessage]:
         """The jobs database agrees with PGQUEUE_DATABASE, the routers let the jobs
         table be migrated there, and LISTEN_DATABASE names something reachable."""
-        from django.conf import settings as django_settings
-        from django.db import router
-
-        from .models import Job
-
         obj = f"TASKS[{self.alias!r}]"
         messages: list[checks.CheckMessage] = []
         fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
@@ -207,57 +174,8 @@ def require_installed() -> None:
     once ``django.tasks`` has been imported, which nothing may have done at start-up;
     this is the error the first ``enqueue()`` meets instead of Django's "Model class
     ... isn't in an application in INSTALLED_APPS"."""
-    from django.apps import apps
-
     if not apps.is_installed("django_pgqueue"):
         raise ImproperlyConfigured(
             "TASKS uses django_pgqueue.backend.PgQueueBackend but 'django_pgqueue' is "
             "not in INSTALLED_APPS: add it there, then run `python manage.py migrate`."
         )
-
-
-def load_task(path: str) -> Task:
-    """Import a stored task path; raise ValueError unless it names a ``Task``.
-
-    Only ``Task`` objects run: a path to any other callable is refused, so a row in
-    the table can never make a worker call arbitrary code."""
-    try:
-        obj = import_string(path)
-    except ImportError as exc:
-        raise ValueError(f"task {path!r} does not import: {exc}") from exc
-    if not isinstance(obj, Task):
-        raise ValueError(f"{path!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task")
-    return obj
-
-
-def to_task_result(job: Any, task: Task) -> TaskResult:
-    """Map a job row to Django's ``TaskResult``.
-
-    Django derives ``attempts`` from ``len(worker_ids)``, so ``worker_ids`` has one
-    entry per attempt: the worker recorded in each failed attempt's error, then the
-    current (or last) lease owner.
-    """
-    worker_ids = [e.get("worker_id") or "" for e in job.errors][-job.attempts :]
-    while len(worker_ids) < job.attempts:
-        worker_ids.append(job.lease_owner or "")
-    if not job.attempts:
-        worker_ids = []
-    result: TaskResult = TaskResult(
-        task=task,
-        id=str(job.id),
-        status=STATUS_MAP[job.status],
-        enqueued_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        last_attempted_at=job.last_attempted_at,
-        args=job.args,
-        kwargs=job.kwargs,
-        backend=job.backend,
-        errors=[
-            TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
-            for e in job.errors
-        ],
-        worker_ids=worker_ids,
-    )
-    object.__setattr__(result, "_return_value", job.result)
-    return result

@@ -35,20 +35,19 @@ from psycopg.adapt import Dumper
 from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
-from . import schema, sql, validation
+from . import defaults, schema, sql, validation
 from .conf import settings
+from .databases import QueueBackend
 from .exceptions import InvalidJob
+from .framework import NewJob, load_task, to_task_result
 from .taskapi import (
     FRAMEWORK,
     InvalidTask,
     InvalidTaskBackend,
     Task,
-    TaskResult,
-    TaskResultStatus,
     task_backends,
     task_enqueued,
 )
-from .tasks import task_option
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +108,6 @@ _ERRORS_EMPTY = "[]"
 
 #: Keys of a job whose other values are all defaults (see ``_RowMaker._plain``).
 PLAIN_KEYS = frozenset({"task", "args", "kwargs"})
-_DEFAULT_NAMES = ("default", "default")  # (queue, backend) of such a job
 
 
 class BulkResult(int):
@@ -151,12 +149,21 @@ class _RowMaker:
 
     def __init__(self, now: dt.datetime) -> None:
         self.now = now
-        self.max_attempts = validation.max_attempts(settings.MAX_ATTEMPTS)
         self.max_bytes = settings.MAX_PAYLOAD_BYTES
-        self.task_paths: dict[str, str] = {}
-        self.names_ok: set[tuple[str, str]] = set()  # (queue, backend) pairs
+        #: defaults.resolve's answers by defaults.cache_key (a call shares a handful).
+        self.resolved: dict[Any, defaults.JobDefaults] = {}
         self.queues: set[str] = set()  # every queue seen, to wake once each
         self.keyed = 0  # jobs with an idempotency key so far
+
+    def _resolve(self, task: Any, given: dict[str, Any]) -> defaults.JobDefaults:
+        key = defaults.cache_key(task, **given)
+        resolved = self.resolved.get(key) if key is not None else None
+        if resolved is None:
+            resolved = defaults.resolve(task, **given)
+            self.queues.add(resolved.queue)
+            if key is not None and len(self.resolved) < 1000:
+                self.resolved[key] = resolved
+        return resolved
 
     def __call__(self, job: Any) -> tuple[Any, ...]:
         # type() first: isinstance() against an ABC costs more than the rest of a check.
@@ -171,52 +178,22 @@ class _RowMaker:
         task = get("task")
         if type(task) is str and job.keys() <= PLAIN_KEYS:
             return self._plain(task, get("args", ()), get("kwargs"))
-        queue = get("queue")
-        priority = get("priority")
-        if type(task) is str or isinstance(task, str):
-            path = self.task_paths.get(task)
-            if path is None:
-                path = self.task_paths[task] = validation.task_path(task)
-        elif isinstance(task, Task):
-            # As enqueue(): a Task object brings its own queue, priority, run_after and
-            # max_attempts defaults.
-            path = self.task_paths.get(task.module_path)
-            if path is None:
-                path = self.task_paths[task.module_path] = validation.task_path(task)
-            queue = task.queue_name if queue is None else queue
-            priority = task.priority if priority is None else priority
-            if job.get("run_at") is None and task.run_after is not None:
-                job = {**job, "run_at": task.run_after}
-                get = job.get
-            own_attempts = task_option(task, "max_attempts")  # PgQueueTask's option
-            if job.get("max_attempts") is None and own_attempts is not None:
-                job = {**job, "max_attempts": own_attempts}
-                get = job.get
-        elif task is None:
+        if task is None:
             raise InvalidJob("task is required")
-        else:
-            path = validation.task_path(task)  # raises the enqueue() message
-        if queue is None:
-            queue = "default"
-        backend = get("backend", "default")
-        names = (queue, backend)
-        if type(queue) is not str or type(backend) is not str or names not in self.names_ok:
-            validation.queue_name(queue)  # (checked before hashing: a list is no name)
-            validation.backend_alias(backend)
-            self.queues.add(queue)
-            if len(self.names_ok) < 1000:
-                self.names_ok.add(names)
-        priority = 0 if priority is None else validation.priority(priority)
+        given = {
+            "backend": get("backend"),
+            "queue": get("queue"),
+            "priority": get("priority"),
+            "max_attempts": get("max_attempts"),
+        }
+        resolved = self._resolve(task, given)
         run_at = validation.run_at(get("run_at"))
+        if run_at is None:
+            run_at = resolved.run_at
         if run_at is None:
             run_at, status = self.now, "pending"
         else:
             status = "scheduled" if run_at > self.now else "pending"
-        max_attempts = get("max_attempts")
-        if max_attempts is None:
-            max_attempts = self.max_attempts
-        else:
-            validation.max_attempts(max_attempts)
         key = get("idempotency_key")
         if key is not None:
             validation.idempotency_key(key)
@@ -225,14 +202,14 @@ class _RowMaker:
             get("args", ()), get("kwargs"), max_bytes=self.max_bytes
         )
         return (
-            backend,
-            queue,
-            path,
+            resolved.backend,
+            resolved.queue,
+            resolved.task,
             args_json,
             kwargs_json,
-            priority,
+            resolved.priority,
             status,
-            max_attempts,
+            resolved.max_attempts,
             run_at,
             self.now,
             _ERRORS_EMPTY,
@@ -241,25 +218,25 @@ class _RowMaker:
 
     def _plain(self, task: str, args: Any, kwargs: Any) -> tuple[Any, ...]:
         """The row of a job that gives only a task path, args and kwargs (the common
-        shape): every other value is its default, checked once per call."""
-        path = self.task_paths.get(task)
-        if path is None:
-            path = self.task_paths[task] = validation.task_path(task)
-        if _DEFAULT_NAMES not in self.names_ok:
-            validation.backend_alias("default")  # TASKS may have no "default" backend
-            self.queues.add("default")
-            self.names_ok.add(_DEFAULT_NAMES)
+        shape): every other value is the task's and backend's default."""
+        resolved = self.resolved.get(task)
+        if resolved is None:
+            resolved = self.resolved[task] = self._resolve(task, {})
         args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
+        if resolved.run_at is None or resolved.run_at <= self.now:
+            run_at, status = resolved.run_at or self.now, "pending"
+        else:
+            run_at, status = resolved.run_at, "scheduled"
         return (
-            "default",
-            "default",
-            path,
+            resolved.backend,
+            resolved.queue,
+            resolved.task,
             args_json,
             kwargs_json,
-            0,
-            "pending",
-            self.max_attempts,
-            self.now,
+            resolved.priority,
+            status,
+            resolved.max_attempts,
+            run_at,
             self.now,
             _ERRORS_EMPTY,
             None,
@@ -465,10 +442,7 @@ class _BackgroundCopy:
 def wants_announcements() -> bool:
     """True if ``task_enqueued`` has a receiver for a pgqueue backend's jobs, other than
     the framework's own debug-log receiver while its logger ignores debug."""
-    from .backend import PgQueueBackend
-
-    senders = {PgQueueBackend}
-    senders.update(type(b) for b in task_backends.all() if isinstance(b, PgQueueBackend))
+    senders: set[type] = {type(b) for b in task_backends.all() if isinstance(b, QueueBackend)}
     for sender in senders:
         sync, async_ = task_enqueued._live_receivers(sender)
         if async_ or any(not _quiet_log_receiver(r) for r in sync):
@@ -524,8 +498,6 @@ class _Announcer:
         return list(zip(ids, rows, strict=True))
 
     def send(self, written: Sequence[tuple[int, tuple[Any, ...]]], now: dt.datetime) -> None:
-        from .backend import load_task
-
         for id_, row in written:
             backend, _queue, path, args, kwargs = row[:5]
             task = self.tasks.get(path)
@@ -534,31 +506,23 @@ class _Announcer:
             sender = self.senders.get(backend)
             if sender is None:
                 sender = self.senders[backend] = _backend_class(backend)
-            result: TaskResult = TaskResult(
-                task=task,
-                id=str(id_),
-                status=TaskResultStatus.READY,
-                enqueued_at=now,
-                started_at=None,
-                finished_at=None,
-                last_attempted_at=None,
+            job = NewJob(
+                id=id_,
+                backend=backend,
                 args=json.loads(args),
                 kwargs=json.loads(kwargs),
-                backend=backend,
-                errors=[],
-                worker_ids=[],
+                created_at=now,
             )
-            task_enqueued.send(sender, task_result=result)
+            task_enqueued.send(sender, task_result=to_task_result(job, task))
 
 
 def _backend_class(alias: str) -> type:
-    """The sender ``PgQueueBackend.enqueue()`` uses for jobs of backend ``alias``."""
-    from .backend import PgQueueBackend
-
+    """The sender ``PgQueueBackend.enqueue()`` uses for jobs of backend ``alias``: the
+    class of that backend (validated at enqueue, so it exists)."""
     try:
         return type(task_backends[alias])
     except InvalidTaskBackend:
-        return PgQueueBackend
+        return QueueBackend
 
 
 def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
@@ -583,26 +547,17 @@ def enqueue_many(
     objects are returned; when ``task_enqueued`` has receivers, each job is announced
     to them with its id (see :func:`bulk_enqueue`).
     """
-    from .backend import PgQueueBackend
-
     if not isinstance(task, Task):
         raise InvalidTask(f"enqueue_many needs a {FRAMEWORK}.Task, not {type(task).__name__}")
     backend = task.get_backend()
-    if not isinstance(backend, PgQueueBackend):
+    if not isinstance(backend, QueueBackend):
         raise InvalidTask(
             f"enqueue_many needs a PgQueueBackend; backend {task.backend!r} is "
             f"{type(backend).__name__}"
         )
     backend.validate_task(task)
-    common = {
-        "task": task,
-        "queue": task.queue_name,
-        "priority": task.priority,
-        "run_at": task.run_after,
-        # As PgQueueBackend.enqueue(): the task's own limit, else the backend's option.
-        "max_attempts": task_option(task, "max_attempts") or backend.options.get("MAX_ATTEMPTS"),
-        "backend": backend.alias,
-    }
+    # The task brings its queue, priority, run time and backend (defaults.resolve).
+    common = {"task": task}
 
     def jobs() -> Iterator[dict[str, Any]]:
         for position, call in enumerate(calls):

@@ -10,6 +10,8 @@ from django.db import DatabaseError, connections
 
 from . import limits, schema, validation
 from .conf import Settings, settings
+from .databases import options_database
+from .periodic import entries
 
 
 # Not tagged "database": Django skips database-tagged checks unless an alias is given,
@@ -52,8 +54,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 def jobs_databases() -> set[str]:
     """Aliases that hold a jobs table: each ``PgQueueBackend`` alias's jobs database
     (``databases.options_database``; read from ``TASKS``, no backend is built)."""
-    from .databases import options_database
-
     aliases = set()
     for config in (getattr(django_settings, "TASKS", None) or {}).values():
         if not isinstance(config, dict):
@@ -96,8 +96,6 @@ def check_migrated(
 @checks.register("pgqueue")
 def check_periodic(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """One error per bad ``PGQUEUE_PERIODIC`` entry, naming it (the sweeper skips it)."""
-    from .periodic import entries
-
     _, errors = entries()
     return [
         checks.Error(

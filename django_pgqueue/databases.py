@@ -17,25 +17,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings as django_settings
-from django.db import connections, router
+from django.db import DEFAULT_DB_ALIAS, connections, router
 
-from .taskapi import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
+from .taskapi import DEFAULT_TASK_BACKEND_ALIAS, BaseTaskBackend, InvalidTaskBackend, task_backends
 
 _UNSET = object()
 
 
+class QueueBackend(BaseTaskBackend):
+    """What the rest of the package knows of ``PgQueueBackend``: a Tasks backend whose
+    jobs are rows of a jobs database. ``backend.PgQueueBackend`` is the one subclass;
+    code below the backend asks ``isinstance(..., QueueBackend)`` so that it never
+    imports the backend module, which sits above it."""
+
+    @property
+    def database(self) -> str:
+        """The jobs database: ``OPTIONS["DATABASE"]``, else ``PGQUEUE_DATABASE``, else
+        the routers' choice for ``Job`` (see :func:`options_database`)."""
+        return options_database(self.options)
+
+
 def pgqueue_backend_aliases() -> list[str]:
     """The ``TASKS`` aliases served by ``PgQueueBackend``, in settings order."""
-    from .backend import PgQueueBackend
-
     aliases = []
     for alias in getattr(django_settings, "TASKS", {}) or {}:
         try:
             backend = task_backends[alias]
         except InvalidTaskBackend:
             continue
-        if isinstance(backend, PgQueueBackend):
+        if isinstance(backend, QueueBackend):
             aliases.append(alias)
     return aliases
 
@@ -47,17 +59,18 @@ def options_database(options: dict[str, Any]) -> str:
     fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
     if fallback:
         return str(fallback)
-    from .models import Job
-
-    return router.db_for_write(Job)
+    # By name from the app registry: the models sit above this module.
+    try:
+        job_model = apps.get_model("django_pgqueue", "Job")
+    except LookupError:  # not in INSTALLED_APPS: the backend's check says so (E001)
+        return DEFAULT_DB_ALIAS
+    return router.db_for_write(job_model)
 
 
 def backend_database(alias: str | None = None) -> str:
     """The jobs database of the ``TASKS`` alias ``alias`` (None: the default alias).
 
     Raises ``ValueError`` naming the alias when it is not a ``PgQueueBackend``."""
-    from .backend import PgQueueBackend
-
     alias = alias or DEFAULT_TASK_BACKEND_ALIAS
     try:
         backend = task_backends[alias]
@@ -66,12 +79,22 @@ def backend_database(alias: str | None = None) -> str:
         raise ValueError(
             f"TASKS has no backend {alias!r} (PgQueueBackend aliases: {known})"
         ) from None
-    if not isinstance(backend, PgQueueBackend):
+    if not isinstance(backend, QueueBackend):
         raise ValueError(
             f"TASKS[{alias!r}] is {type(backend).__name__}, not "
             "django_pgqueue.backend.PgQueueBackend"
         )
     return backend.database
+
+
+def backend_option(alias: str, name: str) -> Any:
+    """``TASKS[alias]["OPTIONS"][name]`` of a ``PgQueueBackend`` alias; None when the
+    alias has no such option or is not a ``PgQueueBackend``."""
+    try:
+        backend = task_backends[alias]
+    except InvalidTaskBackend:
+        return None
+    return backend.options.get(name) if isinstance(backend, QueueBackend) else None
 
 
 def default_database() -> str:

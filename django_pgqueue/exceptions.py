@@ -1,4 +1,5 @@
-"""The exceptions django-pgqueue raises, under one base class."""
+"""The exceptions django-pgqueue raises, under one base class, and how any exception
+is told in one log line."""
 
 from __future__ import annotations
 
@@ -54,3 +55,16 @@ class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExp
 
     A transactional task whose cancellation is seen before it commits raises it inside
     its transaction, so its effects roll back; a cooperative task may raise it too."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line: enough for a log line without traceback spam."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def exception_line(exc: BaseException) -> str:
+    """``"ValueError: boom"``: the exception's class and the first line of its message."""
+    text = str(exc).strip()
+    name = type(exc).__qualname__
+    return f"{name}: {text.splitlines()[0]}" if text else name

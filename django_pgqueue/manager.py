@@ -1,7 +1,11 @@
-"""``Job.objects``: the queue's operations, each one parameterised statement from sql.py.
+"""``Job.objects``: the operations on jobs, each one parameterised statement of sql.py
+run through ``db.py``.
 
-The manager holds no SQL text. Methods that write return materialised lists (a lazy
-``RawQuerySet`` would run its UPDATE again each time it is iterated).
+Enqueueing (one job here, many in ``bulk.py``, both with the defaults of
+``defaults.py``), the worker's fenced state changes (claim, extend, complete, fail,
+release) and the operator's (cancel, requeue and discard dead letters). The sweep passes
+are the sweeper's (``sweeper.py``); the worker's session set-up is its connections'
+(``worker/connections.py``). Methods that write return materialised lists.
 """
 
 from __future__ import annotations
@@ -9,53 +13,24 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import operator
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, models, transaction
-from django.db.models import signals
-from django.db.models.base import ModelState
+from django.db import models
 
-from . import bulk, prepared, schema, sql, tracing, validation
+from . import bulk, db, defaults, sql, tracing, validation
 from .conf import settings
+from .databases import default_database
 from .taskapi import Task
-from .tasks import task_option
 
 if TYPE_CHECKING:
     from .models import Job
 
-#: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
-MAX_SWEEP_BATCHES = 100
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    """What one sweep pass changed."""
-
-    recovered: int = 0  # expired leases returned to pending
-    dead: int = 0  # expired leases on their last attempt, dead-lettered
-    promoted: int = 0  # due scheduled jobs made pending
-    pruned: int = 0  # done jobs past retention deleted
-    periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
-    cancelled: int = 0  # expired leases of jobs whose cancellation was requested
-    lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
-
-    def __bool__(self) -> bool:
-        return any(
-            (
-                self.recovered,
-                self.dead,
-                self.promoted,
-                self.pruned,
-                self.periodic,
-                self.cancelled,
-                self.lost_workers,
-            )
-        )
+#: Statuses in which a job is still "live": an idempotency key is unique among these.
+LIVE_STATUSES = ("pending", "scheduled", "running")
 
 
 @dataclass(frozen=True)
@@ -74,16 +49,13 @@ class Owned(set[int]):
     cancel_requested: frozenset[int] = frozenset()
 
 
-def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str, Any]:
-    """The JSON stored for one failed attempt (Django's ``TaskError`` fields + context)."""
+def describe_error(exc: BaseException) -> tuple[str, str]:
+    """``(exception_class_path, traceback)`` of a failed attempt, as stored in its error
+    entry (the entry itself is built by the SQL: ``sql._ENTRY``)."""
     cls = type(exc)
-    return {
-        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        # A NUL or lone surrogate in a message would make jsonb refuse the whole write.
-        "traceback": validation.storable_text("".join(traceback.format_exception(exc))),
-        "worker_id": worker_id,
-        "attempt": attempt,
-    }
+    # A NUL or lone surrogate in a message would make jsonb refuse the whole write.
+    text = validation.storable_text("".join(traceback.format_exception(exc)))
+    return f"{cls.__module__}.{cls.__qualname__}", text
 
 
 #: How often ``cancel()`` tries again a job locked at that instant (being claimed or
@@ -92,11 +64,30 @@ CANCEL_ROUNDS = 5
 CANCEL_RETRY_DELAY = 0.05
 
 
-def _chunks(ids: Iterable[int], size: int) -> Iterator[list[int]]:
-    """Distinct ids in ascending order, ``size`` at a time (a stable lock order)."""
-    ordered = sorted({int(i) for i in ids})
-    for start in range(0, len(ordered), size):
-        yield ordered[start : start + size]
+def job_ids(ids: Any, *, what: str = "ids") -> list[int]:
+    """Distinct job ids in ascending order (a stable lock order), checked: a collection
+    of ints. A str or bytes (whose characters would be read as ids), a bool or any
+    other non-int raises ``InvalidJob`` naming it, before anything is changed."""
+    if isinstance(ids, str | bytes | bytearray | memoryview) or not isinstance(ids, Iterable):
+        raise validation.InvalidJob(
+            f"{what} must be a collection of int job ids, not {type(ids).__name__} "
+            f"{validation.show(ids)}"
+        )
+    checked = set()
+    for value in ids:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise validation.InvalidJob(
+                f"{what} must hold int job ids only, not {type(value).__name__} "
+                f"{validation.show(value)}"
+            )
+        checked.add(int(value))
+    return sorted(checked)
+
+
+def _chunks(ids: list[int], size: int) -> Iterator[list[int]]:
+    """Checked ids, ``size`` at a time."""
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
 
 
 class JobManager(models.Manager["Job"]):
@@ -108,114 +99,12 @@ class JobManager(models.Manager["Job"]):
     def db_alias(self) -> str:
         """The database named with ``db_manager()``/``using()``, else the default
         backend's jobs database (``databases.default_database``)."""
-        from .databases import default_database
-
         return self._db or default_database()
-
-    def _jobs(self, query: str, params: dict[str, Any]) -> list[Job]:
-        """Run a claim statement; materialise the rows it returns as ``Job``s.
-
-        What ``RawQuerySet`` would give (fields matched by column name, the fields' own
-        database converters, extra columns set as attributes) at a fraction of its cost,
-        since a worker runs this for every batch it claims and every row costs:
-
-        * the statement is bound on the server (``prepared.py``), so no parameter is
-          quoted in Python. On a worker's claim connection (``configure_claim_session``)
-          it is prepared as well, planned once with the generic plan that session's
-          settings leave (the ordered index scan); anywhere else it is planned for its
-          parameters every time, since a generic plan made with the default settings
-          sorts the whole backlog (42 ms a claim at 200,000 pending, 0.34 ms planned);
-        * timestamps are read by psycopg's own (C) loader instead of Django's wrapper
-          of it, where both give the same value (``prepared.cursor``);
-        * JSON columns are decoded with ``json.loads``, as ``JSONField`` does;
-        * each ``Job`` is built from its values as ``Model.from_db`` builds it, minus
-          the ``pre_init``/``post_init`` signals, unless something receives them."""
-        alias = self.db_alias
-        connection = connections[alias]
-        try:
-            connection.ensure_connection()
-            generic = getattr(connection.connection, "_pgqueue_claims_prepared", False)
-            with prepared.cursor(alias, prepare=generic) as cursor:
-                cursor.execute(query, params)
-                columns = tuple(column.name for column in cursor.description)
-                rows = cursor.fetchall()
-        except DatabaseError as exc:
-            self._raise_if_not_migrated(exc)
-            raise
-        if not rows:
-            return []
-        model = self.model
-        position = {name: i for i, name in enumerate(columns)}
-        fields = model._meta.concrete_fields
-        if any(f.column not in position for f in fields):
-            # Not every column (never the case for the statements of sql.py).
-            return list(model.objects.db_manager(alias).raw(query, params))
-        json_columns = []
-        converters = []
-        for f in fields:
-            if isinstance(f, models.JSONField) and f.decoder is None:
-                json_columns.append(position[f.column])
-            elif f.get_db_converters(connection):
-                converters.append((position[f.column], f.get_db_converters(connection)))
-        known = {f.column for f in fields}
-        extra = [(name, i) for i, name in enumerate(columns) if name not in known]
-        names = [f.attname for f in fields]
-        pick = operator.itemgetter(*(position[f.column] for f in fields))
-        watched = signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model)
-        loads = json.loads
-        jobs = []
-        for row in rows:
-            values = list(row)
-            for i in json_columns:
-                if values[i] is not None:
-                    values[i] = loads(values[i])
-            for i, funcs in converters:
-                for func in funcs:
-                    values[i] = func(values[i], None, connection)
-            if not watched:
-                job = model.__new__(model)
-                job.__dict__.update(zip(names, pick(values), strict=True))
-                state = job._state = ModelState()
-                state.adding = False
-                state.db = alias
-            else:
-                job = model.from_db(alias, names, pick(values))
-            for name, i in extra:
-                setattr(job, name, values[i])
-            jobs.append(job)
-        return jobs
 
     def _rows(
         self, query: str, params: dict[str, Any], *, prepare: bool = False
     ) -> list[tuple[Any, ...]]:
-        """Run ``query``; its rows (none if it returns none). ``prepare``: through a
-        cursor of ``prepared.py`` (bound on the server, prepared where allowed), for
-        the statements a worker runs for every batch."""
-        try:
-            alias = self.db_alias
-            opened = prepared.cursor(alias) if prepare else connections[alias].cursor()
-            with opened as cursor:
-                cursor.execute(query, params)
-                return cursor.fetchall() if cursor.description else []
-        except DatabaseError as exc:
-            self._raise_if_not_migrated(exc)
-            raise
-
-    def _rowcount(self, query: str, params: dict[str, Any]) -> int:
-        try:
-            with connections[self.db_alias].cursor() as cursor:
-                cursor.execute(query, params)
-                return cursor.rowcount
-        except DatabaseError as exc:
-            self._raise_if_not_migrated(exc)
-            raise
-
-    def _raise_if_not_migrated(self, exc: DatabaseError) -> None:
-        """Raise ``NotMigrated`` ("run manage.py migrate") instead of ``exc`` if ``exc``
-        says the jobs table or one of its columns is missing; else return."""
-        missing = schema.not_migrated(exc, self.db_alias)
-        if missing is not None:
-            raise missing from exc
+        return db.rows(self.db_alias, query, params, prepare=prepare)
 
     # --- enqueue --------------------------------------------------------------------
 
@@ -230,7 +119,7 @@ class JobManager(models.Manager["Job"]):
         run_at: dt.datetime | None = None,
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
-        backend: str = "default",
+        backend: str | None = None,
         now: dt.datetime | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
@@ -239,25 +128,23 @@ class JobManager(models.Manager["Job"]):
         wake-up. Everything is validated first; a bad value raises ``InvalidJob``
         naming it and writes nothing. With an ``idempotency_key`` that a live job in
         the same queue already holds, that job is returned and nothing is inserted.
-        ``queue``, ``priority`` and ``run_at`` default to the Task's own (its
-        ``queue_name``, ``priority`` and ``run_after``; else "default", 0 and now).
+        Values not given come from the task and the backend (``defaults.resolve``).
         """
-        path = validation.task_path(task)
-        if isinstance(task, Task):
-            queue = task.queue_name if queue is None else queue
-            priority = task.priority if priority is None else priority
-            run_at = task.run_after if run_at is None else run_at
-            if max_attempts is None:  # @task(max_attempts=...) of PgQueueTask
-                max_attempts = task_option(task, "max_attempts")
+        resolved = defaults.resolve(
+            task,
+            backend=backend,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            max_attempts=max_attempts,
+        )
         params: dict[str, Any] = {
-            "backend": validation.backend_alias(backend),
-            "task": path,
-            "queue": validation.queue_name("default" if queue is None else queue),
-            "priority": validation.priority(0 if priority is None else priority),
-            "run_at": validation.run_at(run_at),
-            "max_attempts": validation.max_attempts(
-                settings.MAX_ATTEMPTS if max_attempts is None else max_attempts
-            ),
+            "backend": resolved.backend,
+            "task": resolved.task,
+            "queue": resolved.queue,
+            "priority": resolved.priority,
+            "run_at": resolved.run_at,
+            "max_attempts": resolved.max_attempts,
             "idempotency_key": validation.idempotency_key(idempotency_key),
             "channel": settings.NOTIFY_CHANNEL,
             "now": now,
@@ -268,13 +155,7 @@ class JobManager(models.Manager["Job"]):
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
         for _ in range(5):
-            try:
-                with prepared.cursor(self.db_alias) as cursor:
-                    cursor.execute(sql.JOB_ENQUEUE, params)
-                    row = cursor.fetchone()
-            except DatabaseError as exc:
-                self._raise_if_not_migrated(exc)
-                raise
+            row = db.row(self.db_alias, sql.JOB_ENQUEUE, params, prepare=True)
             if row is not None:
                 return self._enqueued(params, row)
             # ON CONFLICT: a live job holds the key. It may finish between the insert
@@ -327,8 +208,7 @@ class JobManager(models.Manager["Job"]):
         return bulk.bulk_enqueue(jobs, using=self.db_alias, batch_size=batch_size, now=now)
 
     def live_with_key(self, queue: str, key: str | None) -> Job | None:
-        from .models import LIVE_STATUSES
-
+        """The live job of ``queue`` holding idempotency key ``key``, if any."""
         return (
             self.db_manager(self.db_alias)
             .filter(queue=queue, idempotency_key=key, status__in=LIVE_STATUSES)
@@ -371,7 +251,7 @@ class JobManager(models.Manager["Job"]):
             params["after_priority"], params["after_id"] = after
         else:
             query = sql.JOB_CLAIM
-        jobs = self._jobs(query, params)
+        jobs = db.jobs(self.model, self.db_alias, query, params)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
 
@@ -501,9 +381,12 @@ class JobManager(models.Manager["Job"]):
         """Record a failed attempt; return the new status (``scheduled`` for a retry
         with backoff, ``dead`` when attempts are used up or ``retry`` is False), or
         None if ``worker_id`` lost the lease (nothing changes)."""
+        error_path, error_traceback = describe_error(exc)
         rows = self._rows(
             sql.JOB_FAIL,
             {
+                "error_path": error_path,
+                "error_traceback": error_traceback,
                 "id": job.id,
                 "worker_id": worker_id,
                 "attempt": job.attempts,
@@ -512,7 +395,6 @@ class JobManager(models.Manager["Job"]):
                 "backoff_base": float(settings.RETRY_BACKOFF_BASE),
                 "backoff_max": float(settings.RETRY_BACKOFF_MAX),
                 "keep_errors": settings.KEEP_ERRORS,
-                "error": json.dumps(error_entry(exc, worker_id=worker_id, attempt=job.attempts)),
                 "now": now,
             },
         )
@@ -554,8 +436,9 @@ class JobManager(models.Manager["Job"]):
             "channel": settings.NOTIFY_CHANNEL,
             "now": now,
         }
+        checked = job_ids(ids)
         requeued: list[int] = []
-        for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
+        for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
             rows = self._rows(sql.JOB_REQUEUE_DEAD, {**params, "ids": chunk})
             requeued.extend(row[0] for row in rows)
         return sorted(requeued)
@@ -566,9 +449,10 @@ class JobManager(models.Manager["Job"]):
         (they end ``cancelled`` whatever their outcome). Finished and unknown ids are left
         alone. One statement per ``SWEEP_BATCH_SIZE`` ids; a job locked at that instant
         (being claimed or completed) is tried again a few times, then left as it is."""
+        checked = job_ids(ids)
         cancelled: list[int] = []
         requested: list[int] = []
-        for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
+        for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
             for round_ in range(CANCEL_ROUNDS):
                 busy = []
                 for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
@@ -588,142 +472,15 @@ class JobManager(models.Manager["Job"]):
     def discard_dead(self, ids: Iterable[int]) -> list[int]:
         """Delete dead jobs by id; return the ids deleted (never a job that stopped
         being dead meanwhile)."""
+        checked = job_ids(ids)
         deleted: list[int] = []
-        for chunk in _chunks(ids, settings.SWEEP_BATCH_SIZE):
+        for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
             deleted.extend(row[0] for row in self._rows(sql.JOB_DELETE_DEAD, {"ids": chunk}))
         return sorted(deleted)
-
-    # --- maintenance ----------------------------------------------------------------
-
-    def rescue_expired(self, *, now: dt.datetime | None = None) -> tuple[int, int, int]:
-        """Return expired leases to pending (or dead on the last attempt, or cancelled if
-        their cancellation was requested), in bounded batches. Returns (recovered, dead,
-        cancelled)."""
-        recovered = dead = cancelled = 0
-        params: dict[str, Any] = {
-            "now": now,
-            "batch_size": settings.SWEEP_BATCH_SIZE,
-            "keep_errors": settings.KEEP_ERRORS,
-        }
-        for _ in range(MAX_SWEEP_BATCHES):
-            rows = self._rows(sql.JOB_RESCUE_EXPIRED, params)
-            dead += sum(1 for _, status in rows if status == "dead")
-            recovered += sum(1 for _, status in rows if status == "pending")
-            cancelled += sum(1 for _, status in rows if status == "cancelled")
-            if len(rows) < params["batch_size"]:
-                break
-        return recovered, dead, cancelled
-
-    def promote_due(self, *, now: dt.datetime | None = None, batch_size: int | None = None) -> int:
-        """Make due scheduled jobs pending and wake workers for their queues."""
-        size = batch_size or settings.SWEEP_BATCH_SIZE
-        promoted = 0
-        for _ in range(MAX_SWEEP_BATCHES):
-            with transaction.atomic(using=self.db_alias):
-                rows = self._rows(sql.JOB_PROMOTE_DUE, {"now": now, "batch_size": size})
-                for queue in sorted({row[0] for row in rows}):
-                    self.notify(queue)
-            promoted += len(rows)
-            if len(rows) < size or batch_size:
-                break
-        return promoted
-
-    def prune_finished(self, *, now: dt.datetime | None = None) -> int:
-        """Delete done jobs older than ``PGQUEUE_RETENTION_SECONDS``, in batches."""
-        pruned = 0
-        params: dict[str, Any] = {
-            "now": now,
-            "batch_size": settings.SWEEP_BATCH_SIZE,
-            "retention_seconds": float(settings.RETENTION_SECONDS),
-        }
-        for _ in range(MAX_SWEEP_BATCHES):
-            count = self._rowcount(sql.JOB_DELETE_FINISHED_BEFORE, params)
-            pruned += count
-            if count < params["batch_size"]:
-                break
-        return pruned
-
-    def sweep(self, *, now: dt.datetime | None = None) -> SweepResult:
-        """One bounded maintenance pass; safe to run from several processes at once."""
-        recovered, dead, cancelled = self.rescue_expired(now=now)
-        return SweepResult(
-            recovered=recovered,
-            dead=dead,
-            cancelled=cancelled,
-            promoted=self.promote_due(now=now),
-            pruned=self.prune_finished(now=now),
-            lost_workers=self.prune_lost_workers(now=now),
-        )
-
-    def prune_lost_workers(self, *, now: dt.datetime | None = None) -> int:
-        """Delete the rows of workers not seen for longer than their lease plus
-        ``PGQUEUE_LOST_WORKER_SECONDS``, in bounded batches."""
-        batch_size = int(settings.SWEEP_BATCH_SIZE)
-        params: dict[str, Any] = {
-            "now": now,
-            "batch_size": batch_size,
-            "keep_seconds": float(settings.LOST_WORKER_SECONDS),
-        }
-        pruned = 0
-        for _ in range(MAX_SWEEP_BATCHES):
-            count = len(self._rows(sql.WORKER_DELETE_LOST, params))
-            pruned += count
-            if count < batch_size:
-                break
-        return pruned
 
     def notify(self, queue: str) -> None:
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""
         self._rows(sql.JOB_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "queue": queue})
-
-    def configure_claim_session(self) -> None:
-        """Set up a worker's claim connection: claims keep to the claim index whatever
-        the statistics say, and commit without waiting for the disk (see
-        ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
-        self._rows(sql.SESSION_CONFIGURE_CLAIM, {})
-        # Claims on this very connection may be prepared (generic plans: see the
-        # statement); a new connection starts without the mark, as without the set-up.
-        connections[self.db_alias].connection._pgqueue_claims_prepared = True
-
-    def configure_claim_transaction(self, statement_timeout_ms: int) -> None:
-        """``configure_claim_session`` and a statement bound for the current transaction
-        only (``SET LOCAL``): the claim's set-up behind a transaction pooler."""
-        self._rows(
-            sql.SESSION_CONFIGURE_CLAIM_LOCAL,
-            {"statement_timeout": f"{int(statement_timeout_ms)}ms"},
-        )
-
-    def session_state(self) -> dict[str, Any]:
-        """What this thread's connection carries beyond its transaction: roles, the
-        settings that change later statements, and session-level objects held (see
-        ``sql.SESSION_GET_STATE``), by name."""
-        with connections[self.db_alias].cursor() as cursor:
-            cursor.execute(sql.SESSION_GET_STATE, {})
-            names = [column.name for column in cursor.description or ()]
-            return dict(zip(names, cursor.fetchone() or (), strict=True))
-
-    def configure_session(
-        self, application_name: str, *, statement_timeout_ms: int | None = None
-    ) -> None:
-        """Label this thread's connection (``pg_stat_activity.application_name``, cut
-        to 63 bytes by PostgreSQL) and optionally bound its statements."""
-        self._rows(
-            sql.SESSION_CONFIGURE,
-            {
-                "application_name": application_name[:63],
-                "statement_timeout": None
-                if statement_timeout_ms is None
-                else f"{int(statement_timeout_ms)}ms",
-            },
-        )
-
-    def bound_transaction(self, statement_timeout_ms: int) -> None:
-        """Bound the statements of the current transaction (``SET LOCAL``): the form
-        of ``configure_session``'s bound that a transaction pooler cannot leak."""
-        self._rows(
-            sql.SESSION_BOUND_TRANSACTION,
-            {"statement_timeout": f"{int(statement_timeout_ms)}ms"},
-        )
 
 
 @functools.cache

@@ -1,7 +1,8 @@
 """The jobs table.
 
 One row per job. Every state change at run time is one SQL statement from ``sql.py``,
-issued by ``JobManager``; the ORM is used for reading (admin, ``get_result``) only.
+issued by ``JobManager`` or, for its passes, the sweeper; the ORM is used for reading
+(admin, ``get_result``) only.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from django.db import models
 from django.db.models import ExpressionWrapper, F, Q, Value
 from django.db.models.lookups import LessThan
 
-from .manager import JobManager
+from .manager import LIVE_STATUSES, JobManager
 
-#: Statuses in which a job is still "live": an idempotency key is unique among these.
-LIVE_STATUSES = ("pending", "scheduled", "running")
 #: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
 FINISHED_STATUSES = ("done", "dead", "cancelled")
 

@@ -16,9 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
-
-from . import sql
+from . import db, sql
 from .databases import default_database
 from .models import FINISHED_STATUSES, LIVE_STATUSES, Job
 
@@ -36,9 +34,7 @@ COUNTED = (*LIVE_STATUSES, "dead")
 
 
 def _rows(using: str | None, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    with connections[using or default_database()].cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall()
+    return db.rows(using or default_database(), query, params)
 
 
 @dataclass(frozen=True)

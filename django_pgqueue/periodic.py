@@ -29,10 +29,10 @@ from typing import Any
 
 from cronsim import CronSim, CronSimError
 from django.conf import settings as django_settings
-from django.db import connections
 
-from . import sql, validation
+from . import db, defaults, sql, validation
 from .conf import settings
+from .databases import backend_database
 from .exceptions import InvalidJob
 
 logger = logging.getLogger(__name__)
@@ -250,8 +250,6 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
     # An entry's jobs belong in its backend's database, whose workers read them: each
     # database's sweepers enqueue the entries of the backends stored there (a sweeper
     # of another database would put them where no worker of that backend looks).
-    from .databases import backend_database
-
     valid = [entry for entry in valid if backend_database(entry.backend) == using]
     for name, message in errors.items():
         logger.error(
@@ -262,18 +260,14 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
         )
     if not valid:
         return []
-    from .backend import load_task  # the backend imports models; keep import time light
-
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
-        (clock,) = cursor.fetchone()
+    (clock,) = db.row(using, sql.JOB_BULK_CLOCK, {"now": now})
     ticked = sorted(
         ((entry, tick) for entry in valid if (tick := entry.latest_tick(clock)) is not None),
         key=lambda pair: pair[0].name,
     )
     if not ticked:
         return []
-    _run(
+    db.rows(
         using,
         sql.SCHEDULE_SYNC,
         {
@@ -297,7 +291,13 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
         ).split()
     }
     for entry, tick in due:
-        task = load_task(entry.task)
+        resolved = defaults.resolve(
+            entry.task,
+            backend=entry.backend,
+            queue=entry.queue,
+            priority=entry.priority,
+            max_attempts=entry.max_attempts,
+        )
         args, kwargs = validation.payload(
             entry.args, entry.kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
@@ -306,16 +306,14 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
         columns["timezones"].append(entry.timezone)
         columns["ticks"].append(tick)
         columns["keys"].append(f"periodic:{entry.name}:{tick.isoformat()}")
-        columns["backends"].append(entry.backend)
-        columns["queues"].append(entry.queue or task.queue_name)
-        columns["tasks"].append(entry.task)
+        columns["backends"].append(resolved.backend)
+        columns["queues"].append(resolved.queue)
+        columns["tasks"].append(resolved.task)
         columns["args"].append(args)
         columns["kwargs"].append(kwargs)
-        columns["priorities"].append(task.priority if entry.priority is None else entry.priority)
-        columns["max_attempts"].append(
-            entry.max_attempts or getattr(task, "max_attempts", None) or settings.MAX_ATTEMPTS
-        )
-    rows = _run(
+        columns["priorities"].append(resolved.priority)
+        columns["max_attempts"].append(resolved.max_attempts)
+    rows = db.rows(
         using,
         sql.SCHEDULE_ENQUEUE_TICKS,
         {**columns, "channel": settings.NOTIFY_CHANNEL, "now": now},
@@ -333,9 +331,3 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
             extra={"action": "periodic", "job_id": job_id, "schedule": name},
         )
     return enqueued
-
-
-def _run(using: str, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    with connections[using].cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else []

@@ -22,6 +22,77 @@ The table name is hard-coded; ``tests/test_sql.py`` checks it against ``Job._met
 Constants are in alphabetical order.
 """
 
+# --- Fragments ----------------------------------------------------------------------
+# Constant SQL text joined into the statements below when this module is imported
+# (text only, never a value), so that each rule of the queue is written once.
+
+# The database's clock as a CTE; %(now)s pins it in tests.
+_CLOCK = "clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)"
+
+# A lease: lease_seconds from the database's now (claims and heartbeats).
+_LEASE = "clock.now + make_interval(secs => %(lease_seconds)s)"
+
+# The fence of every worker write: the job is running, leased to this worker, at the
+# attempt and claim time the worker holds (a NULL attempt, from extend_leases given
+# plain ids, fences on the owner only). "(status = 'running') IS TRUE" keeps the
+# planner on the primary key instead of reading pgqueue_job_lease_idx.
+_FENCE = """j.id = owned.id
+  AND (j.status = 'running') IS TRUE
+  AND j.lease_owner = %(worker_id)s
+  AND (owned.attempt IS NULL
+       OR (j.attempts = owned.attempt
+           AND j.last_attempted_at::timestamp = owned.claimed_at))"""
+
+# The one job a single-row worker write is fenced on.
+_OWNED_ONE = """(VALUES (%(id)s::bigint, %(attempt)s::int, %(claimed_at)s::timestamp))
+     AS owned(id, attempt, claimed_at)"""
+
+# One entry of a job's errors list (Django's TaskError fields, plus who and when).
+_ENTRY = """jsonb_build_object(
+        'exception_class_path', {path},
+        'traceback', {traceback},
+        'worker_id', {worker_id},
+        'attempt', {attempt},
+        'at', clock.now)"""
+
+
+def _cancelled_entry(
+    why: str, worker_id: str = "j.lease_owner", attempt: str = "j.attempts"
+) -> str:
+    """The error entry of a job that ends cancelled; ``why`` is SQL text."""
+    return _ENTRY.format(
+        path="'django_pgqueue.exceptions.JobCancelled'",
+        traceback="'django_pgqueue.exceptions.JobCancelled: ' || " + why,
+        worker_id=worker_id,
+        attempt=attempt,
+    )
+
+
+# The newest %(keep_errors)s entries of a jsonb array of error entries.
+_KEEP_NEWEST = """(
+        SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
+        FROM (SELECT {entries} AS entries) AS x,
+             jsonb_array_elements(x.entries) WITH ORDINALITY AS e
+        WHERE e.ordinality > jsonb_array_length(x.entries) - %(keep_errors)s)"""
+
+# What every claim does with its candidates: lease them to this worker and charge the
+# attempt. They are leased by primary key (= ANY of their array), never joined: on a
+# claim connection the claims are prepared with one generic plan, which cannot know
+# that the LIMIT is small, and would join by walking the primary key from its start.
+_CLAIM_LEASE = f""", {_CLOCK}
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = {_LEASE},
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM clock
+WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+RETURNING j.*
+"""
+
+
 # Read the clock one bulk call stamps on its jobs: created_at, the default run_at, and the
 # "is run_at in the future" test that picks 'scheduled' over 'pending'. No index. Read once
 # per call because COPY cannot evaluate expressions per row; it is the database's clock
@@ -124,10 +195,11 @@ RETURNING j.id
 # worker's writes still apply. Primary-key lookups, rows locked in id order with SKIP
 # LOCKED: a row being claimed or completed right now is not waited for but returned as
 # 'busy' (from a plain read of the ids), so the caller can try it again.
-JOB_CANCEL = """
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
-), target AS (
+JOB_CANCEL = (
+    """
+WITH """
+    + _CLOCK
+    + """, target AS (
     SELECT id
     FROM pgqueue_job
     WHERE id = ANY(%(ids)s::bigint[])
@@ -140,13 +212,9 @@ WITH clock AS (
         cancel_requested_at = coalesce(j.cancel_requested_at, clock.now),
         finished_at = CASE WHEN j.status = 'running' THEN j.finished_at ELSE clock.now END,
         errors = CASE WHEN j.status = 'running' THEN j.errors
-                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                          'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
-                          'traceback', 'django_pgqueue.exceptions.JobCancelled: cancelled '
-                              || 'before it ran (' || j.status || ')',
-                          'worker_id', '',
-                          'attempt', j.attempts,
-                          'at', clock.now)) END
+                      ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancelled before it ran (' || j.status || ')'", worker_id="''")
+    + """) END
     FROM target, clock
     WHERE j.id = target.id
       AND j.status IN ('pending', 'scheduled', 'running')
@@ -160,20 +228,16 @@ WHERE id = ANY(%(ids)s::bigint[])
   AND status IN ('pending', 'scheduled', 'running')
   AND id NOT IN (SELECT id FROM target)
 """
+)
 
 # Claim up to %(limit)s pending jobs of any queue for one worker, in priority order,
 # from the head of pgqueue_job_claim_idx (WHERE and ORDER BY match its predicate and
 # columns exactly). SKIP LOCKED lets competing workers take disjoint rows without
 # waiting on each other; selection and update are one statement, so no commit can
 # release a lock before ownership is recorded. Attempts are charged here, so a crash
-# counts as an attempt. JOB_CLAIM_AFTER and JOB_CLAIM_QUEUES choose their candidates
-# differently and lease them with this same UPDATE (a test keeps the three alike).
-# The candidates are leased by primary key (= ANY of their array), never joined: on a
-# worker's claim connection the claims are prepared with one generic plan (see
-# SESSION_CONFIGURE_CLAIM), which cannot know that the LIMIT is small, and a join
-# planned for "10% of the table" is a merge join that walks the primary key from its
-# start (measured: 7 ms a claim behind 20,000 finished rows, 0.2 ms by key).
-JOB_CLAIM = """
+# counts as an attempt. Every claim leases its candidates with _CLAIM_LEASE.
+JOB_CLAIM = (
+    """
 WITH candidate AS (
     SELECT id
     FROM pgqueue_job
@@ -181,20 +245,9 @@ WITH candidate AS (
     ORDER BY priority DESC, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)"""
+    + _CLAIM_LEASE
 )
-UPDATE pgqueue_job AS j
-SET status = 'running',
-    lease_owner = %(worker_id)s,
-    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
-    attempts = j.attempts + 1,
-    started_at = coalesce(j.started_at, clock.now),
-    last_attempted_at = clock.now
-FROM clock
-WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-RETURNING j.*
-"""
 
 # JOB_CLAIM resumed after the worker's previous claim, (after_priority, after_id) in
 # the index's order: jobs of a higher priority, then those of the same priority after
@@ -206,7 +259,8 @@ RETURNING j.*
 # one that the LIMIT does not need is never run, so it locks nothing. Jobs of the same
 # priority behind the position (a retry keeps its id) wait for the worker's next head
 # claim (JOB_CLAIM), which it makes every PGQUEUE_CLAIM_RESCAN_SECONDS.
-JOB_CLAIM_AFTER = """
+JOB_CLAIM_AFTER = (
+    """
 WITH above AS (
     SELECT id
     FROM pgqueue_job
@@ -233,27 +287,17 @@ WITH above AS (
     FROM (SELECT id FROM above UNION ALL SELECT id FROM level
           UNION ALL SELECT id FROM below) AS branches
     LIMIT %(limit)s
-), clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)"""
+    + _CLAIM_LEASE
 )
-UPDATE pgqueue_job AS j
-SET status = 'running',
-    lease_owner = %(worker_id)s,
-    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
-    attempts = j.attempts + 1,
-    started_at = coalesce(j.started_at, clock.now),
-    last_attempted_at = clock.now
-FROM clock
-WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-RETURNING j.*
-"""
 
 # JOB_CLAIM for a worker of some queues only: per queue, the head of that queue's own
 # range of pgqueue_job_queue_claim_idx (queue, priority DESC, id), so a small queue
 # behind a huge one is reached without scanning past the huge one's entries; then the
 # best %(limit)s of those by priority. Each queue's branch locks at most %(limit)s rows,
 # released at the statement's commit unless claimed.
-JOB_CLAIM_QUEUES = """
+JOB_CLAIM_QUEUES = (
+    """
 WITH candidate AS (
     SELECT c.id
     FROM unnest(%(queues)s::text[]) AS q(name)
@@ -267,87 +311,65 @@ WITH candidate AS (
     ) AS c
     ORDER BY c.priority DESC, c.id
     LIMIT %(limit)s
-), clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+)"""
+    + _CLAIM_LEASE
 )
-UPDATE pgqueue_job AS j
-SET status = 'running',
-    lease_owner = %(worker_id)s,
-    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
-    attempts = j.attempts + 1,
-    started_at = coalesce(j.started_at, clock.now),
-    last_attempted_at = clock.now
-FROM clock
-WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-RETURNING j.*
-"""
 
 
 # Mark a job done with its result, only while this worker still owns this attempt (or
-# 'cancelled', with a JobCancelled error entry, if its cancellation was requested).
-# Primary-key lookup; the fence makes a late (zombie) completion update zero rows.
-JOB_COMPLETE = """
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
-)
+# 'cancelled' if its cancellation was requested). Primary-key lookup; the fence makes a
+# late (zombie) completion update zero rows.
+JOB_COMPLETE = (
+    """
+WITH """
+    + _CLOCK
+    + """
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
     result = %(result)s::jsonb,
     finished_at = clock.now,
     lease_expires_at = NULL,
     errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
-                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
-                          || 'requested while running; the task returned',
-                      'worker_id', j.lease_owner,
-                      'attempt', j.attempts,
-                      'at', clock.now)) END
-FROM clock
-WHERE j.id = %(id)s
-  AND j.status = 'running'
-  AND j.lease_owner = %(worker_id)s
-  AND j.attempts = %(attempt)s
-  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+                  ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancellation requested while running; the task returned'")
+    + """) END
+FROM clock, """
+    + _OWNED_ONE
+    + """
+WHERE """
+    + _FENCE
+    + """
 RETURNING j.id, j.status
 """
+)
 
 # Mark many jobs done with their results in one statement (the worker's batched
-# completion), each only while this worker still owns that attempt: the fence of
-# JOB_COMPLETE, row by row ('cancelled' where cancellation was requested). Primary-key
-# lookups via unnest; the caller sorts the input by id so rows are locked in the order
-# JOB_EXTEND_LEASES locks them (no deadlock with the heartbeat). Returns the input
-# position (1-based) of every row it changed: a position missing from the result is a
-# lost lease, and that job is left alone.
-# "(status = 'running') IS TRUE" is the same fence (status is NOT NULL) in a form that
-# does not match pgqueue_job_lease_idx's predicate: with "status = 'running'" the
-# planner, expecting few running rows, read that whole index instead of the 50 ids,
-# and every dead entry in it (all the jobs finished since the last VACUUM, a million
-# while a long transaction pins the xmin horizon) made each batch slower (measured:
-# 133 ms instead of 0.2 ms per batch after two minutes of a pinned horizon).
-JOB_COMPLETE_MANY = """
+# completion), each fenced like JOB_COMPLETE. The caller sorts the input by id, the lock
+# order of JOB_EXTEND_LEASES (no deadlock with the heartbeat). Returns the 1-based input
+# position of every row changed: a missing one is a lost lease, left alone.
+JOB_COMPLETE_MANY = (
+    """
+WITH """
+    + _CLOCK
+    + """
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
-    result = c.result,
-    finished_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    result = owned.result,
+    finished_at = clock.now,
     lease_expires_at = NULL,
     errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
-                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
-                          || 'requested while running; the task returned',
-                      'worker_id', j.lease_owner,
-                      'attempt', j.attempts,
-                      'at', coalesce(%(now)s::timestamptz, clock_timestamp()))) END
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
-            %(results)s::jsonb[]) WITH ORDINALITY AS c(id, attempt, claimed_at, result, ord)
-WHERE j.id = c.id
-  AND (j.status = 'running') IS TRUE
-  AND j.lease_owner = %(worker_id)s
-  AND j.attempts = c.attempt
-  AND j.last_attempted_at::timestamp = c.claimed_at
-RETURNING c.ord
+                  ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancellation requested while running; the task returned'")
+    + """) END
+FROM clock,
+     unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
+            %(results)s::jsonb[]) WITH ORDINALITY AS owned(id, attempt, claimed_at, result, ord)
+WHERE """
+    + _FENCE
+    + """
+RETURNING owned.ord
 """
+)
 
 # Admin summary: live jobs (pending, scheduled, running) per status and queue, each
 # status capped at %(cap)s rows. Each branch reads only its own partial index (claim,
@@ -479,37 +501,37 @@ ON CONFLICT (queue, idempotency_key)
 RETURNING j.id, j.status, j.run_at, j.created_at, pg_notify(%(channel)s, j.queue)::text
 """
 
-# Push the lease of jobs this worker still owns further into the future.
-# Primary-key lookups via unnest; fenced on owner and attempt (and its claim time) so a
-# worker can never extend a lease it lost. Returns the ids still owned, so a lost lease
-# is visible, and whether each one's cancellation was requested: the same statement
-# tells the worker to stop a cancelled job, at no extra query.
-# The status test is written as in JOB_COMPLETE_MANY, and for its reason: by primary
-# key, never a walk of pgqueue_job_lease_idx.
-JOB_EXTEND_LEASES = """
+# Push the lease of jobs this worker still owns further into the future, fenced. Returns
+# the ids still owned (a lost lease is visible) and whether each one's cancellation was
+# requested, so the heartbeat learns of cancels at no extra query.
+JOB_EXTEND_LEASES = (
+    """
+WITH """
+    + _CLOCK
+    + """
 UPDATE pgqueue_job AS j
-SET lease_expires_at = coalesce(%(now)s::timestamptz, clock_timestamp())
-                       + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[])
+SET lease_expires_at = """
+    + _LEASE
+    + """
+FROM clock,
+     unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[])
      AS owned(id, attempt, claimed_at)
-WHERE j.id = owned.id
-  AND (j.status = 'running') IS TRUE
-  AND j.lease_owner = %(worker_id)s
-  AND (owned.attempt IS NULL
-       OR (j.attempts = owned.attempt
-           AND j.last_attempted_at::timestamp = owned.claimed_at))
+WHERE """
+    + _FENCE
+    + """
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 """
-
-# Record a failed attempt: retry later with exponential backoff and jitter while
-# attempts remain (and %(retry)s is true), else dead-letter; a job whose cancellation
-# was requested ends 'cancelled' instead (no retry, no dead letter), with a JobCancelled
-# entry after the task's own error. Primary-key lookup, fenced
-# like JOB_COMPLETE. The error list keeps only the newest %(keep_errors)s entries.
-JOB_FAIL = """
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 )
+
+# Record a failed attempt, fenced: retry with exponential backoff and jitter while
+# attempts remain (and %(retry)s), else dead-letter; a job whose cancellation was
+# requested ends 'cancelled' with a JobCancelled entry after the task's own error.
+# Keeps the newest %(keep_errors)s error entries.
+JOB_FAIL = (
+    """
+WITH """
+    + _CLOCK
+    + """
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN %(retry)s AND j.attempts < j.max_attempts
@@ -525,32 +547,31 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                             AND j.attempts < j.max_attempts
                        THEN NULL ELSE clock.now END,
     lease_expires_at = NULL,
-    errors = (
-        SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
-        FROM (SELECT j.errors || jsonb_build_array(%(error)s::jsonb)
-                     || CASE WHEN j.cancel_requested_at IS NOT NULL
-                                  AND %(error)s::jsonb ->> 'exception_class_path'
-                                      <> 'django_pgqueue.exceptions.JobCancelled'
-                             THEN jsonb_build_array(jsonb_build_object(
-                                 'exception_class_path',
-                                 'django_pgqueue.exceptions.JobCancelled',
-                                 'traceback', 'django_pgqueue.exceptions.JobCancelled: '
-                                     || 'cancellation requested while running',
-                                 'worker_id', j.lease_owner,
-                                 'attempt', j.attempts,
-                                 'at', clock.now))
-                             ELSE '[]'::jsonb END AS entries) AS x,
-             jsonb_array_elements(x.entries) WITH ORDINALITY AS e
-        WHERE e.ordinality > jsonb_array_length(x.entries) - %(keep_errors)s
+    errors = """
+    + _KEEP_NEWEST.format(
+        entries="j.errors || jsonb_build_array("
+        + _ENTRY.format(
+            path="%(error_path)s::text",
+            traceback="%(error_traceback)s::text",
+            worker_id="j.lease_owner",
+            attempt="j.attempts",
+        )
+        + ") || CASE WHEN j.cancel_requested_at IS NOT NULL"
+        " AND %(error_path)s::text <> 'django_pgqueue.exceptions.JobCancelled'"
+        " THEN jsonb_build_array("
+        + _cancelled_entry("'cancellation requested while running'")
+        + ") ELSE '[]'::jsonb END"
     )
-FROM clock
-WHERE j.id = %(id)s
-  AND j.status = 'running'
-  AND j.lease_owner = %(worker_id)s
-  AND j.attempts = %(attempt)s
-  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+    + """
+FROM clock, """
+    + _OWNED_ONE
+    + """
+WHERE """
+    + _FENCE
+    + """
 RETURNING j.status
 """
+)
 
 # Admin: planner statistics about one column, no table scan at all. reltuples is the
 # row estimate kept by (auto)vacuum/analyze (-1: never analyzed); most_common_vals and
@@ -721,12 +742,13 @@ RETURNING j.queue
 """
 
 # Give a claimed job back without charging the attempt (graceful shutdown before the
-# task started); a job whose cancellation was requested meanwhile ends 'cancelled'.
-# Primary-key lookup, fenced like JOB_COMPLETE.
-JOB_RELEASE = """
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
-)
+# task started), fenced; a job whose cancellation was requested meanwhile ends
+# 'cancelled'.
+JOB_RELEASE = (
+    """
+WITH """
+    + _CLOCK
+    + """
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
     attempts = j.attempts - 1,
@@ -734,21 +756,20 @@ SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancel
     lease_expires_at = NULL,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
     errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                      'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
-                      'traceback', 'django_pgqueue.exceptions.JobCancelled: cancelled '
-                          || 'before it ran (released at shutdown)',
-                      'worker_id', j.lease_owner,
-                      'attempt', j.attempts - 1,
-                      'at', clock.now)) END
-FROM clock
-WHERE j.id = %(id)s
-  AND j.status = 'running'
-  AND j.lease_owner = %(worker_id)s
-  AND j.attempts = %(attempt)s
-  AND j.last_attempted_at::timestamp = %(claimed_at)s::timestamp
+                  ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry(
+        "'cancelled before it ran (released at shutdown)'", attempt="j.attempts - 1"
+    )
+    + """) END
+FROM clock, """
+    + _OWNED_ONE
+    + """
+WHERE """
+    + _FENCE
+    + """
 RETURNING j.id
 """
+)
 
 # Requeue dead letters by id (admin): back to pending with attempts reset and run_at
 # now, optionally into another queue or with another priority; the errors list is kept
@@ -797,16 +818,16 @@ WHERE j.id = picked.id
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
-# Take back running jobs whose lease expired: to pending, or to dead once the attempt
-# limit is reached (a job that kills its worker every time must not loop forever), or to
-# cancelled if its cancellation was requested (its worker died before it could stop it).
-# Uses pgqueue_job_lease_idx; one bounded batch; SKIP LOCKED so it never waits on a
-# worker completing the same row (that worker's fenced write then wins or loses
-# cleanly). An error entry records whose lease expired.
-JOB_RESCUE_EXPIRED = """
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
-), expired AS (
+# Take back running jobs whose lease expired: to pending, to dead once the attempt limit
+# is reached (a job that kills its worker every time must not loop forever), or to
+# cancelled if its cancellation was requested. Uses pgqueue_job_lease_idx; one bounded
+# batch; SKIP LOCKED so it never waits on a worker completing the same row (whose fenced
+# write then wins or loses cleanly). An error entry records whose lease expired.
+JOB_RESCUE_EXPIRED = (
+    """
+WITH """
+    + _CLOCK
+    + """, expired AS (
     SELECT id
     FROM pgqueue_job, clock
     WHERE status = 'running'
@@ -823,32 +844,29 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     lease_expires_at = NULL,
     finished_at = CASE WHEN j.attempts >= j.max_attempts
                             OR j.cancel_requested_at IS NOT NULL THEN clock.now END,
-    errors = (
-        SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
-        FROM jsonb_array_elements(j.errors || jsonb_build_array(
-                 CASE WHEN j.cancel_requested_at IS NULL THEN jsonb_build_object(
-                     'exception_class_path', 'django_pgqueue.exceptions.LeaseExpired',
-                     'traceback', 'LeaseExpired: lease of worker ' || j.lease_owner
-                         || ' expired after attempt ' || j.attempts
-                         || ' of ' || j.max_attempts,
-                     'worker_id', j.lease_owner,
-                     'attempt', j.attempts,
-                     'at', clock.now)
-                 ELSE jsonb_build_object(
-                     'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
-                     'traceback', 'django_pgqueue.exceptions.JobCancelled: cancellation '
-                         || 'requested while running; the lease of worker '
-                         || j.lease_owner || ' expired',
-                     'worker_id', j.lease_owner,
-                     'attempt', j.attempts,
-                     'at', clock.now) END))
-             WITH ORDINALITY AS e
-        WHERE e.ordinality > jsonb_array_length(j.errors) + 1 - %(keep_errors)s
+    errors = """
+    + _KEEP_NEWEST.format(
+        entries="j.errors || jsonb_build_array(CASE WHEN j.cancel_requested_at IS NULL THEN "
+        + _ENTRY.format(
+            path="'django_pgqueue.exceptions.LeaseExpired'",
+            traceback="'LeaseExpired: lease of worker ' || j.lease_owner"
+            " || ' expired after attempt ' || j.attempts || ' of ' || j.max_attempts",
+            worker_id="j.lease_owner",
+            attempt="j.attempts",
+        )
+        + " ELSE "
+        + _cancelled_entry(
+            "'cancellation requested while running; the lease of worker '"
+            " || j.lease_owner || ' expired'"
+        )
+        + " END)"
     )
+    + """
 FROM expired, clock
 WHERE j.id = expired.id
 RETURNING j.id, j.status
 """
+)
 
 # Jobs that finished in the last %(window_seconds)s seconds, per outcome and queue:
 # up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)

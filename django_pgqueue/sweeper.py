@@ -1,9 +1,10 @@
-"""The sweeper: one bounded maintenance pass, once or on an interval.
+"""The sweeper: its maintenance passes, and the loop that runs them.
 
-Each pass rescues expired leases (to pending, or dead on the last attempt), promotes
-due scheduled jobs and prunes old done jobs (see ``JobManager.sweep``), then enqueues
-the due ticks of periodic entries (see ``periodic.py``). Several sweepers may run at
-once: every statement uses SKIP LOCKED, and each tick is enqueued once.
+Each pass rescues expired leases (to pending, dead on the last attempt, or cancelled),
+promotes due scheduled jobs, prunes old finished jobs and lost workers' rows, then
+enqueues the due ticks of periodic entries (see ``periodic.py``). Every pass works in
+bounded batches; several sweepers may run at once: every statement uses SKIP LOCKED,
+and each tick is enqueued once.
 """
 
 from __future__ import annotations
@@ -12,17 +13,126 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
+from typing import Any
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, transaction
 
-from . import periodic
-from .databases import backend_database
-from .exceptions import NotMigrated
-from .manager import SweepResult
-from .models import Job
-from .worker.connections import backoff_delay, close_connection, first_line
+from . import db, periodic, sql
+from .conf import settings
+from .databases import backend_database, default_database
+from .exceptions import NotMigrated, first_line
+from .reconnect import backoff_delay, close_connection
 
 logger = logging.getLogger(__name__)
+
+#: Upper bound on batches in one sweep pass, so a pass always ends even under churn.
+MAX_SWEEP_BATCHES = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """What one sweep pass changed."""
+
+    recovered: int = 0  # expired leases returned to pending
+    dead: int = 0  # expired leases on their last attempt, dead-lettered
+    promoted: int = 0  # due scheduled jobs made pending
+    pruned: int = 0  # finished jobs past retention deleted
+    periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
+    cancelled: int = 0  # expired leases of jobs whose cancellation was requested
+    lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
+
+    def __bool__(self) -> bool:
+        return any(dataclasses.astuple(self))
+
+
+def rescue_expired(using: str, *, now: dt.datetime | None = None) -> tuple[int, int, int]:
+    """Return expired leases to pending (or dead on the last attempt, or cancelled if
+    their cancellation was requested). Returns (recovered, dead, cancelled)."""
+    recovered = dead = cancelled = 0
+    params: dict[str, Any] = {
+        "now": now,
+        "batch_size": settings.SWEEP_BATCH_SIZE,
+        "keep_errors": settings.KEEP_ERRORS,
+    }
+    for _ in range(MAX_SWEEP_BATCHES):
+        rows = db.rows(using, sql.JOB_RESCUE_EXPIRED, params)
+        dead += sum(1 for _, status in rows if status == "dead")
+        recovered += sum(1 for _, status in rows if status == "pending")
+        cancelled += sum(1 for _, status in rows if status == "cancelled")
+        if len(rows) < params["batch_size"]:
+            break
+    return recovered, dead, cancelled
+
+
+def promote_due(
+    using: str, *, now: dt.datetime | None = None, batch_size: int | None = None
+) -> int:
+    """Make due scheduled jobs pending and wake workers for their queues (at commit).
+    ``batch_size``: one batch of that size only (an idle worker's share)."""
+    size = batch_size or settings.SWEEP_BATCH_SIZE
+    promoted = 0
+    for _ in range(MAX_SWEEP_BATCHES):
+        with transaction.atomic(using=using):
+            rows = db.rows(using, sql.JOB_PROMOTE_DUE, {"now": now, "batch_size": size})
+            if rows:
+                db.rows(
+                    using,
+                    sql.JOB_NOTIFY_MANY,
+                    {"channel": settings.NOTIFY_CHANNEL, "queues": sorted({r[0] for r in rows})},
+                )
+        promoted += len(rows)
+        if len(rows) < size or batch_size:
+            break
+    return promoted
+
+
+def prune_finished(using: str, *, now: dt.datetime | None = None) -> int:
+    """Delete done jobs older than ``PGQUEUE_RETENTION_SECONDS``."""
+    pruned = 0
+    params: dict[str, Any] = {
+        "now": now,
+        "batch_size": settings.SWEEP_BATCH_SIZE,
+        "retention_seconds": float(settings.RETENTION_SECONDS),
+    }
+    for _ in range(MAX_SWEEP_BATCHES):
+        count = db.rowcount(using, sql.JOB_DELETE_FINISHED_BEFORE, params)
+        pruned += count
+        if count < params["batch_size"]:
+            break
+    return pruned
+
+
+def prune_lost_workers(using: str, *, now: dt.datetime | None = None) -> int:
+    """Delete the rows of workers not seen for longer than their lease plus
+    ``PGQUEUE_LOST_WORKER_SECONDS``."""
+    batch_size = int(settings.SWEEP_BATCH_SIZE)
+    params: dict[str, Any] = {
+        "now": now,
+        "batch_size": batch_size,
+        "keep_seconds": float(settings.LOST_WORKER_SECONDS),
+    }
+    pruned = 0
+    for _ in range(MAX_SWEEP_BATCHES):
+        count = len(db.rows(using, sql.WORKER_DELETE_LOST, params))
+        pruned += count
+        if count < batch_size:
+            break
+    return pruned
+
+
+def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepResult:
+    """One bounded maintenance pass over the jobs database ``using`` (None: the default
+    backend's), periodic entries aside; safe to run from several processes at once."""
+    alias = using or default_database()
+    recovered, dead, cancelled = rescue_expired(alias, now=now)
+    return SweepResult(
+        recovered=recovered,
+        dead=dead,
+        cancelled=cancelled,
+        promoted=promote_due(alias, now=now),
+        pruned=prune_finished(alias, now=now),
+        lost_workers=prune_lost_workers(alias, now=now),
+    )
 
 
 class Sweeper:
@@ -50,7 +160,7 @@ class Sweeper:
 
     def run_once(self) -> SweepResult:
         """One pass; logs at info level only when something changed."""
-        result = Job.objects.db_manager(self.alias).sweep(now=self.now)
+        result = sweep(using=self.alias, now=self.now)
         # Each sweeper enqueues the PGQUEUE_PERIODIC entries whose backend's jobs live
         # in its database (an entry's "backend", default "default").
         ticks = periodic.enqueue_due(using=self.alias, now=self.now)

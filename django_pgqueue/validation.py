@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
+from .databases import QueueBackend
 from .exceptions import InvalidJob
 from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
 
@@ -76,25 +77,30 @@ def _check_int(value: int, path: str) -> None:
 
 
 def task_path(task: Any) -> str:
-    """Return the dotted path of a Django ``Task`` given as an object or a path.
+    """Return the dotted path of a Django ``Task`` given as an object or a path (see
+    :func:`task_object`)."""
+    return task_object(task).module_path
+
+
+def task_object(task: Any) -> Task:
+    """The Django ``Task`` given as an object or a dotted path, as a worker will load it.
 
     A path must import to a ``Task`` now, so a typo fails at enqueue, not in a worker.
     So must a ``Task``'s own path, which is how a worker loads it: a Task assigned to
     another name than its function's (``job = task()(_job)``) would never run.
     """
-    if isinstance(task, Task):
-        task = task.module_path
-    if isinstance(task, str):
+    path = task.module_path if isinstance(task, Task) else task
+    if isinstance(path, str):
         try:
-            obj = import_string(task)
+            obj = import_string(path)
         except ImportError as exc:
-            raise InvalidJob(f"task {task!r} does not import: {exc}") from exc
+            raise InvalidJob(f"task {path!r} does not import: {exc}") from exc
         if not isinstance(obj, Task):
             raise InvalidJob(
-                f"task {task!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task "
+                f"task {path!r} is a {type(obj).__name__}, not a {FRAMEWORK}.Task "
                 "(decorate the function with @task)"
             )
-        return obj.module_path
+        return task if isinstance(task, Task) else obj
     raise InvalidJob(
         f"task must be a {FRAMEWORK}.Task or its dotted path, not {type(task).__name__}"
     )
@@ -168,13 +174,11 @@ def backend_alias(value: Any) -> str:
 @functools.lru_cache(maxsize=64)
 def is_pgqueue_backend(path: str) -> bool:
     """Whether a ``TASKS[...]["BACKEND"]`` path imports to a ``PgQueueBackend``."""
-    from .backend import PgQueueBackend
-
     try:
         cls = import_string(path)
     except ImportError:
         return False
-    return isinstance(cls, type) and issubclass(cls, PgQueueBackend)
+    return isinstance(cls, type) and issubclass(cls, QueueBackend)
 
 
 def idempotency_key(value: Any) -> str | None:

@@ -113,3 +113,15 @@ def fails_first_attempt(message: str = "first attempt fails", seconds: float = 0
     if attempt == 1:
         raise ValueError(f"{message}\nsecond line of the message")
     return attempt
+
+
+@task(queue_name="emails", priority=7)
+def with_queue_and_priority(n: int) -> int:
+    """For the enqueue-path test: options from the task, attempts from elsewhere."""
+    return n
+
+
+@task(queue_name="emails", priority=-3, max_attempts=4)
+def with_own_attempts(n: int) -> int:
+    """For the enqueue-path test: the task's own attempt limit."""
+    return n

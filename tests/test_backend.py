@@ -17,6 +17,7 @@ from django.test import override_settings
 from django_pgqueue.backend import PgQueueBackend
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.sweeper import promote_due
 from django_pgqueue.taskapi import (
     TaskContext,
     TaskResult,
@@ -166,7 +167,7 @@ def test_get_result__dead_is_failed_with_one_error_per_attempt(now):
     Job.objects.filter(pk=result.id).update(max_attempts=3)
     for attempt in range(1, 4):
         at = now + dt.timedelta(hours=attempt)
-        Job.objects.promote_due(now=at)
+        promote_due("default", now=at)
         (job,) = Job.objects.claim(f"w{attempt}", limit=1, now=at)
         try:
             tasks.always_fails.call("nope")
@@ -190,7 +191,7 @@ def test_get_result__success_after_a_retry_counts_both_attempts(now):
     result = tasks.add.enqueue(1, 2)
     (job,) = Job.objects.claim("w1", limit=1, now=now)
     Job.objects.fail(job, "w1", RuntimeError("transient"), now=now)
-    Job.objects.promote_due(now=now + dt.timedelta(hours=1))
+    promote_due("default", now=now + dt.timedelta(hours=1))
     (job,) = Job.objects.claim("w2", limit=1, now=now + dt.timedelta(hours=1))
     Job.objects.complete(job, "w2", result=3)
     got = tasks.add.get_result(result.id)
@@ -260,7 +261,7 @@ def test_backend__context_task_sees_its_job_id_and_attempt(run_worker):
     run_worker()
     job = fresh(result.id)
     assert (job.status, job.attempts) == ("scheduled", 1)
-    Job.objects.promote_due(now=job.run_at)
+    promote_due("default", now=job.run_at)
     run_worker()
     result.refresh()
     assert result.status == TaskResultStatus.SUCCESSFUL

@@ -219,7 +219,7 @@ def test_bulk_enqueue__bad_job_in_10000_leaves_the_table_unchanged(job_factory):
         ({"task": ADD, "max_attempts": 2**31}, "max_attempts 2147483648 is over the largest"),
         ({"task": ADD, "idempotency_key": ""}, "idempotency_key must be a non-empty str"),
         ({"task": ADD, "backend": 3}, "backend must be a str naming a TASKS alias, not int 3"),
-        ({"task": ADD, "backend": None}, "backend must be a str naming a TASKS alias"),
+        ({"task": ADD, "backend": ["default"]}, "backend must be a str naming a TASKS alias"),
         ({"task": ADD, "backend": "x" * 100}, "backend 'xxxxxxxx"),
         ({"task": ADD, "backend": "nope"}, "backend 'nope' is not an alias in settings.TASKS"),
         ({"task": ADD, "backend": "de\x00fault"}, "backend contains a NUL character"),

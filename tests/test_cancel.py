@@ -15,6 +15,7 @@ from django.test import override_settings
 from django_pgqueue.exceptions import JobCancelled
 from django_pgqueue.manager import CancelResult
 from django_pgqueue.models import Job
+from django_pgqueue.sweeper import sweep
 from django_pgqueue.taskapi import TaskResultStatus, default_task_backend
 from testproject.demo.models import Delivery
 
@@ -129,7 +130,7 @@ def test_sweep__expired_lease_of_a_cancel_requested_job_is_cancelled_not_retried
     job = job_factory(max_attempts=5)
     claim(lease_seconds=10, now=now)
     Job.objects.cancel([job.id], now=now + S)
-    result = Job.objects.sweep(now=now + 11 * S)
+    result = sweep(now=now + 11 * S)
     assert (result.cancelled, result.recovered, result.dead) == (1, 0, 0)
     row = fresh(job)
     assert row.status == "cancelled"

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from django_pgqueue.backend import load_task, to_task_result
+from django_pgqueue import sql
+from django_pgqueue.framework import load_task, to_task_result
 from django_pgqueue.models import Job
+from django_pgqueue.sweeper import sweep
 from django_pgqueue.worker import Worker
 from django_pgqueue.worker.completer import Completion
 from django_pgqueue.worker.state import Held
@@ -79,7 +81,7 @@ def test_completer__flush_completes_many_jobs_in_one_statement(job_factory):
 
     statements = in_thread(flush)
     assert len(statements) == 1
-    assert statements[0].lstrip().startswith("UPDATE pgqueue_job AS j")
+    assert statements[0] == sql.JOB_COMPLETE_MANY
     assert worker._completer.flushes == 1
     assert (worker.stats.done, worker.stats.lost) == (25, 0)
     rows = [fresh(c.job) for c in batch]
@@ -152,7 +154,7 @@ def test_completer__heartbeat_extends_a_job_waiting_for_its_flush(job_factory, s
                 return bool(cursor.fetchone()[0])
 
             wait_for(first_lease_ran_out, timeout=10)
-        assert Job.objects.sweep().recovered == 0
+        assert sweep().recovered == 0
         row = fresh(job)
         assert (row.status, row.attempts, row.lease_owner) == ("running", 1, "w-waiting")
         assert worker._completer.flushes == 0

@@ -16,9 +16,10 @@ import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from django_pgqueue import prepared, sql
+from django_pgqueue import db, sql
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job
+from django_pgqueue.sweeper import promote_due, sweep
 from django_pgqueue.taskapi import FRAMEWORK
 from testproject.demo import tasks
 from tests import tasks as test_tasks
@@ -334,7 +335,10 @@ BAD_INPUTS = {
         f"backend '{'x' * 76}... is 100 characters: a TASKS alias of 1 to 64 characters is needed",
     ),
     # NOT NULL column: an IntegrityError that aborted the caller's transaction.
-    "backend_none": ({"backend": None}, "backend must be a str naming a TASKS alias, not None"),
+    "backend_list": (
+        {"backend": ["default"]},
+        "backend must be a str naming a TASKS alias, not list",
+    ),
     "backend_int": ({"backend": 7}, "backend must be a str naming a TASKS alias, not int 7"),
     "backend_empty": ({"backend": ""}, "backend '' is 0 characters"),
     # Accepted and stored before: its TaskResult could never be read back.
@@ -375,8 +379,8 @@ def test_enqueue__rejects_bad_input_before_writing(
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "backend",
-    ["x" * 100, None, 3, "nope", "a\x00", "\ud800"],
-    ids=["long", "none", "int", "unknown", "nul", "surrogate"],
+    ["x" * 100, ["default"], 3, "nope", "a\x00", "\ud800"],
+    ids=["long", "list", "int", "unknown", "nul", "surrogate"],
 )
 def test_enqueue__bad_backend_leaves_the_callers_transaction_usable(job_factory, backend):
     with transaction.atomic():
@@ -496,7 +500,8 @@ def test_claim__is_planned_for_its_parameters_every_time(job_factory):
 def test_claim__prepared_with_a_generic_plan_on_a_claim_connection(job_factory):
     """A worker's claim connection (its set-up rules out the plans a generic plan could
     go wrong with) prepares the claims and plans each once."""
-    from django_pgqueue.worker.connections import close_connection, configure_session
+    from django_pgqueue.reconnect import close_connection
+    from django_pgqueue.worker.connections import configure_session
 
     configure_session("default", "claim", "w-generic")
     try:
@@ -536,10 +541,13 @@ def test_claim__init_signals_are_sent_when_received(job_factory):
 
 
 @pytest.mark.django_db
-def test_jobs__extra_returned_columns_become_attributes(db):
+def test_jobs__extra_returned_columns_become_attributes():
     made = Job.objects.enqueue(tasks.add, [1, 2])
-    (job,) = Job.objects._jobs(
-        "SELECT *, 'x' AS extra FROM pgqueue_job WHERE id = %(id)s", {"id": made.id}
+    (job,) = db.jobs(
+        Job,
+        "default",
+        "SELECT *, 'x' AS extra FROM pgqueue_job WHERE id = %(id)s",
+        {"id": made.id},
     )
     assert job.extra == "x"
     assert (job.id, job.args, job.errors) == (made.id, [1, 2], [])
@@ -626,7 +634,7 @@ def test_claim__started_at_keeps_the_first_attempt(job_factory, now):
     job_factory(now=now)
     job = claim_one(now=now)
     Job.objects.fail(job, "w1", boom(), now=now + S)
-    Job.objects.promote_due(now=now + dt.timedelta(hours=1))
+    promote_due("default", now=now + dt.timedelta(hours=1))
     again = claim_one(now=now + dt.timedelta(hours=2))
     assert again.attempts == 2
     assert again.started_at == now
@@ -728,7 +736,7 @@ def test_extend_leases__non_owner_extends_nothing(job_factory, now):
 def test_extend_leases__stale_attempt_extends_nothing(job_factory, now):
     job_factory()
     first = claim_one("w1", lease_seconds=10, now=now)
-    Job.objects.sweep(now=now + 11 * S)  # lease expired and taken back
+    sweep(now=now + 11 * S)  # lease expired and taken back
     second = claim_one("w1", lease_seconds=10, now=now + 12 * S)
     assert second.attempts == 2
     # Same worker id, older attempt: the job it holds is not the one running now.
@@ -770,7 +778,7 @@ def test_complete__stores_result_and_finishes(job_factory, now):
 def test_complete__late_worker_cannot_complete_a_reclaimed_job(job_factory, now):
     job_factory()
     stale = claim_one("A", lease_seconds=10, now=now)
-    result = Job.objects.sweep(now=now + 11 * S)
+    result = sweep(now=now + 11 * S)
     assert result.recovered == 1
     current = claim_one("B", lease_seconds=10, now=now + 12 * S)
     assert current.id == stale.id
@@ -791,7 +799,7 @@ def test_complete__late_worker_cannot_complete_a_reclaimed_job(job_factory, now)
 def test_complete__same_worker_older_attempt_is_fenced_out(job_factory, now):
     job_factory()
     stale = claim_one("A", lease_seconds=10, now=now)
-    Job.objects.sweep(now=now + 11 * S)
+    sweep(now=now + 11 * S)
     current = claim_one("A", lease_seconds=10, now=now + 12 * S)
     assert Job.objects.complete(stale, "A") is False
     assert fresh(current).status == "running"
@@ -804,7 +812,7 @@ def test_complete__same_worker_run_before_a_requeue_is_fenced_out(job_factory, n
     change nothing."""
     job_factory(max_attempts=1)
     stale = claim_one("A", lease_seconds=10, now=now)
-    assert Job.objects.sweep(now=now + 11 * S).dead == 1
+    assert sweep(now=now + 11 * S).dead == 1
     assert Job.objects.requeue_dead([stale.id], now=now + 12 * S) == [stale.id]
     current = claim_one("A", lease_seconds=10, now=now + 13 * S)
     assert (current.lease_owner, current.attempts) == (stale.lease_owner, stale.attempts)
@@ -858,7 +866,7 @@ def test_complete__int_keys_become_strings_like_json(job_factory):
 
 def fail_attempt(job_id: int, at: dt.datetime, exc: BaseException | None = None) -> str | None:
     """Promote (if needed), claim and fail the job once at a pinned time."""
-    Job.objects.promote_due(now=at)
+    promote_due("default", now=at)
     job = claim_one("w1", now=at)
     assert job.id == job_id
     return Job.objects.fail(job, "w1", exc or boom(f"attempt {job.attempts}"), now=at)
@@ -895,8 +903,8 @@ def test_fail__retry_is_not_claimable_until_promoted(job_factory, now):
     job = job_factory()
     fail_attempt(job.id, now)
     assert Job.objects.claim("w1", limit=1, now=now + dt.timedelta(days=1)) == []
-    assert Job.objects.promote_due(now=now + S) == 0  # backoff not over yet
-    assert Job.objects.promote_due(now=now + dt.timedelta(minutes=1)) == 1
+    assert promote_due("default", now=now + S) == 0  # backoff not over yet
+    assert promote_due("default", now=now + dt.timedelta(minutes=1)) == 1
     assert fresh(job).status == "pending"
 
 
@@ -940,7 +948,7 @@ def test_fail__last_attempt_is_dead(job_factory, now):
     assert row.finished_at == now + dt.timedelta(hours=1)
     assert row.lease_expires_at is None
     # Dead is final: nothing promotes or claims it.
-    assert Job.objects.sweep(now=now + dt.timedelta(days=30)).promoted == 0
+    assert sweep(now=now + dt.timedelta(days=30)).promoted == 0
     assert Job.objects.claim("w1", limit=1) == []
 
 
@@ -1046,7 +1054,7 @@ def test_enqueue__is_prepared_by_default():
     Job.objects.enqueue(tasks.add, [1, 2])
     Job.objects.enqueue(tasks.add, [3, 4], queue="other")
     assert prepared_enqueues() == 1  # one statement, prepared once, run twice
-    assert prepared.prepares("default")
+    assert db.prepares("default")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -1059,7 +1067,7 @@ def test_enqueue__respects_a_prepare_threshold_of_none(monkeypatch):
             Job.objects.enqueue(tasks.add, [n, 1])
         assert Job.objects.count() == 3
         assert prepared_enqueues() == 0
-        assert not prepared.prepares("default")
+        assert not db.prepares("default")
     finally:
         connection.close()  # the next test's connection has the settings' own options
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from django_pgqueue import monitoring, sql
 from django_pgqueue.models import Job, WorkerProcess
-from django_pgqueue.sweeper import Sweeper
+from django_pgqueue.sweeper import Sweeper, prune_lost_workers
 from django_pgqueue.worker import presence
 from django_pgqueue.worker.state import WorkerState
 from tests.conftest import wait_for
@@ -126,8 +126,8 @@ def test_prune_lost_workers__keeps_lost_rows_for_the_configured_time(now):
         WorkerProcess.objects.filter(id="old-1").update(last_seen_at=now)
         with override_settings(PGQUEUE_LOST_WORKER_SECONDS=60):
             # 10 s lease + 60 s: one second short is kept, one second past is deleted.
-            assert Job.objects.prune_lost_workers(now=now + dt.timedelta(seconds=69)) == 0
-            assert Job.objects.prune_lost_workers(now=now + dt.timedelta(seconds=71)) == 1
+            assert prune_lost_workers("default", now=now + dt.timedelta(seconds=69)) == 0
+            assert prune_lost_workers("default", now=now + dt.timedelta(seconds=71)) == 1
     finally:
         presence.unregister("old-1")
 

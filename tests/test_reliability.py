@@ -20,6 +20,7 @@ from django.db import connection
 
 from django_pgqueue import sql
 from django_pgqueue.models import Job
+from django_pgqueue.sweeper import sweep
 from django_pgqueue.taskapi import FRAMEWORK
 from django_pgqueue.tasks import PgQueueTask, current_job
 from django_pgqueue.worker import Worker
@@ -48,7 +49,7 @@ def sweep_until(condition: Callable[[], Any], timeout: float = 20.0) -> Any:
     """Run the sweeper (in this process) until ``condition()`` holds."""
 
     def swept() -> Any:
-        Job.objects.sweep()
+        sweep()
         return condition()
 
     return wait_for(swept, timeout=timeout, interval=0.1)
@@ -574,9 +575,9 @@ def test_sweep__skips_a_job_whose_completion_is_committing(
             "now": None,
         },
     )  # inside an open transaction: the row is locked, not yet done
-    assert Job.objects.sweep().recovered == 0  # SKIP LOCKED: no wait, no rescue
+    assert sweep().recovered == 0  # SKIP LOCKED: no wait, no rescue
     completing.commit()
-    assert Job.objects.sweep().recovered == 0
+    assert sweep().recovered == 0
     done = job(claimed.id)
     assert (done.status, done.errors, done.attempts) == ("done", [], 1)
 
@@ -761,7 +762,7 @@ def test_shutdown__heartbeat_keeps_leases_until_task_finishes(
 
     def exited() -> bool:
         nonlocal recovered
-        recovered += Job.objects.sweep().recovered
+        recovered += sweep().recovered
         return worker.popen.poll() is not None
 
     wait_for(exited, timeout=20, interval=0.1)

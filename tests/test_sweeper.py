@@ -15,9 +15,8 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue import sql
-from django_pgqueue.manager import SweepResult
 from django_pgqueue.models import Job
-from django_pgqueue.sweeper import Sweeper
+from django_pgqueue.sweeper import Sweeper, SweepResult, sweep
 from tests.conftest import wait_for
 
 S = dt.timedelta(seconds=1)
@@ -49,7 +48,7 @@ def done(job_factory, at: dt.datetime) -> Job:
 def test_sweep__rescues_a_lease_expired_one_second_ago_only(job_factory, now):
     expired = claimed(job_factory, now)  # lease ends at now + 60 s
     live = claimed(job_factory, now + 2 * S)  # lease ends at now + 62 s
-    result = Job.objects.sweep(now=now + 61 * S)
+    result = sweep(now=now + 61 * S)
     assert result == SweepResult(recovered=1)
     row = fresh(expired)
     assert (row.status, row.lease_owner, row.lease_expires_at) == ("pending", None, None)
@@ -64,14 +63,14 @@ def test_sweep__rescues_a_lease_expired_one_second_ago_only(job_factory, now):
 @pytest.mark.django_db
 def test_sweep__lease_ending_exactly_now_is_not_rescued(job_factory, now):
     job = claimed(job_factory, now)
-    assert Job.objects.sweep(now=now + 60 * S) == SweepResult()
+    assert sweep(now=now + 60 * S) == SweepResult()
     assert fresh(job).status == "running"
 
 
 @pytest.mark.django_db
 def test_sweep__expiry_on_the_last_attempt_is_dead(job_factory, now):
     job = claimed(job_factory, now, max_attempts=1)
-    result = Job.objects.sweep(now=now + 61 * S)
+    result = sweep(now=now + 61 * S)
     assert result == SweepResult(dead=1)
     row = fresh(job)
     assert (row.status, row.attempts, row.finished_at) == ("dead", 1, now + 61 * S)
@@ -84,10 +83,10 @@ def test_sweep__expiry_on_the_last_attempt_is_dead(job_factory, now):
 @pytest.mark.django_db
 def test_sweep__rescued_job_runs_again_and_a_second_expiry_is_dead(job_factory, now):
     job = claimed(job_factory, now, max_attempts=2)
-    assert Job.objects.sweep(now=now + 61 * S).recovered == 1
+    assert sweep(now=now + 61 * S).recovered == 1
     (again,) = Job.objects.claim("w2", limit=1, lease_seconds=60, now=now + 70 * S)
     assert again.attempts == 2
-    assert Job.objects.sweep(now=now + 131 * S).dead == 1
+    assert sweep(now=now + 131 * S).dead == 1
     errors = fresh(job).errors
     assert [(e["worker_id"], e["attempt"]) for e in errors] == [("w1", 1), ("w2", 2)]
 
@@ -99,7 +98,7 @@ def test_sweep__rescued_job_runs_again_and_a_second_expiry_is_dead(job_factory, 
 def test_sweep__promotes_a_job_due_one_second_ago_only(job_factory, now):
     due = job_factory(run_at=now + 60 * S, now=now)
     not_yet = job_factory(run_at=now + 62 * S, now=now)
-    assert Job.objects.sweep(now=now + 61 * S) == SweepResult(promoted=1)
+    assert sweep(now=now + 61 * S) == SweepResult(promoted=1)
     assert fresh(due).status == "pending"
     assert fresh(not_yet).status == "scheduled"
 
@@ -107,7 +106,7 @@ def test_sweep__promotes_a_job_due_one_second_ago_only(job_factory, now):
 @pytest.mark.django_db
 def test_sweep__promotes_a_job_due_exactly_now(job_factory, now):
     job = job_factory(run_at=now + 60 * S, now=now)
-    assert Job.objects.sweep(now=now + 60 * S).promoted == 1
+    assert sweep(now=now + 60 * S).promoted == 1
     assert fresh(job).status == "pending"
 
 
@@ -117,7 +116,7 @@ def test_sweep__promotion_wakes_workers_of_the_queue(job_factory, now, other_con
     listener = other_connection(autocommit=True)
     job_factory(queue="later", run_at=now + 60 * S, now=now)
     listener.execute("LISTEN pgqueue_job")
-    Job.objects.sweep(now=now + 61 * S)
+    sweep(now=now + 61 * S)
     got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert got == ["later"]
 
@@ -130,7 +129,7 @@ def test_sweep__prunes_done_jobs_past_retention_only(job_factory, now, settings)
     settings.PGQUEUE_RETENTION_SECONDS = 3600
     old = done(job_factory, now)
     recent = done(job_factory, now + 2 * S)
-    result = Job.objects.sweep(now=now + 3601 * S)
+    result = sweep(now=now + 3601 * S)
     assert result == SweepResult(pruned=1)
     assert not Job.objects.filter(pk=old.pk).exists()
     assert Job.objects.filter(pk=recent.pk).exists()
@@ -141,7 +140,7 @@ def test_sweep__never_prunes_dead_jobs(job_factory, now, settings):
     settings.PGQUEUE_RETENTION_SECONDS = 60
     job = claimed(job_factory, now)
     assert Job.objects.fail(job, "w1", RuntimeError("x"), retry=False, now=now) == "dead"
-    assert Job.objects.sweep(now=now + dt.timedelta(days=365)).pruned == 0
+    assert sweep(now=now + dt.timedelta(days=365)).pruned == 0
     assert fresh(job).status == "dead"
 
 
@@ -163,7 +162,7 @@ def test_sweep__works_in_bounded_batches_but_finishes_the_pass(
         job_factory(run_at=now + S, now=now)
         done(job_factory, now)
     with django_assert_max_num_queries(100) as captured:
-        result = Job.objects.sweep(now=now + dt.timedelta(hours=1))
+        result = sweep(now=now + dt.timedelta(hours=1))
     assert result == SweepResult(recovered=7, promoted=7, pruned=7)
     # 7 rows in batches of 3: 3 + 3 + 1, so three statements of each kind.
     assert statements(captured, "expired AS (") == 3
@@ -180,7 +179,7 @@ def test_sweep__full_last_batch_needs_one_more_empty_batch(
     for _ in range(6):
         claimed(job_factory, now)
     with django_assert_max_num_queries(100) as captured:
-        assert Job.objects.sweep(now=now + dt.timedelta(hours=1)).recovered == 6
+        assert sweep(now=now + dt.timedelta(hours=1)).recovered == 6
     assert statements(captured, "expired AS (") == 3  # 3, 3, then 0 ends it
 
 
@@ -207,7 +206,7 @@ def test_sweep__two_sweepers_at_once_split_the_work_without_blocking(
             c.execute("SET LOCAL lock_timeout = '100ms'")
             c.execute("SET LOCAL statement_timeout = '2s'")
         started = time.monotonic()
-        result = Job.objects.sweep(now=later)
+        result = sweep(now=later)
         elapsed = time.monotonic() - started
     assert elapsed < 1.0
     assert result == SweepResult(recovered=2)
@@ -215,7 +214,7 @@ def test_sweep__two_sweepers_at_once_split_the_work_without_blocking(
     assert Job.objects.filter(pk__in=ids, status="pending").count() == 4
     # Each job was rescued once: exactly one LeaseExpired entry each.
     assert [len(j.errors) for j in Job.objects.filter(pk__in=ids)] == [1, 1, 1, 1]
-    assert Job.objects.sweep(now=later) == SweepResult()
+    assert sweep(now=later) == SweepResult()
 
 
 # --- the Sweeper class ----------------------------------------------------------------

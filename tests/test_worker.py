@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from django_pgqueue.models import Job
+from django_pgqueue.sweeper import sweep
 from django_pgqueue.taskapi import FRAMEWORK, task
 from django_pgqueue.worker import Worker
 from testproject.demo import tasks
@@ -159,7 +160,7 @@ def test_worker__heartbeat_keeps_a_long_job_leased(job_factory):
         wait_for(lambda: fresh(job).status == "running", timeout=10)
 
         def swept_until_done() -> bool:
-            Job.objects.sweep()
+            sweep()
             return fresh(job).status == "done"
 
         wait_for(swept_until_done, timeout=15, interval=0.05)
@@ -230,7 +231,7 @@ def test_worker__failing_task_signal_receiver_does_not_lose_the_job(job_factory,
 
 def rescue_all_leases() -> None:
     """Take back every running job, as a sweeper would once the leases ran out."""
-    Job.objects.sweep(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    sweep(now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
 
 
 def test_worker__stale_run_ending_keeps_the_reclaimed_attempt_leased(job_factory):

@@ -2,23 +2,53 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
 from collections.abc import Callable
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from django_pgqueue import __version__
-from django_pgqueue.databases import default_database
-from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError
+from django_pgqueue.databases import backend_database, default_database
+from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError, first_line
 from django_pgqueue.schema import check_migrated
 from django_pgqueue.server import check_server_version
 
 logger = logging.getLogger(__name__)
 
 
+def backend_alias(value: str) -> str:
+    """A ``TASKS`` alias served by ``PgQueueBackend``: its jobs database is worked."""
+    try:
+        backend_database(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        type=backend_alias,
+        default=None,
+        help="TASKS alias whose jobs database to work (default: the default alias)",
+    )
+
+
+def configure_logging(verbosity: int) -> None:
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+    logger = logging.getLogger("django_pgqueue")
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+
+
 class PgQueueCommand(BaseCommand):
-    """Base class of django-pgqueue's commands.
+    """What django-pgqueue's commands share: the base class, ``--backend``, logging.
 
     ``--version`` prints this package's version (``BaseCommand`` prints Django's), and
     :meth:`check_server` stops the command with a clear error on a server older than
@@ -57,5 +87,5 @@ class PgQueueCommand(BaseCommand):
                 "database %r unreachable at start, %s not checked: %s",
                 alias,
                 what,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                first_line(exc),
             )

@@ -33,9 +33,10 @@ from django.db import DatabaseError
 
 from .. import validation
 from ..models import Job
+from ..reconnect import close_connection
 from ..taskapi import TaskResult
 from ..tasks import CurrentJob
-from .connections import close_connection, configure_session
+from .connections import configure_session
 from .outcomes import Reporter
 from .state import WorkerPart, WorkerState
 

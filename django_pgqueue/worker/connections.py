@@ -8,7 +8,6 @@ it, and pace reconnect loops.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,23 +16,9 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from psycopg import pq
 
+from .. import db, sql
 from ..conf import settings
 from ..databases import is_pooled
-from ..models import Job
-
-#: Longest wait between reconnection attempts after a database error.
-MAX_BACKOFF = 30.0
-
-
-def backoff_delay(failures: int) -> float:
-    """Exponential backoff with jitter for reconnect loops: 0.5 s, 1 s, 2 s ... 30 s."""
-    return min(MAX_BACKOFF, 0.5 * 2 ** min(failures - 1, 10)) * random.uniform(0.8, 1.2)
-
-
-def first_line(exc: BaseException) -> str:
-    """A database error's first line: enough for a log line without traceback spam."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def configure_session(
@@ -54,14 +39,51 @@ def configure_session(
     if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
         return
     wrapper.ensure_connection()
-    manager = Job.objects.db_manager(alias)
-    manager.configure_session(
+    label_session(
+        alias,
         f"pgqueue {role} {worker_id}",
         statement_timeout_ms=None if statement_timeout is None else int(statement_timeout * 1000),
     )
     if role == "claim" and not pooled:
-        manager.configure_claim_session()
+        configure_claim_session(alias)
     wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
+
+
+def label_session(
+    alias: str, application_name: str, *, statement_timeout_ms: int | None = None
+) -> None:
+    """Label this thread's connection (``pg_stat_activity.application_name``, cut to 63
+    bytes by PostgreSQL) and optionally bound its statements."""
+    db.rows(
+        alias,
+        sql.SESSION_CONFIGURE,
+        {
+            "application_name": application_name[:63],
+            "statement_timeout": None
+            if statement_timeout_ms is None
+            else f"{int(statement_timeout_ms)}ms",
+        },
+    )
+
+
+def configure_claim_session(alias: str) -> None:
+    """Set up a worker's claim connection: claims keep to the claim index whatever the
+    statistics say, and commit without waiting for the disk (see
+    ``sql.SESSION_CONFIGURE_CLAIM`` for why that loses nothing)."""
+    db.rows(alias, sql.SESSION_CONFIGURE_CLAIM, {})
+    # Claims on this very connection may be prepared (generic plans: see the
+    # statement); a new connection starts without the mark, as without the set-up.
+    connections[alias].connection._pgqueue_claims_prepared = True
+
+
+def session_state(alias: str) -> dict[str, Any]:
+    """What this thread's connection carries beyond its transaction: roles, the
+    settings that change later statements, and session-level objects held (see
+    ``sql.SESSION_GET_STATE``), by name."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql.SESSION_GET_STATE, {})
+        names = [column.name for column in cursor.description or ()]
+        return dict(zip(names, cursor.fetchone() or (), strict=True))
 
 
 @contextmanager
@@ -78,12 +100,13 @@ def bounded(alias: str, role: str, worker_id: str, statement_timeout: float) -> 
         yield
         return
     configure_session(alias, role, worker_id)
-    manager = Job.objects.db_manager(alias)
+    bound = {"statement_timeout": f"{int(statement_timeout * 1000)}ms"}
     with transaction.atomic(using=alias):
+        # The claim's set-up and the bound, for this transaction only (SET LOCAL).
         if role == "claim":
-            manager.configure_claim_transaction(int(statement_timeout * 1000))
+            db.rows(alias, sql.SESSION_CONFIGURE_CLAIM_LOCAL, bound)
         else:
-            manager.bound_transaction(int(statement_timeout * 1000))
+            db.rows(alias, sql.SESSION_BOUND_TRANSACTION, bound)
         yield
 
 
@@ -92,7 +115,7 @@ def recycle_connections() -> None:
 
     Unlike ``close_old_connections()``, a connection is kept when CONN_MAX_AGE is 0:
     a worker is one long "request", and reconnecting per job would cost more than
-    most jobs (measured: about 125 jobs/s with a reconnect per job)."""
+    most jobs."""
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
@@ -105,14 +128,6 @@ def recycle_connections() -> None:
         if conn.settings_dict["CONN_MAX_AGE"] and conn.close_at is not None:
             if time.monotonic() >= conn.close_at:
                 conn.close()
-
-
-def close_connection(alias: str) -> None:
-    """Drop this thread's connection so the next query reconnects."""
-    try:
-        connections[alias].close()
-    except DatabaseError:
-        pass
 
 
 def discard_connection(alias: str) -> None:
@@ -163,7 +178,7 @@ def watch_session(alias: str) -> Any:
     if getattr(raw, "_pgqueue_baseline", None) is None:
         raw.cursor_factory = _counting(raw.cursor_factory)
         raw.server_cursor_factory = _counting(raw.server_cursor_factory)
-        raw._pgqueue_baseline = Job.objects.db_manager(alias).session_state()
+        raw._pgqueue_baseline = session_state(alias)
     raw._pgqueue_cursors = 0
     return raw
 
@@ -203,7 +218,7 @@ def session_leftovers(alias: str, raw: Any) -> list[str]:
     if not getattr(raw, "_pgqueue_cursors", 0) or not settings.CHECK_SESSION_STATE:
         return found
     try:
-        state = Job.objects.db_manager(alias).session_state()
+        state = session_state(alias)
     except DatabaseError:
         discard_connection(alias)
         return found

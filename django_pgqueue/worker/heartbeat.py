@@ -15,9 +15,11 @@ import time
 from django.db import DatabaseError
 
 from ..conf import settings
+from ..exceptions import first_line
 from ..models import Job
+from ..reconnect import backoff_delay, close_connection
 from . import presence
-from .connections import backoff_delay, bounded, close_connection, first_line
+from .connections import bounded
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)

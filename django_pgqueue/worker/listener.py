@@ -18,7 +18,8 @@ from psycopg import sql as pgsql
 
 from .. import sql
 from ..conf import settings
-from .connections import backoff_delay, first_line
+from ..exceptions import first_line
+from ..reconnect import backoff_delay
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)

@@ -36,21 +36,16 @@ from collections.abc import Callable, Iterable
 
 from django.db import DatabaseError
 
-from ..backend import PgQueueBackend
+from .. import sweeper
 from ..conf import settings
 from ..databases import backend_database, listen_target
-from ..exceptions import NotMigrated
+from ..exceptions import NotMigrated, first_line
 from ..models import Job
+from ..reconnect import backoff_delay, close_connection
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
 from .completer import Completer
-from .connections import (
-    backoff_delay,
-    bounded,
-    close_connection,
-    first_line,
-    recycle_connections,
-)
+from .connections import bounded, recycle_connections
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .outcomes import Reporter
@@ -97,7 +92,8 @@ class Worker:
         #: The ``TASKS`` alias whose jobs database this worker works (None: default).
         self.backend = backend
         self.alias = backend_database(backend)
-        options = task_backends[backend or DEFAULT_TASK_BACKEND_ALIAS].options
+        served = task_backends[backend or DEFAULT_TASK_BACKEND_ALIAS]
+        options = served.options
         self.listen = listen_target(self.alias, options)
         #: With prefetching (a batch size above the concurrency), the next batch is
         #: claimed while the runners work through the current one, so that they never
@@ -120,7 +116,8 @@ class Worker:
         # costs a fraction of Queue's put and get (one of each per job).
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         # Each part is built once, here, from the parts it uses (no cycle).
-        reporter = Reporter(sender=PgQueueBackend, worker_id=self.worker_id)
+        # Signals are sent by the backend class, as its enqueue() sends task_enqueued.
+        reporter = Reporter(sender=type(served), worker_id=self.worker_id)
         self._completer = Completer(
             state,
             reporter=reporter,
@@ -306,7 +303,7 @@ class Worker:
                     with bounded(
                         self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                     ):
-                        promoted = self._state.jobs.promote_due(batch_size=100)
+                        promoted = sweeper.promote_due(self.alias, batch_size=100)
             except DatabaseError as exc:
                 if isinstance(exc, NotMigrated):
                     # No retry cures a missing table: stop, and say how to fix it.

@@ -14,12 +14,12 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
-from .. import sql
-from .connections import first_line
+from .. import __version__, db, sql
+from ..exceptions import first_line
 
 if TYPE_CHECKING:
     from .state import WorkerState
@@ -29,8 +29,6 @@ logger = logging.getLogger(__name__)
 
 def package_version() -> str:
     """The installed distribution's version (the package's ``__version__``)."""
-    from .. import __version__
-
     return __version__
 
 
@@ -53,12 +51,6 @@ _registered: dict[str, Registration] = {}
 _lock = threading.Lock()
 
 
-def _execute(alias: str, query: str, params: dict[str, Any]) -> int:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(query, params)
-        return cursor.rowcount
-
-
 def _counts(state: WorkerState | None) -> dict[str, int]:
     if state is None:
         return {"jobs_held": 0, "jobs_done": 0, "jobs_failed": 0}
@@ -70,7 +62,7 @@ def _counts(state: WorkerState | None) -> dict[str, int]:
 
 
 def _register(reg: Registration, state: WorkerState | None, *, restart: bool) -> None:
-    _execute(
+    db.rowcount(
         reg.alias,
         sql.WORKER_REGISTER,
         {
@@ -125,7 +117,7 @@ def touch(state: WorkerState) -> None:
     if reg is None:
         return
     try:
-        updated = _execute(
+        updated = db.rowcount(
             reg.alias, sql.WORKER_TOUCH, {"id": reg.worker_id, "now": None, **_counts(state)}
         )
         if not updated:
@@ -141,7 +133,7 @@ def unregister(worker_id: str) -> None:
     if reg is None:
         return
     try:
-        _execute(reg.alias, sql.WORKER_DELETE, {"id": worker_id})
+        db.rowcount(reg.alias, sql.WORKER_DELETE, {"id": worker_id})
     except DatabaseError as exc:
         _warn(worker_id, "could not remove its row from the workers table", exc)
 

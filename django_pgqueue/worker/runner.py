@@ -22,9 +22,10 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
 from .. import tracing, validation
-from ..backend import load_task, to_task_result
-from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak
+from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak, exception_line
+from ..framework import TaskGone, load_task, to_task_result
 from ..models import Job
+from ..reconnect import close_connection
 from ..taskapi import (
     Task,
     TaskContext,
@@ -37,7 +38,6 @@ from ..taskapi import (
 from ..tasks import CancelFlag, CurrentJob, _current, task_option
 from .completer import Completer, Completion
 from .connections import (
-    close_connection,
     configure_session,
     discard_connection,
     recycle_connections,
@@ -48,14 +48,6 @@ from .outcomes import Reporter
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
-
-
-def exception_line(exc: BaseException) -> str:
-    """``"ValueError: boom"``: the exception's class and the first line of its message,
-    for a one-line log record (the whole traceback is kept in the job's errors)."""
-    text = str(exc).strip()
-    name = type(exc).__qualname__
-    return f"{name}: {text.splitlines()[0]}" if text else name
 
 
 CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effects rolled back"
@@ -98,7 +90,7 @@ class JobRunner(WorkerPart):
         self._tasks: dict[str, Task] = {}
 
     def _load(self, path: str) -> Task:
-        """The task at ``path`` (see ``backend.load_task``), imported once per worker."""
+        """The task at ``path`` (see ``framework.load_task``), imported once per worker."""
         task = self._tasks.get(path)
         if task is None:
             task = self._tasks[path] = load_task(path)
@@ -174,15 +166,23 @@ class JobRunner(WorkerPart):
                     extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
                 )
             return False
-        if isinstance(error, ValueError):
+        if isinstance(error, TaskGone):
             # Never retried: the code is gone or the path is not a Task.
             self._record_failure(job, TaskNotFound(str(error)), retry=False)
             return False
         if task is None:
-            # The task's module raised on import: recorded like a task error (and
-            # retried: it may be a deploy in progress), rather than lost to a lease
-            # expiry with no reason kept.
+            # The task's module raised on import (a dependency missing after a bad
+            # deploy, say): recorded like a task error and retried with backoff (it may
+            # be a deploy in progress), and logged with its traceback.
             assert error is not None
+            logger.error(
+                "job %s: task %s failed to import: %s",
+                job.id,
+                job.task,
+                exception_line(error),
+                exc_info=error,
+                extra={"action": "import_error", "job_id": job.id, "worker_id": self.worker_id},
+            )
             self._record_failure(job, error)
             return False
         transactional = bool(task_option(task, "transactional"))

@@ -15,15 +15,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError
 
+from ..exceptions import first_line
+from ..models import Job
+from ..reconnect import backoff_delay, close_connection
 from ..tasks import CancelFlag
-from .connections import backoff_delay, close_connection, first_line
-
-if TYPE_CHECKING:
-    from ..models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +94,6 @@ class WorkerState:
     def jobs(self) -> Any:  # JobManager (typed Any: a Manager is a descriptor to mypy)
         """``Job.objects`` on this worker's database, made once: ``db_manager()``
         copies the manager on every call, and the worker's parts call it per job."""
-        from ..models import Job
-
         return Job.objects.db_manager(self.alias)
 
     def entry(self, job: Job) -> Held | None:

@@ -38,8 +38,9 @@ from typing import Any
 
 from django.db import connections
 
+from ..reconnect import backoff_delay
 from ..signals import STOP_SIGNALS, Abort, on_stop
-from .connections import backoff_delay
+from .loop import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -345,8 +346,6 @@ def run_worker_process(worker_options: dict[str, Any], index: int | None) -> int
 
     ``index`` is the child's position under a supervisor (None: the only process); a
     given worker id then gets ``:<index>`` appended so that every child's is its own."""
-    from .loop import Worker
-
     options = dict(worker_options)
     if index is not None and options.get("worker_id"):
         options["worker_id"] = f"{options['worker_id']}:{index}"

@@ -12,8 +12,7 @@ from typing import Any
 from django_pgqueue import monitoring
 from django_pgqueue.databases import backend_database
 from django_pgqueue.limits import DAY, Bounds
-from django_pgqueue.management.base import PgQueueCommand
-from django_pgqueue.management.commands.pgqueue_worker import add_backend_argument
+from django_pgqueue.management.base import PgQueueCommand, add_backend_argument
 from django_pgqueue.monitoring import Snapshot
 
 #: ANSI: cursor home, clear screen (``--watch`` redraws in place).

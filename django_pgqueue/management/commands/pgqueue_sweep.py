@@ -13,11 +13,7 @@ from django.core.management.base import CommandError
 from django_pgqueue import limits
 from django_pgqueue.databases import backend_database
 from django_pgqueue.exceptions import NotMigrated
-from django_pgqueue.management.base import PgQueueCommand
-from django_pgqueue.management.commands.pgqueue_worker import (
-    add_backend_argument,
-    configure_logging,
-)
+from django_pgqueue.management.base import PgQueueCommand, add_backend_argument, configure_logging
 from django_pgqueue.signals import Abort, on_stop
 from django_pgqueue.sweeper import Sweeper
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any
 
 from django_pgqueue import limits
 from django_pgqueue.databases import backend_database
-from django_pgqueue.management.base import PgQueueCommand
+from django_pgqueue.management.base import PgQueueCommand, add_backend_argument, configure_logging
 from django_pgqueue.validation import QUEUE_NAME_RE
 from django_pgqueue.worker.supervisor import Supervisor, run_worker_process
 
@@ -29,34 +28,6 @@ def worker_id(value: str) -> str:
             f"{value[:40]!r} is not a valid worker id (1-255 printable characters)"
         )
     return value
-
-
-def backend_alias(value: str) -> str:
-    """A ``TASKS`` alias served by ``PgQueueBackend``: its jobs database is worked."""
-    try:
-        backend_database(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
-
-
-def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backend",
-        type=backend_alias,
-        default=None,
-        help="TASKS alias whose jobs database to work (default: the default alias)",
-    )
-
-
-def configure_logging(verbosity: int) -> None:
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
-    logger = logging.getLogger("django_pgqueue")
-    logger.setLevel(level)
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
 
 
 class Command(PgQueueCommand):

@@ -1,0 +1,245 @@
+"""Where the package runs its SQL: the cursor, prepared statements, the row loader,
+and the translation of a missing table into ``NotMigrated``.
+
+Every statement of ``sql.py`` goes through :func:`rows`, :func:`rowcount` or
+:func:`jobs` here; no other module opens a cursor for the queue's own statements.
+
+Django's PostgreSQL backend binds parameters on the client and turns psycopg's
+statement preparation off (``prepare_threshold=None``) so that transaction poolers keep
+working. The queue's hot statements (one ``enqueue()`` per web request, the worker's
+batched completion) go through :func:`cursor` instead: a Django cursor (so
+``assertNumQueries``, query logging and ``execute_wrapper`` still see the statement)
+over a psycopg cursor that binds on the server and prepares where allowed. Whether
+psycopg may prepare is the connection's ``prepare_threshold``:
+
+* given in the database's ``OPTIONS`` (``"prepare_threshold": None`` turns preparation
+  off, for PgBouncer in transaction mode before 1.21, for example): respected as is;
+* not given, on a database behind a transaction pooler (``databases.is_pooled``):
+  nothing is prepared, since an old pooler hands the next transaction to a server
+  connection that never saw the statement;
+* not given otherwise: these cursors prepare, and only they do (with
+  ``server_side_binding`` on, Django's own cursors would too, so then nothing is
+  prepared unless ``prepare_threshold`` is given).
+
+Statements run through here must be prepareable: one statement, no client-side
+composition, parameters whose types the server can infer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import operator
+from typing import Any
+
+import psycopg
+from django.db import DatabaseError, connections, models
+from django.db.backends.postgresql.psycopg_any import register_tzloader
+from django.db.backends.utils import CursorWrapper
+from django.db.models import signals
+from django.db.models.base import ModelState
+
+from .databases import is_pooled
+from .schema import not_migrated
+
+#: What psycopg is given as the threshold when the settings leave it to us: unused
+#: by ``prepare=True`` statements, and the number psycopg itself defaults to.
+DEFAULT_PREPARE_THRESHOLD = 5
+
+
+class PreparingCursor(psycopg.Cursor[Any]):
+    """Server-side binding; every ``execute`` is prepared (psycopg prepares only if the
+    connection's ``prepare_threshold`` is not None) unless the class says ``PREPARE``
+    False (:class:`BindingCursor`)."""
+
+    PREPARE = True
+
+    def execute(
+        self,
+        query: Any,
+        params: Any = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> PreparingCursor:
+        super().execute(query, params, prepare=self.PREPARE, binary=binary)
+        return self
+
+
+class BindingCursor(PreparingCursor):
+    """Server-side binding; never prepared, whatever the connection's threshold."""
+
+    PREPARE = False
+
+
+def prepares(alias: str) -> bool:
+    """True if statements run through :func:`cursor` on ``alias`` are prepared."""
+    options = connections[alias].settings_dict.get("OPTIONS") or {}
+    if "prepare_threshold" in options:
+        return options["prepare_threshold"] is not None
+    if is_pooled(alias):
+        return False
+    # With server_side_binding, Django's own cursors would prepare too once the
+    # connection has a threshold: leave such a connection as configured.
+    return options.get("server_side_binding") is not True
+
+
+def cursor(alias: str, *, prepare: bool = True) -> CursorWrapper:
+    """A Django cursor on ``alias`` that binds on the server, and whose statements are
+    prepared where allowed unless ``prepare`` is False.
+
+    ``prepare=False`` is for a statement whose best plan depends on its parameters and
+    on the data: a generic plan, made once for any parameters, is for the claim a sort
+    of the whole backlog. Binding on the server still spares the client-side quoting
+    of every parameter."""
+    wrapper = connections[alias]
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if prepare and raw.prepare_threshold is None and prepares(alias):
+        raw.prepare_threshold = DEFAULT_PREPARE_THRESHOLD
+    # Django's own cursor() does the same: ensure_connection, create_cursor (which
+    # gives the cursor the time zone's loader when the connection's time zone changed
+    # since it connected, as override_settings(USE_TZ=...) does), then _prepare_cursor
+    # (debug wrapper when queries are logged, thread-sharing check).
+    with wrapper.wrap_database_errors:
+        made = PreparingCursor(raw) if prepare else BindingCursor(raw)
+        _timestamp_loader(made, wrapper.timezone)
+        return wrapper._prepare_cursor(made)  # type: ignore[attr-defined]
+
+
+_TIMESTAMPTZ_OID = psycopg.adapters.types["timestamptz"].oid
+#: psycopg's default (C, when psycopg-binary or psycopg-c is installed) text loader.
+_NATIVE_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+
+
+def _timestamp_loader(made: psycopg.Cursor[Any], timezone: Any) -> None:
+    """Give ``made`` the ``timestamptz`` loader that returns Django's values.
+
+    Django's loader wraps psycopg's, then replaces each value's tzinfo with the
+    connection's time zone: a Python call per value. In a UTC session with Django's
+    time zone UTC (``USE_TZ``, no database ``TIME_ZONE``), psycopg's own loader already
+    gives that very value, so the cursor uses it (the claim reads seven timestamps a
+    row). Otherwise, when the connection's time zone changed since it connected,
+    Django's loader for the new one, as Django's ``create_cursor`` does. Registered on
+    this cursor only, never on the connection Django's own queries use."""
+    raw = made.connection
+    if _NATIVE_TIMESTAMPTZ is not None and timezone is dt.UTC and raw.info.timezone is dt.UTC:
+        made.adapters.register_loader(_TIMESTAMPTZ_OID, _NATIVE_TIMESTAMPTZ)
+        return
+    loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, psycopg.pq.Format.TEXT)
+    if timezone != getattr(loader, "timezone", timezone):
+        register_tzloader(timezone, made)
+
+
+def _translated(alias: str, exc: DatabaseError) -> DatabaseError:
+    """``NotMigrated`` ("run manage.py migrate") when ``exc`` says a table or column of
+    ours is missing on ``alias``; else ``exc`` itself."""
+    missing = not_migrated(exc, alias)
+    return exc if missing is None else missing
+
+
+def rows(
+    alias: str, query: str, params: dict[str, Any], *, prepare: bool = False
+) -> list[tuple[Any, ...]]:
+    """Run one statement on ``alias``; its rows (none if it returns none).
+
+    ``prepare``: through :func:`cursor` (bound on the server, prepared where allowed),
+    for the statements run for every job or batch. Otherwise Django's own cursor."""
+    try:
+        opened = cursor(alias) if prepare else connections[alias].cursor()
+        with opened as cur:
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description else []
+    except DatabaseError as exc:
+        error = _translated(alias, exc)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def rowcount(alias: str, query: str, params: dict[str, Any]) -> int:
+    """Run one statement on ``alias``; the number of rows it changed."""
+    try:
+        with connections[alias].cursor() as cur:
+            cur.execute(query, params)
+            return int(cur.rowcount)
+    except DatabaseError as exc:
+        error = _translated(alias, exc)
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def row(alias: str, query: str, params: dict[str, Any], *, prepare: bool = False) -> Any:
+    """The first row of one statement's result, or None."""
+    found = rows(alias, query, params, prepare=prepare)
+    return found[0] if found else None
+
+
+def jobs[M: models.Model](
+    model: type[M], alias: str, query: str, params: dict[str, Any]
+) -> list[M]:
+    """Run a statement that returns whole rows of ``model``'s table; the rows as model
+    instances, as ``RawQuerySet`` would give them, at a fraction of its cost (a worker
+    runs this for every batch it claims).
+
+    Bound on the server; prepared on a worker's claim connection only, whose session
+    settings make the generic plan the ordered index scan (see
+    ``worker.connections.configure_claim_session``). JSON columns are decoded with
+    ``json.loads`` as ``JSONField`` does; each instance is built as ``Model.from_db``
+    builds it, minus the ``pre_init``/``post_init`` signals unless something receives
+    them."""
+    connection = connections[alias]
+    try:
+        connection.ensure_connection()
+        generic = getattr(connection.connection, "_pgqueue_claims_prepared", False)
+        with cursor(alias, prepare=generic) as cur:
+            cur.execute(query, params)
+            columns = tuple(column.name for column in cur.description)
+            found = cur.fetchall()
+    except DatabaseError as exc:
+        error = _translated(alias, exc)
+        if error is exc:
+            raise
+        raise error from exc
+    if not found:
+        return []
+    position = {name: i for i, name in enumerate(columns)}
+    fields = model._meta.concrete_fields
+    if any(f.column not in position for f in fields):
+        # Not every column (never the case for the statements of sql.py).
+        return list(model._default_manager.db_manager(alias).raw(query, params))
+    json_columns = []
+    converters = []
+    for f in fields:
+        if isinstance(f, models.JSONField) and f.decoder is None:
+            json_columns.append(position[f.column])
+        elif f.get_db_converters(connection):
+            converters.append((position[f.column], f.get_db_converters(connection)))
+    known = {f.column for f in fields}
+    extra = [(name, i) for i, name in enumerate(columns) if name not in known]
+    names = [f.attname for f in fields]
+    pick = operator.itemgetter(*(position[f.column] for f in fields))
+    watched = signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model)
+    loads = json.loads
+    made = []
+    for values_row in found:
+        values = list(values_row)
+        for i in json_columns:
+            if values[i] is not None:
+                values[i] = loads(values[i])
+        for i, funcs in converters:
+            for func in funcs:
+                values[i] = func(values[i], None, connection)
+        if not watched:
+            instance = model.__new__(model)
+            instance.__dict__.update(zip(names, pick(values), strict=True))
+            state = instance._state = ModelState()
+            state.adding = False
+            state.db = alias
+        else:
+            instance = model.from_db(alias, names, pick(values))
+        for name, i in extra:
+            setattr(instance, name, values[i])
+        made.append(instance)
+    return made

@@ -1,0 +1,102 @@
+"""A job's defaults, resolved in one place for every way a job is enqueued.
+
+``Task.enqueue()``, ``Job.objects.enqueue()``, ``bulk_enqueue()``, ``enqueue_many()``
+and periodic entries all ask :func:`resolve`, so a job's queue, priority, run time,
+attempt limit and backend never depend on the path it took. Each value is the first
+that is given of:
+
+========================  ===========================================================
+value                     sources, first given wins
+========================  ===========================================================
+``backend``               the call, the ``Task``'s ``backend``
+``queue``                 the call, the ``Task``'s ``queue_name``
+``priority``              the call, the ``Task``'s ``priority``
+``run_at``                the call, the ``Task``'s ``run_after``, none (due now)
+``max_attempts``          the call, ``@task(max_attempts=...)``, the backend's
+                          ``OPTIONS["MAX_ATTEMPTS"]``, ``PGQUEUE_MAX_ATTEMPTS``
+========================  ===========================================================
+
+A task given as a dotted path brings the options of the ``Task`` it names. Every value
+is validated here too: a bad one raises ``InvalidJob`` naming it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from . import validation
+from .conf import settings
+from .databases import backend_option
+from .taskapi import Task
+from .tasks import task_option
+
+
+@dataclass(frozen=True, slots=True)
+class JobDefaults:
+    """The resolved, validated values of one job (its payload aside)."""
+
+    task: str
+    backend: str
+    queue: str
+    priority: int
+    run_at: dt.datetime | None
+    max_attempts: int
+
+
+def resolve(
+    task: Task | str,
+    *,
+    backend: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    max_attempts: int | None = None,
+) -> JobDefaults:
+    """The values a job of ``task`` is stored with, given what the caller said (None:
+    not said). See the module's table for the order of the sources."""
+    # A path brings the options of the Task it names, as the Task itself would.
+    own = validation.task_object(task)
+    backend = own.backend if backend is None else backend
+    queue = own.queue_name if queue is None else queue
+    priority = own.priority if priority is None else priority
+    run_at = own.run_after if run_at is None else run_at
+    if max_attempts is None:
+        max_attempts = task_option(own, "max_attempts")
+    alias = validation.backend_alias(backend)
+    if max_attempts is None:
+        max_attempts = backend_option(alias, "MAX_ATTEMPTS")
+    if max_attempts is None:
+        max_attempts = settings.MAX_ATTEMPTS
+    return JobDefaults(
+        task=own.module_path,
+        backend=alias,
+        queue=validation.queue_name(queue),
+        priority=validation.priority(priority),
+        run_at=validation.run_at(run_at),
+        max_attempts=validation.max_attempts(max_attempts),
+    )
+
+
+def cache_key(task: Any, **given: Any) -> tuple[Any, ...] | None:
+    """A key under which :func:`resolve`'s answer for these arguments may be reused
+    within one bulk call (None: not hashable, resolve every time)."""
+    if isinstance(task, Task):
+        own: Any = (
+            task.module_path,
+            task.backend,
+            task.queue_name,
+            task.priority,
+            task.run_after,
+            task_option(task, "max_attempts"),
+        )
+    else:
+        own = task
+    # The type too: True == 1 as a key, but True is no priority.
+    key = (own, *sorted((name, type(value), value) for name, value in given.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key

@@ -1,0 +1,142 @@
+"""The package's import graph: layers that only look down.
+
+Read from the source (``ast``), so it holds for every module whether or not a test
+imports it: no import circle (Django's models/manager pair, which Django itself ties,
+is the one allowed), and no import of a package module placed inside a function, where
+it would only hide a circle from the module's top.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_pgqueue"
+#: Django's own pair: a model names its manager, the manager names its model only in
+#: annotations (under TYPE_CHECKING).
+ALLOWED_CIRCLES: list[set[str]] = []
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        found[module_name(path)] = path
+    return found
+
+
+def resolve(current: str, is_package: bool, node: ast.ImportFrom, known: set[str]) -> list[str]:
+    """The package modules a ``from ... import ...`` depends on: each name that is a
+    module (``from . import sql``), and the module itself for every other name."""
+    if node.level:
+        base = current.split(".") if is_package else current.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join([*base, node.module] if node.module else base)
+    else:
+        target = node.module or ""
+    submodules = [f"{target}.{alias.name}" for alias in node.names]
+    named = [m for m in submodules if m in known]
+    return named if len(named) == len(submodules) else [target, *named]
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+
+
+def imports() -> tuple[dict[str, set[str]], list[str]]:
+    """Module-level imports between package modules, and every nested import of one."""
+    known = modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    nested: list[str] = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text())
+        is_package = path.name == "__init__.py"
+
+        def visit(node: ast.AST, depth: int, *, name: str = name, is_package: bool = is_package):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and is_type_checking(child):
+                    continue  # annotations only: no import at run time
+                inner = depth + isinstance(
+                    child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+                )
+                targets: list[str] = []
+                if isinstance(child, ast.ImportFrom):
+                    targets = resolve(name, is_package, child, set(known))
+                elif isinstance(child, ast.Import):
+                    targets = [alias.name for alias in child.names]
+                hits = {t for t in targets if t in known and t != name}
+                # Django's way of registering checks: AppConfig.ready() imports them.
+                in_ready = name == "django_pgqueue.apps" and getattr(node, "name", "") == "ready"
+                if hits and inner and not in_ready:
+                    nested.append(f"{name}:{child.lineno} imports {sorted(hits)}")
+                elif hits:
+                    graph[name] |= hits
+                visit(child, inner)
+
+        visit(tree, 0)
+    return graph, nested
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def strong(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                strong(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in graph:
+        if node not in index:
+            strong(node)
+    return found
+
+
+def test_layers__no_import_circle():
+    graph, _ = imports()
+    assert [c for c in circles(graph) if c not in ALLOWED_CIRCLES] == []
+
+
+def test_layers__no_package_import_inside_a_function():
+    _, nested = imports()
+    assert nested == []
+
+
+def test_layers__nothing_imports_the_backend():
+    graph, _ = imports()
+    importers = sorted(
+        name for name, targets in graph.items() if "django_pgqueue.backend" in targets
+    )
+    assert importers == []
+
+
+def test_layers__the_check_sees_a_planted_circle(tmp_path, monkeypatch):
+    """The circle finder finds one: two modules importing each other."""
+    assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
