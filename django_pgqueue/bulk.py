@@ -40,6 +40,7 @@ from .conf import settings
 from .databases import QueueBackend
 from .exceptions import InvalidJob
 from .framework import NewJob, load_task, to_task_result
+from .states import Status
 from .taskapi import (
     FRAMEWORK,
     InvalidTask,
@@ -105,6 +106,8 @@ COPY_TYPES = (
 )
 
 _ERRORS_EMPTY = "[]"
+#: The two states a new job starts in, as the plain strings COPY sends.
+_PENDING, _SCHEDULED = Status.PENDING.value, Status.SCHEDULED.value
 
 #: Keys of a job whose other values are all defaults (see ``_RowMaker._plain``).
 PLAIN_KEYS = frozenset({"task", "args", "kwargs"})
@@ -191,9 +194,9 @@ class _RowMaker:
         if run_at is None:
             run_at = resolved.run_at
         if run_at is None:
-            run_at, status = self.now, "pending"
+            run_at, status = self.now, _PENDING
         else:
-            status = "scheduled" if run_at > self.now else "pending"
+            status = _SCHEDULED if run_at > self.now else _PENDING
         key = get("idempotency_key")
         if key is not None:
             validation.idempotency_key(key)
@@ -224,9 +227,9 @@ class _RowMaker:
             resolved = self.resolved[task] = self._resolve(task, {})
         args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
         if resolved.run_at is None or resolved.run_at <= self.now:
-            run_at, status = resolved.run_at or self.now, "pending"
+            run_at, status = resolved.run_at or self.now, _PENDING
         else:
-            run_at, status = resolved.run_at, "scheduled"
+            run_at, status = resolved.run_at, _SCHEDULED
         return (
             resolved.backend,
             resolved.queue,

@@ -13,15 +13,16 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
+from .states import Status
 from .taskapi import FRAMEWORK, Task, TaskError, TaskResult, TaskResultStatus
 
 STATUS_MAP = {
-    "pending": TaskResultStatus.READY,
-    "scheduled": TaskResultStatus.READY,  # delayed, or waiting to retry
-    "running": TaskResultStatus.RUNNING,
-    "done": TaskResultStatus.SUCCESSFUL,
-    "dead": TaskResultStatus.FAILED,
-    "cancelled": TaskResultStatus.FAILED,  # its errors end with a JobCancelled entry
+    Status.PENDING: TaskResultStatus.READY,
+    Status.SCHEDULED: TaskResultStatus.READY,  # delayed, or waiting to retry
+    Status.RUNNING: TaskResultStatus.RUNNING,
+    Status.DONE: TaskResultStatus.SUCCESSFUL,
+    Status.DEAD: TaskResultStatus.FAILED,
+    Status.CANCELLED: TaskResultStatus.FAILED,  # its errors end with a JobCancelled entry
 }
 
 
@@ -75,7 +76,7 @@ class NewJob:
     args: Any
     kwargs: Any
     created_at: Any
-    status: str = "pending"
+    status: str = Status.PENDING
     attempts: int = 0
     errors: list[Any] = field(default_factory=list)
     lease_owner: str | None = None

@@ -24,13 +24,11 @@ from django.db import models
 from . import bulk, db, defaults, sql, tracing, validation
 from .conf import settings
 from .databases import default_database
+from .states import LIVE_STATUSES, Status
 from .taskapi import Task
 
 if TYPE_CHECKING:
     from .models import Job
-
-#: Statuses in which a job is still "live": an idempotency key is unique among these.
-LIVE_STATUSES = ("pending", "scheduled", "running")
 
 
 @dataclass(frozen=True)
@@ -456,9 +454,9 @@ class JobManager(models.Manager["Job"]):
             for round_ in range(CANCEL_ROUNDS):
                 busy = []
                 for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
-                    if status == "cancelled":
+                    if status == Status.CANCELLED:
                         cancelled.append(job_id)
-                    elif status == "running":
+                    elif status == Status.RUNNING:
                         requested.append(job_id)
                     else:
                         busy.append(job_id)

@@ -14,10 +14,10 @@ from django.db import models
 from django.db.models import ExpressionWrapper, F, Q, Value
 from django.db.models.lookups import LessThan
 
-from .manager import LIVE_STATUSES, JobManager
+from .manager import JobManager
+from .states import FINISHED_STATUSES, LIVE_STATUSES, Status
 
-#: Statuses a job ends in (done is pruned after retention; dead waits for an operator).
-FINISHED_STATUSES = ("done", "dead", "cancelled")
+__all__ = ["FINISHED_STATUSES", "LIVE_STATUSES", "Job", "Status"]
 
 
 class ClockTimestamp(models.Func):
@@ -30,14 +30,7 @@ class ClockTimestamp(models.Func):
 class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
-    class Status(models.TextChoices):
-        # The queue's own states; Django's TaskResultStatus is mapped in backend.py only.
-        PENDING = "pending", "Pending"
-        SCHEDULED = "scheduled", "Scheduled"
-        RUNNING = "running", "Running"
-        DONE = "done", "Done"
-        DEAD = "dead", "Dead"
-        CANCELLED = "cancelled", "Cancelled"
+    Status = Status  # the queue's own states (states.py)
 
     id = models.BigAutoField(primary_key=True)
     backend = models.CharField(max_length=64, default="default")
@@ -124,9 +117,7 @@ class Job(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(
-                    status__in=["pending", "scheduled", "running", "done", "dead", "cancelled"]
-                ),
+                condition=Q(status__in=Status.values),
                 name="pgqueue_job_status_valid",
             ),
             models.CheckConstraint(

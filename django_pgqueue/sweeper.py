@@ -22,6 +22,7 @@ from .conf import settings
 from .databases import backend_database, default_database
 from .exceptions import NotMigrated, first_line
 from .reconnect import backoff_delay, close_connection
+from .states import Status
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +57,9 @@ def rescue_expired(using: str, *, now: dt.datetime | None = None) -> tuple[int, 
     }
     for _ in range(MAX_SWEEP_BATCHES):
         rows = db.rows(using, sql.JOB_RESCUE_EXPIRED, params)
-        dead += sum(1 for _, status in rows if status == "dead")
-        recovered += sum(1 for _, status in rows if status == "pending")
-        cancelled += sum(1 for _, status in rows if status == "cancelled")
+        dead += sum(1 for _, status in rows if status == Status.DEAD)
+        recovered += sum(1 for _, status in rows if status == Status.PENDING)
+        cancelled += sum(1 for _, status in rows if status == Status.CANCELLED)
         if len(rows) < params["batch_size"]:
             break
     return recovered, dead, cancelled
