@@ -31,7 +31,7 @@ WHEEL_NEEDS = [
     "django_pgqueue/management/commands/pgqueue_worker.py",
     "django_pgqueue/templates/admin/django_pgqueue/job/change_list.html",
 ]
-WHEEL_REFUSES = ("tests/", "testproject/", "bench/", "docs/", ".ci/")
+WHEEL_REFUSES = ("tests/", "testkit/", "testproject/", "bench/", "docs/", ".ci/")
 SDIST_NEEDS = [
     "LICENSE",
     "README.md",
@@ -43,7 +43,7 @@ SDIST_NEEDS = [
     "testproject/manage.py",
     "docs/conf.py",
     "docs/index.md",
-    "tests/oracle.py",
+    "testkit/oracle.py",
     ".ci/dev",
 ]
 CLASSIFIERS = [

@@ -51,7 +51,7 @@ def private_server(settings: list[str]) -> Any:
     """Start a throw-away server of our own with ``settings`` (``name=value``)."""
     import psycopg
 
-    from tests.pgcluster import PrivateServer
+    from testkit.private_server import PrivateServer
 
     server = PrivateServer()
     with psycopg.connect(server.url(), autocommit=True) as conn:
