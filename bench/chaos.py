@@ -1,6 +1,6 @@
 """The chaos suite: prove that nothing is lost while workers and PostgreSQL misbehave.
 
-One command (``python -m bench.chaos`` or ``bash .ci/dev bench chaos``):
+One command (``python -m bench.chaos`` or ``make bench NAME=chaos``):
 
 1. starts its own embedded PostgreSQL in a temporary directory (never the shared
    ``.pgdata/`` server) and migrates it;
