@@ -1,6 +1,6 @@
 """Check the built sdist and wheel in dist/: contents and metadata (after ``twine check``).
 
-Run by ``bash .ci/dev dist``; exits non-zero, naming every problem, if
+Run by ``make dist``; exits non-zero, naming every problem, if
 
 - the wheel lacks a file the app needs at run time (migrations, templates, py.typed, the
   license) or carries something that is not the app (tests, the test project);
@@ -31,7 +31,7 @@ WHEEL_NEEDS = [
     "django_pgqueue/management/commands/pgqueue_worker.py",
     "django_pgqueue/templates/admin/django_pgqueue/job/change_list.html",
 ]
-WHEEL_REFUSES = ("tests/", "testproject/", "bench/", "docs/", ".ci/")
+WHEEL_REFUSES = ("tests/", "testkit/", "testproject/", "bench/", "docs/", ".ci/", "scripts/")
 SDIST_NEEDS = [
     "LICENSE",
     "README.md",
@@ -43,8 +43,10 @@ SDIST_NEEDS = [
     "testproject/manage.py",
     "docs/conf.py",
     "docs/index.md",
-    "tests/oracle.py",
-    ".ci/dev",
+    "testkit/oracle.py",
+    "Makefile",
+    "scripts/dev.sh",
+    ".ci/run",
 ]
 CLASSIFIERS = [
     "Framework :: Django :: 5.2",

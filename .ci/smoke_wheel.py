@@ -1,5 +1,5 @@
 """Smoke test of an installed wheel, run with ``python -I`` in a fresh venv that holds
-nothing but the wheel and its dependencies (``bash .ci/dev dist``).
+nothing but the wheel and its dependencies (``make dist``).
 
 It imports the package from site-packages (not the source tree), sets Django up with the
 app and its backend, runs the system checks, loads every command and prints what was

@@ -1,7 +1,7 @@
 """Admin page benchmark: the Job and dead-letter list pages on a 1,000,000-row table.
 
     python -m bench.admin_page [--rows 1000000] [--repeat 15] [--refill]
-    bash .ci/dev bench admin_page
+    make bench NAME=admin_page
 
 Fills ``pgqueue_job`` with ``--rows`` jobs in one ``INSERT ... SELECT ... FROM
 generate_series()`` (96 % done, 2 % dead, 1.5 % pending, 0.4 % scheduled, 0.1 %

@@ -1,6 +1,6 @@
 """The chaos suite: prove that nothing is lost while workers and PostgreSQL misbehave.
 
-One command (``python -m bench.chaos`` or ``bash .ci/dev bench chaos``):
+One command (``python -m bench.chaos`` or ``make bench NAME=chaos``):
 
 1. starts its own embedded PostgreSQL in a temporary directory (never the shared
    ``.pgdata/`` server) and migrates it;
@@ -14,11 +14,11 @@ One command (``python -m bench.chaos`` or ``bash .ci/dev bench chaos``):
    seconds (and starts a replacement), SIGSTOPs one past its lease and resumes it,
    terminates random backends (``pg_terminate_backend``) and restarts PostgreSQL
    ``--pg-restarts`` times;
-4. samples invariants every ~0.5 s meanwhile (``tests/oracle.py``: no lease left
+4. samples invariants every ~0.5 s meanwhile (``testkit/oracle.py``: no lease left
    expired far longer than the sweeper allows, none finished and leased, attempts
    within the limit);
 5. lets the fleet drain, stops it with SIGTERM, judges every job by identity against
-   what it enqueued (``tests/oracle.py``) and prints one summary line, e.g.
+   what it enqueued (``testkit/oracle.py``) and prints one summary line, e.g.
    ``jobs=20000 done=19990 dead=29 lost=0 dup_jobs=0 stuck=0 dup_tx=0 ...``.
 
 It exits 1 if a job was lost, duplicated or stuck, a transactional effect was
@@ -46,8 +46,8 @@ from pathlib import Path
 
 import psycopg
 
-from tests import oracle
-from tests.pgcluster import PrivateServer
+from testkit import oracle
+from testkit.private_server import PrivateServer
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"

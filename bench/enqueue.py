@@ -1,7 +1,7 @@
 """Bulk enqueue benchmark: the ways to put N jobs into ``pgqueue_job``, side by side.
 
     python -m bench.enqueue [--count 100000] [--loop-count 5000] [--repeat 3]
-    bash .ci/dev bench enqueue --repeat 3
+    make bench NAME=enqueue ARGS='--repeat 3'
 
 Each method runs in a fresh subprocess (so its peak RSS is its own) on a truncated
 table, against the same rows:

@@ -2,7 +2,7 @@
 Prometheus scrape cost on 10,000,000 jobs.
 
     python -m bench.monitoring [--rows 10000000] [--repeat 5] [--refill]
-    bash .ci/dev bench monitoring
+    make bench NAME=monitoring
 
 The jobs live in a database of the bench's own, ``pgqueue_bench_monitoring``: on the
 server of ``DATABASE_URL`` when it is set, else on the embedded server. It is filled

@@ -3,7 +3,7 @@ with the xmin horizon pinned by a long transaction; worker RSS over a million jo
 
     python -m bench.scale [--small 20000] [--big 1000000] [--pin-seconds 300]
                           [--processes 2] [--concurrency 4] [--batch-size 50]
-    bash .ci/dev bench scale
+    make bench NAME=scale
 
 One ``pgqueue_worker --processes P`` (a supervisor and P workers) runs for the whole
 benchmark. Each drain enqueues its jobs in one transaction (``bulk_enqueue``) to idle
@@ -51,7 +51,7 @@ def private_server(settings: list[str]) -> Any:
     """Start a throw-away server of our own with ``settings`` (``name=value``)."""
     import psycopg
 
-    from tests.pgcluster import PrivateServer
+    from testkit.private_server import PrivateServer
 
     server = PrivateServer()
     with psycopg.connect(server.url(), autocommit=True) as conn:

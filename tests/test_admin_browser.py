@@ -23,8 +23,8 @@ from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_pgqueue.models import Job
+from testkit.browser import BROWSER_MARKS, chromium
 from testproject.demo.models import Delivery
-from tests.browser import BROWSER_MARKS, chromium
 
 pytestmark = BROWSER_MARKS
 

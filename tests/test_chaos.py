@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from . import oracle
+from testkit import oracle
+
 from .conftest import REPO
 
 

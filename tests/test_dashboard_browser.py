@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.browser import BROWSER_MARKS, chromium
+from testkit.browser import BROWSER_MARKS, chromium
 from tests.conftest import wait_for
 
 pytestmark = BROWSER_MARKS

@@ -1,11 +1,23 @@
-"""The settings reference is generated from conf.Settings and must not drift."""
+"""The docs must not drift: the settings reference is generated from conf.Settings, and
+every developer command they name is a target of the Makefile."""
 
 import importlib.util
+import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from django_pgqueue.conf import Settings
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+#: A target with its one-line description: ``name: [prerequisites] ## description``.
+TARGET = re.compile(r"^([a-z]+):[^=\n]*?(?:## (.+))?$", re.M)
+#: A ``make TARGET`` command in code: a code line or an inline code span.
+MAKE_COMMAND = re.compile(r"(?:^\s*|`)make ([a-z]+)", re.M)
 
 
 def load_generator():
@@ -26,3 +38,57 @@ def test_settings_reference__lists_every_setting():
     names = {name for name, _, _ in load_generator().rows()}
     declared = {f"PGQUEUE_{n}" for n in vars(Settings) if n.isupper()}
     assert names == declared
+
+
+def makefile_targets() -> dict[str, str | None]:
+    """Each rule of the Makefile, in order, with its ``##`` description (None without)."""
+    return {m[1]: m[2] for m in TARGET.finditer((REPO / "Makefile").read_text())}
+
+
+def documents() -> list[Path]:
+    return [
+        README,
+        *sorted(DOCS.rglob("*.md")),
+        DOCS / "conf.py",
+        *sorted((REPO / "bench").glob("*.py")),
+        REPO / "bench" / "README.md",
+    ]
+
+
+def test_makefile__every_target_is_phony_and_described():
+    targets = makefile_targets()
+    assert {"help", "setup", "demo", "test", "lint", "docs", "dist", "ci"} <= set(targets)
+    assert [name for name, text in targets.items() if not text] == []
+    (phony,) = re.findall(r"^\.PHONY: (.+)$", (REPO / "Makefile").read_text(), re.M)
+    assert phony.split() == list(targets)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_help__is_the_default_and_lists_every_target():
+    listing = subprocess.run(
+        ["make", "-s"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    listed = re.findall(r"^  ([a-z]+) +(\S.*)$", listing, re.M)
+    assert listed == [(name, text) for name, text in makefile_targets().items()]
+
+
+def test_docs__name_only_make_targets_and_benches_that_exist():
+    targets = set(makefile_targets())
+    benches = {path.stem for path in (REPO / "bench").glob("*.py")}
+    unknown = {}
+    for path in documents():
+        text = path.read_text()
+        named = set(MAKE_COMMAND.findall(text)) - targets
+        named |= set(re.findall(r"make bench NAME=([a-z_]+)", text)) - benches
+        if named:
+            unknown[str(path.relative_to(REPO))] = sorted(named)
+    assert unknown == {}
+    assert ".ci/dev" not in "".join(path.read_text() for path in documents())
+
+
+def test_readme__fresh_machine_runs_the_makefile_and_contributing_lists_it():
+    readme = README.read_text()
+    fresh = readme.split("## Try it from a clone", 1)[1].split("\n## ", 1)[0]
+    assert {"demo", "test"} <= set(MAKE_COMMAND.findall(fresh))
+    contributing = readme.split("## Contributing", 1)[1].split("\n## ", 1)[0]
+    assert set(MAKE_COMMAND.findall(contributing)) == set(makefile_targets())

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.pgcluster import PrivateServer
+from testkit.private_server import PrivateServer
 
 from .conftest import MANAGE, REPO, ManagedProcess, wait_for
 

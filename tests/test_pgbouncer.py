@@ -1,6 +1,6 @@
 """The queue through PgBouncer in transaction pooling mode (Debian's ``pgbouncer``).
 
-Every test here starts a private pgbouncer (``tests/pgbouncer.py``: 127.0.0.1, a free
+Every test here starts a private pgbouncer (``testkit/private_bouncer.py``: 127.0.0.1, a free
 port, a pool of at most 8 server connections, ``DEALLOCATE ALL`` after every
 transaction) in front of the test server, and points real ``manage.py`` processes at it
 with ``DATABASE_POOLED=1`` (the test project then sets Django's
@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.pgbouncer import PrivateBouncer, pgbouncer_binary
+from testkit.private_bouncer import PrivateBouncer, pgbouncer_binary
 
 from .conftest import ManagedProcess, connect_test_db, test_database_url, wait_for
 

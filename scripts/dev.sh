@@ -1,17 +1,12 @@
 #!/usr/bin/env bash
-# Developer entry point: bash .ci/dev {setup|demo|test|lint|docs|stop|matrix|bench NAME} [args...]
-#   setup   create .venv (Python >= 3.12, the newest Django) and install the app + dev group
-#   demo    the main job: enqueue jobs, run workers + sweeper, SIGKILL one, all finish
-#   test    run the test suite (pytest) against real PostgreSQL
-#   lint    ruff check + ruff format --check + mypy + makemigrations --check
-#   docs    build the documentation site into docs/_build/html (warnings are errors)
-#   stop    stop the embedded PostgreSQL that demo and test leave running in .pgdata/
-#   dist    build the sdist and wheel into dist/, check them (twine check, contents), and
-#           install the wheel into fresh venvs (Django 6.1; Django 5.2 + django-tasks)
+# The venvs behind the Makefile's commands (`make help` lists those): run by make, not by hand.
+#   setup   create .venv (a Python >= 3.12, the newest Django) with the app + dev group;
+#           again only when pyproject.toml changed since
 #   matrix  the fast tests (-m "not slow") on Django 5.2 + django-tasks and on Django 6.0,
 #           each in its own venv (.venv-dj52, .venv-dj60); pytest options may follow
-# With no DATABASE_URL an embedded PostgreSQL is started in .pgdata/ (no install needed)
-# and keeps running after the command, for the next one: `bash .ci/dev stop` stops it.
+#   dist    build the sdist and wheel into dist/, check them (twine check, contents), and
+#           install the wheel into fresh venvs (Django 6.1; Django 5.2 + django-tasks)
+# PYTHON=/path/to/python picks the interpreter of a new venv (else one on PATH or pyenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,7 +38,7 @@ find_python() {
 [dev]                  (older releases: the deadsnakes PPA, or pyenv)
 [dev]   macOS:         brew install python@3.12
 [dev]   any system:    uv python install 3.12   or   pyenv install 3.12
-[dev] or point PYTHON at one: PYTHON=/path/to/python3.12 bash .ci/dev setup
+[dev] or point PYTHON at one: make setup PYTHON=/path/to/python3.12
 EOF
   return 1
 }
@@ -126,35 +121,10 @@ dist() {
   done
 }
 
-cmd=${1:-help}
+cmd=${1:-}
 shift || true
 case "$cmd" in
   setup) setup ;;
-  demo)  setup; exec .venv/bin/python testproject/manage.py demo "$@" ;;
-  test)  setup; exec .venv/bin/python -m pytest "$@" ;;
-  lint)
-    setup
-    .venv/bin/ruff check .
-    .venv/bin/ruff format --check .
-    # mypy's Django plugin loads the settings; a placeholder URL keeps it from starting
-    # the embedded server (nothing connects).
-    DATABASE_URL=${DATABASE_URL:-postgres://localhost/mypy} .venv/bin/mypy
-    .venv/bin/python testproject/manage.py makemigrations --check --dry-run
-    ;;
-  docs)
-    setup
-    DATABASE_URL=${DATABASE_URL:-postgres://localhost/docs} \
-      .venv/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html "$@"
-    say "docs built: docs/_build/html/index.html"
-    ;;
-  dist) dist ;;
-  stop)
-    if [ -x .venv/bin/python ]; then
-      .venv/bin/python testproject/pgserver.py stop
-    else
-      say "no .venv: nothing was started"
-    fi
-    ;;
   matrix)
     setup_matrix
     for venv in .venv-dj52 .venv-dj60; do
@@ -162,6 +132,6 @@ case "$cmd" in
       "$venv/bin/python" -m pytest -m "not slow" "$@"
     done
     ;;
-  bench) setup; name=$1; shift; exec .venv/bin/python -m "bench.$name" "$@" ;;
-  *) sed -n '2,16p' "$0"; exit 2 ;;
+  dist) dist ;;
+  *) sed -n '2,9p' "$0" >&2; exit 2 ;;
 esac

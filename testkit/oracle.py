@@ -1,7 +1,8 @@
 """The chaos suite's oracle: fault injection helpers, invariants sampled while the faults
 run, and the end-of-run verdict, judged job by job.
 
-It lives under ``tests/`` because the tests import it (``bench/chaos.py`` does too).
+It lives in ``testkit/`` because ``bench/chaos.py`` runs it and ``tests/test_chaos.py``
+tests it.
 The harness hands it the **identity** of every job it enqueued (id and kind: ``plain``,
 ``tx``, ``poison``, ``leak``), so a job deleted and another duplicated cannot cancel
 out in a total. Over the jobs table and the ``demo_execution`` ledger (one row per
