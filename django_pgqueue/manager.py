@@ -24,6 +24,7 @@ from django.db import models
 from . import bulk, db, defaults, sql, tracing, validation
 from .conf import settings
 from .databases import default_database
+from .exceptions import InvalidJob
 from .states import LIVE_STATUSES, Status
 from .taskapi import Task
 
@@ -67,14 +68,14 @@ def job_ids(ids: Any, *, what: str = "ids") -> list[int]:
     of ints. A str or bytes (whose characters would be read as ids), a bool or any
     other non-int raises ``InvalidJob`` naming it, before anything is changed."""
     if isinstance(ids, str | bytes | bytearray | memoryview) or not isinstance(ids, Iterable):
-        raise validation.InvalidJob(
+        raise InvalidJob(
             f"{what} must be a collection of int job ids, not {type(ids).__name__} "
             f"{validation.show(ids)}"
         )
     checked = set()
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise validation.InvalidJob(
+            raise InvalidJob(
                 f"{what} must hold int job ids only, not {type(value).__name__} "
                 f"{validation.show(value)}"
             )

@@ -22,10 +22,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .models import Job
+
+class Job(Protocol):
+    """What a span reads of a job (a ``models.Job``; typed here without importing the
+    models, which import this module through the manager)."""
+
+    id: int
+    task: str
+    queue: str
+    attempts: int
+    trace_context: Any
+
 
 try:
     from opentelemetry import propagate, trace

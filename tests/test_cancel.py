@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from django_pgqueue.exceptions import JobCancelled
+from django_pgqueue.exceptions import InvalidJob, JobCancelled
 from django_pgqueue.manager import CancelResult
 from django_pgqueue.models import Job
 from django_pgqueue.sweeper import sweep
@@ -318,3 +319,29 @@ def test_process__transactional_task_cancelled_mid_run_leaves_no_effect(
     assert row.result is None
     assert row.errors[-1]["exception_class_path"] == CANCELLED_PATH
     assert any("rolled back" in e["traceback"] for e in row.errors)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("operation", "ids", "message"),
+    [
+        ("cancel", "812", "not str '812'"),
+        ("cancel", b"12", "not bytes"),
+        ("cancel", [1.9], "int job ids only, not float 1.9"),
+        ("cancel", [True], "int job ids only, not bool True"),
+        ("cancel", 5, "collection of int job ids, not int 5"),
+        ("discard_dead", "25", "not str '25'"),
+        ("requeue_dead", "36", "not str '36'"),
+    ],
+)
+def test_operations__odd_id_arguments_are_refused_changing_nothing(
+    job_factory, now, operation, ids, message
+):
+    pending = [job_factory() for _ in range(8)]
+    dead = [job_factory() for _ in range(8)]
+    Job.objects.filter(pk__in=[j.id for j in dead]).update(status="dead", finished_at=now)
+    before = sorted(Job.objects.values_list("id", "status", "cancel_requested_at"))
+    with pytest.raises(InvalidJob, match=re.escape(message)):
+        getattr(Job.objects, operation)(ids)
+    assert sorted(Job.objects.values_list("id", "status", "cancel_requested_at")) == before
+    assert len(before) == len(pending) + len(dead)

@@ -1,0 +1,3 @@
+"""A task module that raises RuntimeError when imported (its set-up failed)."""
+
+raise RuntimeError("configuration not ready")
