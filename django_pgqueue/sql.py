@@ -93,19 +93,15 @@ RETURNING j.*
 """
 
 
-# Read the clock one bulk call stamps on its jobs: created_at, the default run_at, and the
-# "is run_at in the future" test that picks 'scheduled' over 'pending'. No index. Read once
-# per call because COPY cannot evaluate expressions per row; it is the database's clock
-# (or the pinned %(now)s in tests), never the client's.
+# The clock a bulk call stamps on its jobs (created_at, the default run_at, pending or
+# scheduled), read once: COPY cannot evaluate an expression per row. No index.
 JOB_BULK_CLOCK = """
 SELECT coalesce(%(now)s::timestamptz, clock_timestamp())
 """
 
-# Stream one bounded batch of jobs without idempotency keys straight into the table.
-# No index is read; every index is maintained row by row, like any insert. Binary
-# format: the client sends each value in PostgreSQL's own representation (see bulk.py
-# COPY_TYPES), so the server parses no text. COPY has no ON CONFLICT, which is why
-# batches holding idempotency keys take JOB_BULK_INSERT_DEDUPE instead.
+# Stream one bounded batch of jobs without idempotency keys into the table, in binary
+# (no text parsing on the server). COPY has no ON CONFLICT: keyed batches take
+# JOB_BULK_INSERT_DEDUPE.
 JOB_BULK_COPY = """
 COPY pgqueue_job (
     backend, queue, task, args, kwargs, priority, status, max_attempts,
@@ -131,13 +127,9 @@ SELECT nextval(pg_get_serial_sequence('pgqueue_job', 'id'))
 FROM generate_series(1, %(count)s)
 """
 
-# Insert one bounded batch that holds idempotency keys, skipping every job whose key a
-# live job in the same queue already holds (in the table, or earlier in this batch: DO
-# NOTHING sees rows this statement inserted). The partial unique index
-# pgqueue_job_idempotency_uniq is the arbiter; its predicate is repeated so PostgreSQL
-# can infer it. One array parameter per column keeps the statement text fixed whatever
-# the batch size (no 65,535-parameter limit); ORDER BY ord gives ids in input order, so
-# the first of two duplicates wins and equal priorities are claimed in input order.
+# Insert one bounded batch holding idempotency keys, skipping jobs whose key a live job
+# of the queue holds (pgqueue_job_idempotency_uniq is the arbiter). One array per column
+# keeps the text fixed at any batch size; ORDER BY ord makes the first duplicate win.
 JOB_BULK_INSERT_DEDUPE = """
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, max_attempts,
@@ -187,14 +179,9 @@ ON CONFLICT (queue, idempotency_key)
 RETURNING j.id
 """
 
-# Cancel jobs by id, one bounded batch: pending and scheduled jobs become 'cancelled' at
-# once (with a JobCancelled error entry, so get_result() reports why); running jobs get
-# cancel_requested_at, which their worker's next lease extension reads back, and which
-# makes whatever write ends them (complete, fail, release, rescue) end them 'cancelled'.
-# A running job's lease fence (owner, attempts, claim time) is left untouched, so the
-# worker's writes still apply. Primary-key lookups, rows locked in id order with SKIP
-# LOCKED: a row being claimed or completed right now is not waited for but returned as
-# 'busy' (from a plain read of the ids), so the caller can try it again.
+# Cancel jobs by id: pending and scheduled ones end 'cancelled' now; running ones get
+# cancel_requested_at, which makes whatever write ends them end them 'cancelled'. Rows
+# are locked in id order with SKIP LOCKED; a locked one comes back 'busy', to retry.
 JOB_CANCEL = (
     """
 WITH """
@@ -230,12 +217,9 @@ WHERE id = ANY(%(ids)s::bigint[])
 """
 )
 
-# Claim up to %(limit)s pending jobs of any queue for one worker, in priority order,
-# from the head of pgqueue_job_claim_idx (WHERE and ORDER BY match its predicate and
-# columns exactly). SKIP LOCKED lets competing workers take disjoint rows without
-# waiting on each other; selection and update are one statement, so no commit can
-# release a lock before ownership is recorded. Attempts are charged here, so a crash
-# counts as an attempt. Every claim leases its candidates with _CLAIM_LEASE.
+# Lease up to %(limit)s pending jobs, highest priority first, from the head of
+# pgqueue_job_claim_idx (WHERE and ORDER BY match it exactly). SKIP LOCKED: competing
+# workers take disjoint rows; one statement, so no commit releases a lock unowned.
 JOB_CLAIM = (
     """
 WITH candidate AS (
@@ -249,16 +233,9 @@ WITH candidate AS (
     + _CLAIM_LEASE
 )
 
-# JOB_CLAIM resumed after the worker's previous claim, (after_priority, after_id) in
-# the index's order: jobs of a higher priority, then those of the same priority after
-# after_id, then lower priorities. Each branch is a range of pgqueue_job_claim_idx that
-# starts where it must, so a claim never walks the entries of jobs already claimed:
-# while a long transaction elsewhere pins the xmin horizon, those entries cannot be
-# cleaned up, and a scan from the head would step over every one of them, each claim
-# slower than the last. The branches are lazy CTEs (FOR UPDATE cannot go in a UNION):
-# one that the LIMIT does not need is never run, so it locks nothing. Jobs of the same
-# priority behind the position (a retry keeps its id) wait for the worker's next head
-# claim (JOB_CLAIM), which it makes every PGQUEUE_CLAIM_RESCAN_SECONDS.
+# JOB_CLAIM resumed after the worker's previous claim: three lazy ranges of
+# pgqueue_job_claim_idx (higher priority, same priority after after_id, lower), so a
+# claim never walks the dead entries of jobs already claimed while xmin is pinned.
 JOB_CLAIM_AFTER = (
     """
 WITH above AS (
@@ -291,11 +268,9 @@ WITH above AS (
     + _CLAIM_LEASE
 )
 
-# JOB_CLAIM for a worker of some queues only: per queue, the head of that queue's own
-# range of pgqueue_job_queue_claim_idx (queue, priority DESC, id), so a small queue
-# behind a huge one is reached without scanning past the huge one's entries; then the
-# best %(limit)s of those by priority. Each queue's branch locks at most %(limit)s rows,
-# released at the statement's commit unless claimed.
+# JOB_CLAIM for a worker of some queues: the head of each queue's own range of
+# pgqueue_job_queue_claim_idx, so a small queue behind a huge one is reached at once;
+# then the best %(limit)s of those.
 JOB_CLAIM_QUEUES = (
     """
 WITH candidate AS (
@@ -343,10 +318,9 @@ RETURNING j.id, j.status
 """
 )
 
-# Mark many jobs done with their results in one statement (the worker's batched
-# completion), each fenced like JOB_COMPLETE. The caller sorts the input by id, the lock
-# order of JOB_EXTEND_LEASES (no deadlock with the heartbeat). Returns the 1-based input
-# position of every row changed: a missing one is a lost lease, left alone.
+# Mark many jobs done in one statement (the batched completion), each fenced. The caller
+# sorts by id, JOB_EXTEND_LEASES's lock order; the 1-based positions of the rows changed
+# come back (a missing one is a lost lease).
 JOB_COMPLETE_MANY = (
     """
 WITH """
@@ -371,11 +345,9 @@ RETURNING owned.ord
 """
 )
 
-# Admin summary: live jobs (pending, scheduled, running) per status and queue, each
-# status capped at %(cap)s rows. Each branch reads only its own partial index (claim,
-# scheduled, lease) and stops at the LIMIT, so the cost is bounded however large the
-# backlog; a status whose total reaches the cap is shown as "at least". No ORDER BY:
-# any %(cap)s rows will do for a count, and a sort would have to read them all first.
+# Admin: live jobs per status and queue, at most %(cap)s rows of each status, each
+# branch on its own partial index and stopped by its LIMIT (no ORDER BY), so the cost is
+# bounded whatever the backlog; a capped status is shown as "at least".
 JOB_COUNT_LIVE_BY_QUEUE = """
 WITH live AS (
     (SELECT 'pending'::text AS status, queue
@@ -399,12 +371,9 @@ GROUP BY status, queue
 ORDER BY status, queue
 """
 
-# Status figures per queue (pending, scheduled, running, dead): up to %(cap)s rows of
-# each status, counted per queue, with the oldest run_at among the pending ones. Each
-# branch reads only its own partial index (claim, scheduled, lease, dead) and stops at
-# the LIMIT, so the cost is bounded however large the backlog; a status whose sample
-# reaches the cap is scaled up to the planner's estimate by the caller (monitoring.py).
-# No ORDER BY: any %(cap)s rows will do for a count.
+# Status figures per queue: at most %(cap)s rows of each status from its own partial
+# index (no ORDER BY), with the oldest pending run_at; monitoring.py scales a capped
+# status to the planner's estimate.
 JOB_COUNT_SAMPLE_BY_QUEUE = """
 WITH sample AS (
     (SELECT 'pending'::text AS status, queue, run_at
@@ -433,11 +402,8 @@ GROUP BY status, queue
 ORDER BY status, queue
 """
 
-# Discard dead letters by id (admin). Primary-key lookups; guarded by status = 'dead',
-# so a job requeued by someone else in the meantime is never deleted. Rows are locked
-# in id order, as JOB_REQUEUE_DEAD locks them, so two operators discarding and
-# requeueing overlapping selections wait for each other instead of deadlocking.
-# Returns the ids actually deleted, so the admin reports how many rows changed.
+# Discard dead letters by id (admin), guarded by status = 'dead' and locked in id order
+# like JOB_REQUEUE_DEAD, so overlapping discards and requeues wait, never deadlock.
 JOB_DELETE_DEAD = """
 WITH locked AS (
     SELECT id
@@ -472,13 +438,9 @@ USING old
 WHERE j.id = old.id
 """
 
-# Insert one job (or find the live job with the same idempotency key) and wake workers.
-# The partial unique index pgqueue_job_idempotency_uniq is the ON CONFLICT arbiter; its
-# predicate is repeated here so PostgreSQL can infer it. pg_notify in RETURNING sends
-# one notification per job, delivered at commit (none if the caller rolls back).
-# Prepared (prepared.py): it returns only what the database decided (the caller has the
-# rest), so a column added to the table never changes a prepared statement's result.
-# trace_context is NULL unless OpenTelemetry is installed and a trace is active.
+# Insert one job, or find the live one holding its idempotency key (the arbiter is
+# pgqueue_job_idempotency_uniq), and NOTIFY at commit. Prepared: it returns only what the
+# database decided, so a new column never changes a prepared statement's result.
 JOB_ENQUEUE = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
@@ -573,11 +535,8 @@ RETURNING j.status
 """
 )
 
-# Admin: planner statistics about one column, no table scan at all. reltuples is the
-# row estimate kept by (auto)vacuum/analyze (-1: never analyzed); most_common_vals and
-# most_common_freqs (from ANALYZE) give the column's frequent values and their shares:
-# the admin's status totals and its queue/task filter choices on a big table. Also the
-# table's size, so the caller can afford exact answers when the table is small.
+# Admin: the planner's statistics of one column (row estimate, most common values and
+# their shares) and the table's size, read from the catalogs: no table scan.
 JOB_GET_COLUMN_STATS = """
 SELECT c.reltuples::bigint AS total,
        pg_relation_size(c.oid) AS bytes,
@@ -593,13 +552,9 @@ LEFT JOIN pg_stats AS st
 WHERE c.oid = 'pgqueue_job'::regclass
 """
 
-# Admin summary: the longest wait of a pending job (now - run_at), and how many running
-# jobs hold an expired lease (a sign that no sweeper runs). The wait is the oldest
-# run_at among %(cap)s pending jobs and the head of each priority's line: exact while
-# the backlog is under the cap, a lower bound above it. Both read only the rows of
-# pgqueue_job_claim_idx: a LIMITed scan (no ORDER BY, which would sort the whole
-# backlog first) plus a loose index scan (one seek per distinct priority, at most
-# 201). The expired count is a LIMITed range scan of pgqueue_job_lease_idx.
+# Admin: the longest wait of a pending job and the count of expired leases (no sweeper
+# running?). A LIMITed scan plus a loose index scan of pgqueue_job_claim_idx (a seek per
+# priority), and a LIMITed range of pgqueue_job_lease_idx: bounded whatever the size.
 JOB_GET_HEALTH = """
 WITH RECURSIVE head AS (
     (SELECT priority, run_at
@@ -636,14 +591,9 @@ SELECT greatest(clock.now - least(
 FROM clock
 """
 
-# Per-minute history for the dashboard's charts, over the last %(minutes)s minutes
-# (the last one still running): for each minute, up to %(cap)s done jobs that finished
-# in it (a range scan of pgqueue_job_done_idx, so at most minutes x cap index entries
-# whatever the table's size) with their first and last finish time, so the caller can
-# scale a capped minute up by its rate, and the average and longest wait of those jobs
-# before their last attempt started (last_attempted_at - run_at: the queue's latency);
-# plus the dead letters that died in each minute, among the newest %(cap)s (a backward
-# walk of pgqueue_job_dead_idx: dead letters are rare, and this stays bounded when not).
+# The dashboard's per-minute history: up to %(cap)s done jobs a minute (a range of
+# pgqueue_job_done_idx) with their finish times and waits, and the newest dead letters
+# (pgqueue_job_dead_idx); the caller scales a capped minute by its rate.
 JOB_GET_HISTORY = """
 WITH clock AS (
     SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
@@ -680,11 +630,8 @@ LEFT JOIN dead ON dead.start = m.start
 ORDER BY m.start
 """
 
-# The head of each priority's line of pending jobs (queue and run_at): the jobs that
-# have waited longest at each priority, whatever the backlog. A loose index scan of
-# pgqueue_job_claim_idx: one seek per distinct priority (at most 201). With the pending
-# sample of JOB_COUNT_SAMPLE_BY_QUEUE it gives each queue's oldest pending job: exact
-# while the backlog is under the cap, a lower bound above it.
+# The head of each priority's line of pending jobs: a loose index scan of
+# pgqueue_job_claim_idx, one seek per distinct priority (at most 201).
 JOB_GET_PENDING_HEADS = """
 WITH RECURSIVE head AS (
     (SELECT priority, queue, run_at
@@ -771,17 +718,9 @@ RETURNING j.id
 """
 )
 
-# Requeue dead letters by id (admin): back to pending with attempts reset and run_at
-# now, optionally into another queue or with another priority; the errors list is kept
-# so the previous failure stays visible. Primary-key lookups. Guarded by
-# status = 'dead': a second click or a second operator updates zero rows (a concurrent
-# requeue waits on the row lock, then re-checks the guard and skips the row). A job
-# whose idempotency key a live job in the target queue already holds is skipped, as
-# is all but the newest of several selected jobs sharing one key (the partial unique
-# index pgqueue_job_idempotency_uniq answers the NOT EXISTS). pg_notify in RETURNING
-# wakes workers at commit (PostgreSQL folds duplicate notifications). Rows are locked
-# in id order first (like JOB_DELETE_DEAD), so concurrent requeues and discards of
-# overlapping selections cannot deadlock.
+# Requeue dead letters by id (admin): pending, attempts reset, errors kept, guarded by
+# status = 'dead' and locked in id order. Jobs whose key a live job holds are skipped
+# (and all but the newest of selected jobs sharing one); NOTIFY at commit.
 JOB_REQUEUE_DEAD = """
 WITH picked AS (
     SELECT DISTINCT ON (target_queue, idempotency_key,
@@ -818,11 +757,9 @@ WHERE j.id = picked.id
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
-# Take back running jobs whose lease expired: to pending, to dead once the attempt limit
-# is reached (a job that kills its worker every time must not loop forever), or to
-# cancelled if its cancellation was requested. Uses pgqueue_job_lease_idx; one bounded
-# batch; SKIP LOCKED so it never waits on a worker completing the same row (whose fenced
-# write then wins or loses cleanly). An error entry records whose lease expired.
+# Take back expired leases: to pending, to dead on the last attempt, or to cancelled,
+# with an error entry saying whose lease expired. One bounded batch of
+# pgqueue_job_lease_idx; SKIP LOCKED never waits on a worker completing a row.
 JOB_RESCUE_EXPIRED = (
     """
 WITH """
@@ -868,14 +805,9 @@ RETURNING j.id, j.status
 """
 )
 
-# Jobs that finished in the last %(window_seconds)s seconds, per outcome and queue:
-# up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)
-# and the dead letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
-# per queue, in the last minute too, with the oldest finish time in the sample so the
-# caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries:
-# the window's start is a scalar subquery (an InitPlan), so it is the done index's
-# range condition; joined as a CTE it would be a filter, and an empty window would
-# walk the whole index.
+# Jobs finished in the last %(window_seconds)s s per outcome and queue, at most %(cap)s
+# of each (pgqueue_job_done_idx, pgqueue_job_dead_idx). The window's start is a scalar
+# subquery, so it bounds the done index's range instead of filtering a walk of it.
 JOB_SAMPLE_FINISHED = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
@@ -1032,13 +964,9 @@ SESSION_BOUND_TRANSACTION = """
 SELECT set_config('statement_timeout', %(statement_timeout)s, true)
 """
 
-# Label a worker's connection and bound its statements: application_name shows which
-# worker and role (claim, heartbeat, runner, completer) a backend serves in
-# pg_stat_activity, so an operator or a test can terminate exactly one; a NULL
-# statement_timeout keeps the current one (task code on runner connections keeps the
-# project's own). Behind a transaction pooler only application_name is set here (poolers
-# such as PgBouncer track it per client); bounds then use SESSION_BOUND_TRANSACTION.
-# No table.
+# Label a worker's connection (application_name: which worker and role a backend
+# serves) and bound its statements (NULL keeps the current bound). Behind a pooler only
+# the label is set here; bounds then use SESSION_BOUND_TRANSACTION.
 SESSION_CONFIGURE = """
 SELECT set_config('application_name', %(application_name)s, false),
        set_config('statement_timeout',
@@ -1046,29 +974,10 @@ SELECT set_config('application_name', %(application_name)s, false),
                   false)
 """
 
-# Set up a worker's claim connection, which runs nothing but the claim and promote
-# statements (both ordered index scans under a LIMIT):
-# * no bitmap scans, which keeps claims on pgqueue_job_claim_idx whatever the planner's
-#   statistics say. Right after a bulk load, or when the last ANALYZE saw few pending
-#   jobs, the planner estimates a handful of pending rows and picks a bitmap scan of
-#   every pending entry plus a sort: a cost that grows with the backlog, paid by every
-#   claim (measured on 20,000 fresh pending jobs: 14 ms per claim instead of 0.1 ms);
-#   without bitmap scans the ordered index scan that stops at the LIMIT is the
-#   cheapest plan left;
-# * no sequential scans, and the generic plan of a prepared statement always: the
-#   claims are prepared on this connection (manager.JobManager._jobs), so they are
-#   planned once instead of on every claim (planning JOB_CLAIM_AFTER's three branches
-#   took 0.2 to 0.8 ms, most of an idle worker's pickup, more than running it). A
-#   generic plan is made for any LIMIT, as if a tenth of the table were wanted; with
-#   the sequential scan (and a sort of its rows) ruled out, the ordered index scan is
-#   what is left, and the UPDATE takes its rows by key (JOB_CLAIM). Without
-#   force_generic_plan, PostgreSQL would compare that plan's cost, planned for a
-#   tenth of the table, with the custom plans' and keep planning every claim;
-# * asynchronous commit: a claim (or promotion) that a server crash loses is one never
-#   made, and the job is pending (or scheduled) again, attempt not charged, as if the
-#   claim had not happened; and any later durable commit (the job's completion or
-#   failure, on another connection) flushes the WAL of the claim before it. So the
-#   claim and its round trip do not wait for a disk flush. No table.
+# Set up a worker's claim connection (claims and promotions only): no bitmap or
+# sequential scans and always the generic plan keep the prepared claims on their ordered
+# index scans whatever the statistics say; asynchronous commit is safe since a lost
+# claim leaves the job pending, and the job's durable completion flushes the claim first.
 SESSION_CONFIGURE_CLAIM = """
 SELECT set_config('enable_bitmapscan', 'off', false),
        set_config('enable_seqscan', 'off', false),
@@ -1142,10 +1051,8 @@ DELETE FROM pgqueue_worker
 WHERE id = %(id)s
 """
 
-# Delete workers lost for longer than %(keep_seconds)s beyond their own lease (killed,
-# or cut off from the database), one bounded batch. The workers table holds one row per
-# process, so this is a scan of a handful of rows; LIMIT and SKIP LOCKED keep it bounded
-# and let several sweepers run at once.
+# Delete the rows of workers lost for longer than %(keep_seconds)s past their lease, one
+# bounded batch (LIMIT, SKIP LOCKED: several sweepers may run).
 WORKER_DELETE_LOST = """
 WITH lost AS (
     SELECT id

@@ -1,8 +1,8 @@
 """The dead-letter index, built CONCURRENTLY so adding it never locks the jobs table.
 
-With 100 dead letters among 1,000,000 jobs the dead-letter admin page read the whole
-table (260-590 ms a page); with this index it reads only dead rows (35-48 ms), measured
-with ``python -m bench.admin_page``. Non-atomic and alone, like 0002.
+Without it, a few dead letters among millions of jobs cost the dead-letter admin page a
+scan of the whole table (``bench.admin_page``, bench/README.md). Non-atomic and alone,
+like 0002.
 """
 
 from django.contrib.postgres.operations import AddIndexConcurrently

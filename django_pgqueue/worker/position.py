@@ -5,9 +5,8 @@ job claimed leaves a dead entry there, which is normally skipped at once (an ind
 marks it dead once no transaction can see the old row). But while a long transaction
 elsewhere pins the xmin horizon (a forgotten ``BEGIN`` in a shell, a long report, a
 replica's ``hot_standby_feedback``), nothing can be cleaned up: each claim from the head
-steps over every job claimed since, and the drain slows down without bound (measured
-with ``python -m bench.scale``: after five minutes, each claim walked about a million
-entries).
+steps over every job claimed since, and the drain slows down without bound (see
+``bench.scale``'s pinned-horizon scenario in bench/README.md).
 
 So a worker resumes each claim after its previous one (``sql.JOB_CLAIM_AFTER``), and
 claims from the head only every ``PGQUEUE_CLAIM_RESCAN_SECONDS`` (and, with
