@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import ExpressionWrapper, F, Q, Value
 from django.db.models.lookups import LessThan
 
+from .fields import CharArrayField
 from .manager import JobManager
 
 #: Statuses in which a job is still "live": an idempotency key is unique among these.
@@ -236,9 +236,7 @@ class WorkerProcess(models.Model):
     id = models.CharField(max_length=255, primary_key=True, help_text="The lease owner name")
     hostname = models.CharField(max_length=255)
     pid = models.IntegerField()
-    queues = ArrayField(
-        models.CharField(max_length=64), null=True, blank=True, help_text="None: every queue"
-    )
+    queues = CharArrayField(item_length=64, null=True, blank=True, help_text="None: every queue")
     concurrency = models.IntegerField()
     lease_seconds = models.FloatField()
     version = models.CharField(max_length=64)

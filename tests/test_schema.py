@@ -117,6 +117,29 @@ def test_enqueue__without_the_app_installed_says_to_install_it(manage):
     ), proc.output()
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_quickstart_apps__check_passes_and_a_worker_works_jobs(manage, job_factory):
+    """INSTALLED_APPS without django.contrib.postgres (the quickstart's): the workers
+    table's ArrayField used to fail `check` with postgres.E005."""
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_without_postgres"}
+    code = "from django.conf import settings; print(settings.INSTALLED_APPS)"
+    proc = manage("shell", "-c", code, env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert "'django_pgqueue'" in proc.output()
+    assert "django.contrib.postgres" not in proc.output()
+
+    proc = manage("check", "--database", "default", env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert "System check identified no issues" in proc.output(), proc.output()
+
+    jobs = [job_factory(queue="q") for _ in range(3)]
+    proc = manage("pgqueue_worker", "--burst", "--poll-interval", "0.1", "--queue", "q", env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert [Job.objects.get(pk=j.pk).status for j in jobs] == ["done"] * 3, proc.output()
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], result=3).count() == 3
+
+
 # --- in process ------------------------------------------------------------------------
 
 
