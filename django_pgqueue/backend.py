@@ -150,14 +150,14 @@ class PgQueueBackend(BaseTaskBackend):
     def _check_database(self) -> list[checks.CheckMessage]:
         """The jobs database agrees with PGQUEUE_DATABASE, the routers let the jobs
         table be migrated there, and LISTEN_DATABASE names something reachable."""
-        from django.conf import settings as django_settings
         from django.db import router
 
+        from .conf import settings
         from .models import Job
 
         obj = f"TASKS[{self.alias!r}]"
         messages: list[checks.CheckMessage] = []
-        fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
+        fallback = settings.DATABASE
         if (
             self.alias == DEFAULT_TASK_BACKEND_ALIAS
             and fallback

@@ -16,9 +16,9 @@ class Settings:
     """Defaults for every ``PGQUEUE_*`` setting (the docs' reference table is built from
     these attributes and their docstrings)."""
 
-    DATABASE: str = "default"
+    DATABASE: str | None = None
     """Fallback only: the jobs database of a ``TASKS`` backend whose ``OPTIONS`` has no
-    ``DATABASE`` (unset: where the database routers send the ``Job`` model, "default"
+    ``DATABASE`` (None: where the database routers send the ``Job`` model, "default"
     without routers). Prefer ``OPTIONS["DATABASE"]``; a check (pgqueue.E050) reports a
     default backend whose ``OPTIONS["DATABASE"]`` disagrees with it."""
 

@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import connections, router
 
+from .conf import settings
 from .taskapi import DEFAULT_TASK_BACKEND_ALIAS, InvalidTaskBackend, task_backends
 
 _UNSET = object()
@@ -44,7 +45,7 @@ def options_database(options: dict[str, Any]) -> str:
     """The jobs database of a backend with these ``OPTIONS`` (see the module doc)."""
     if options.get("DATABASE"):
         return str(options["DATABASE"])
-    fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
+    fallback = settings.DATABASE
     if fallback:
         return str(fallback)
     from .models import Job
