@@ -67,11 +67,14 @@ def bare_database_url() -> Iterator[str]:
         ("pgqueue_worker", "--burst"),
         ("pgqueue_sweep",),
         ("pgqueue_sweep", "--loop"),
+        ("pgqueue_status",),
+        ("pgqueue_status", "--check"),
     ],
-    ids=["worker", "worker-burst", "sweep", "sweep-loop"],
+    ids=["worker", "worker-burst", "sweep", "sweep-loop", "status", "status-check"],
 )
 def test_commands__unmigrated_database_exits_naming_migrate(manage, bare_database_url, command):
-    """They used to retry 'relation "pgqueue_job" does not exist' forever."""
+    """They used to retry 'relation "pgqueue_job" does not exist' forever (the status
+    command printed its traceback)."""
     proc = manage(*command, env={"DATABASE_URL": bare_database_url})
     assert proc.wait(60) == 1, proc.output()
     names = all_migrations()
