@@ -98,6 +98,12 @@ class Settings:
     """Bearer token that lets a scraper read ``django_pgqueue.metrics.view``
     (``Authorization: Bearer <token>``); staff sessions may read it too. None: staff only."""
 
+    METRICS_MAX_QUEUES: int = 100
+    """Most queues the Prometheus metrics list by name, the largest first (jobs pending,
+    scheduled, running and dead, then done in the last 5 minutes); the figures of the
+    rest are summed under ``queue="_other"`` so a scrape's size stays bounded however
+    many queues there are. 0: every queue under ``_other``."""
+
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
             return getattr(django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name))
