@@ -107,6 +107,22 @@ def test_migrate__still_creates_the_tables_despite_the_warning(manage, bare_data
 
 
 @pytest.mark.slow
+def test_migrate__does_not_warn_to_run_migrate(manage, bare_database_url):
+    """The first migrate used to print W010 "run `python manage.py migrate`"."""
+    proc = manage("migrate", env={"DATABASE_URL": bare_database_url})
+    assert proc.wait(120) == 0, proc.output()
+    assert "Applying django_pgqueue.0001_initial... OK" in proc.output()
+    assert "pgqueue.W010" not in proc.output(), proc.output()
+
+
+@pytest.mark.django_db
+def test_check_migrated__still_warns_outside_migrate(monkeypatch):
+    """The same check, called from anything but migrate, still reports."""
+    monkeypatch.setattr("django_pgqueue.schema.unapplied_migrations", lambda alias: ["0099_x"])
+    assert [m.id for m in check_migrated(databases=["default"])] == ["pgqueue.W010"]
+
+
+@pytest.mark.slow
 def test_enqueue__without_the_app_installed_says_to_install_it(manage):
     code = "from testproject.demo.tasks import add; add.enqueue(1, 2)"
     proc = manage(
