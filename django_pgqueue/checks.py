@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -101,7 +102,7 @@ def _in_migrate() -> bool:
     Django passes a check no hint of which command asked, so look up the call stack."""
     from django.core.management.commands.migrate import Command as Migrate
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if isinstance(frame.f_locals.get("self"), Migrate):
             return True
