@@ -58,6 +58,7 @@ QUEUE_GAUGES = (
     ("pgqueue_jobs_dead", "dead", "Dead letters: jobs that used up their attempts."),
     ("pgqueue_jobs_done_recent", "done_5m", "Jobs done in the last 5 minutes."),
     ("pgqueue_jobs_failed_recent", "failed_5m", "Jobs dead-lettered in the last 5 minutes."),
+    ("pgqueue_jobs_cancelled_recent", "cancelled_5m", "Jobs cancelled in the last 5 minutes."),
     (
         "pgqueue_jobs_finished_per_second",
         "finished_per_second",

@@ -122,6 +122,13 @@ class Job(models.Model):
                 name="pgqueue_job_done_idx",
                 condition=Q(status="done"),
             ),
+            # Cancellations of the last minutes (monitoring), newest first. Built
+            # CONCURRENTLY in its own migration (0010).
+            models.Index(
+                fields=["finished_at"],
+                name="pgqueue_job_cancelled_idx",
+                condition=Q(status="cancelled"),
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -852,7 +852,8 @@ RETURNING j.id, j.status
 
 # Jobs that finished in the last %(window_seconds)s seconds, per outcome and queue:
 # up to %(cap)s of the newest done jobs (a backward range scan of pgqueue_job_done_idx)
-# and the dead letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
+# and of the newest cancelled ones (pgqueue_job_cancelled_idx, alike), and the dead
+# letters among the newest %(cap)s (pgqueue_job_dead_idx), each counted
 # per queue, in the last minute too, with the oldest finish time in the sample so the
 # caller can scale a capped sample up by its rate. Bounded by 2 x cap index entries:
 # the window's start is a scalar subquery (an InitPlan), so it is the done index's
@@ -865,6 +866,13 @@ WITH clock AS (
     SELECT queue, finished_at
     FROM pgqueue_job
     WHERE status = 'done'
+      AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+), cancelled AS (
+    SELECT queue, finished_at
+    FROM pgqueue_job
+    WHERE status = 'cancelled'
       AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
     ORDER BY finished_at DESC
     LIMIT %(cap)s
@@ -887,6 +895,12 @@ SELECT 'dead'::text, queue, count(*),
        count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
        min(finished_at), clock.now
 FROM dead, clock
+GROUP BY queue, clock.now
+UNION ALL
+SELECT 'cancelled'::text, queue, count(*),
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
+       min(finished_at), clock.now
+FROM cancelled, clock
 GROUP BY queue, clock.now
 """
 

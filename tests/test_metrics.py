@@ -136,3 +136,12 @@ def test_metrics_max_queues__out_of_range_is_a_check_error():
     with override_settings(PGQUEUE_METRICS_MAX_QUEUES=-1):
         ids = [m.id for m in checks.run_checks(tags=["pgqueue"])]
     assert "pgqueue.E024" in ids
+
+
+@override_settings(PGQUEUE_METRICS_TOKEN=TOKEN)
+def test_metrics__recent_cancellations_per_queue(client, job_factory):
+    jobs = [job_factory(queue="mail") for _ in range(3)]
+    Job.objects.cancel([j.pk for j in jobs[:2]])
+    got = scrape(client)
+    assert by_queue(got, "pgqueue_jobs_cancelled_recent") == {"mail": 2}
+    assert by_queue(got, "pgqueue_jobs_pending") == {"mail": 1}

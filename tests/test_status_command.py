@@ -66,6 +66,7 @@ def test_status__table_shows_queues_and_workers(backlog):
         "dead",
         "done/5m",
         "failed/5m",
+        "cancelled/5m",
         "finished/s",
         "oldest",
         "pending",
@@ -85,6 +86,7 @@ def test_status__json_contract(backlog):
     mail = data["queues"]["mail"]
     for key in ("pending", "scheduled", "running", "dead", "oldest_pending_age_seconds"):
         assert key in mail
+    assert mail["cancelled_5m"] == 0
     assert (mail["pending"], data["queues"]["web"]["dead"]) == (3, 1)
     assert 119 < mail["oldest_pending_age_seconds"] < 300
     (worker,) = data["workers"]

@@ -64,6 +64,7 @@ def render_table(snap: Snapshot) -> str:
         "dead",
         "done/5m",
         "failed/5m",
+        "cancelled/5m",
         "finished/s",
         "oldest pending",
     )
@@ -81,6 +82,7 @@ def render_table(snap: Snapshot) -> str:
                 num(q, "dead"),
                 num(q, "done_5m"),
                 num(q, "failed_5m"),
+                num(q, "cancelled_5m"),
                 num(q, "finished_per_second"),
                 oldest,
             )
