@@ -23,7 +23,6 @@ settings.configure(
         "django.contrib.contenttypes",
         "django.contrib.messages",
         "django.contrib.sessions",
-        "django.contrib.postgres",
         "django_pgqueue",
     ],
     DATABASES={"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "smoke"}},

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import apps
-from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 
 from . import schema
+from .conf import settings
 from .databases import QueueBackend, listen_target
 from .framework import TaskGone, load_task, to_task_result
 from .models import Job
@@ -124,7 +124,7 @@ class PgQueueBackend(QueueBackend):
         table be migrated there, and LISTEN_DATABASE names something reachable."""
         obj = f"TASKS[{self.alias!r}]"
         messages: list[checks.CheckMessage] = []
-        fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
+        fallback = settings.DATABASE
         if (
             self.alias == DEFAULT_TASK_BACKEND_ALIAS
             and fallback

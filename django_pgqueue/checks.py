@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from types import FrameType
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -72,6 +74,8 @@ def check_migrated(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
+    if _in_migrate():
+        return messages  # it is applying what the warning would ask for
     for alias in sorted(jobs_databases() & set(databases or ())):
         if alias not in connections.settings:
             continue  # the backend's own check (pgqueue.E002) says so
@@ -91,6 +95,19 @@ def check_migrated(
                 )
             )
     return messages
+
+
+def _in_migrate() -> bool:
+    """True while ``migrate`` (or a project's subclass of it) runs its own checks:
+    Django passes a check no hint of which command asked, so look up the call stack."""
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @checks.register("pgqueue")

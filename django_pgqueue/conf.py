@@ -16,9 +16,9 @@ class Settings:
     """Defaults for every ``PGQUEUE_*`` setting (the docs' reference table is built from
     these attributes and their docstrings)."""
 
-    DATABASE: str = "default"
+    DATABASE: str | None = None
     """Fallback only: the jobs database of a ``TASKS`` backend whose ``OPTIONS`` has no
-    ``DATABASE`` (unset: where the database routers send the ``Job`` model, "default"
+    ``DATABASE`` (None: where the database routers send the ``Job`` model, "default"
     without routers). Prefer ``OPTIONS["DATABASE"]``; a check (pgqueue.E050) reports a
     default backend whose ``OPTIONS["DATABASE"]`` disagrees with it."""
 
@@ -97,6 +97,12 @@ class Settings:
     METRICS_TOKEN: str | None = None
     """Bearer token that lets a scraper read ``django_pgqueue.metrics.view``
     (``Authorization: Bearer <token>``); staff sessions may read it too. None: staff only."""
+
+    METRICS_MAX_QUEUES: int = 100
+    """Most queues the Prometheus metrics list by name, the largest first (jobs pending,
+    scheduled, running and dead, then done in the last 5 minutes); the figures of the
+    rest are summed under ``queue="_other"`` so a scrape's size stays bounded however
+    many queues there are. 0: every queue under ``_other``."""
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():

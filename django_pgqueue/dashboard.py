@@ -94,6 +94,11 @@ class DashboardAdmin(ViewOnlyAdmin):
                             f"{dead_url}?queue={_qs(q.queue)}",
                             alert=q.failed_5m > 0,
                         ),
+                        _cell(
+                            q,
+                            "cancelled_5m",
+                            f"{jobs_url}?status__exact=cancelled&queue={_qs(q.queue)}",
+                        ),
                     ],
                     "rate": f"{q.finished_per_second:,.1f}",
                     "rate_estimated": "finished_per_second" in q.estimated,

@@ -21,6 +21,7 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
+from .conf import settings
 from .taskapi import DEFAULT_TASK_BACKEND_ALIAS, BaseTaskBackend, InvalidTaskBackend, task_backends
 
 _UNSET = object()
@@ -56,7 +57,7 @@ def options_database(options: dict[str, Any]) -> str:
     """The jobs database of a backend with these ``OPTIONS`` (see the module doc)."""
     if options.get("DATABASE"):
         return str(options["DATABASE"])
-    fallback = getattr(django_settings, "PGQUEUE_DATABASE", None)
+    fallback = settings.DATABASE
     if fallback:
         return str(fallback)
     # By name from the app registry: the models sit above this module.

@@ -57,6 +57,13 @@ class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExp
     its transaction, so its effects roll back; a cooperative task may raise it too."""
 
 
+class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
+    """A probe's statements did not finish within its time limit (``deadline.within``):
+    the database is overloaded, unreachable in time, or a table they read is locked
+    (``LOCK TABLE pgqueue_job``, a long ``ALTER TABLE``). The message names the database
+    and the limit; the statement that was waiting has been cancelled."""
+
+
 def first_line(exc: BaseException) -> str:
     """An error's first line: enough for a log line without traceback spam."""
     text = str(exc).strip()

@@ -115,6 +115,8 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     # 0: every claim from the head of the claim index (as before claims resumed).
     "CLAIM_RESCAN_SECONDS": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E023"),
     "LOST_WORKER_SECONDS": (Bounds(0, 365 * DAY, unit="seconds"), False, "pgqueue.E040"),
+    # Each listed queue costs about ten series per scrape.
+    "METRICS_MAX_QUEUES": (Bounds(0, 100_000, integer=True), False, "pgqueue.E024"),
 }
 
 

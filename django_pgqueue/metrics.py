@@ -13,17 +13,22 @@ request with ``Authorization: Bearer <PGQUEUE_METRICS_TOKEN>`` or from a logged-
 staff user gets the metrics; one without credentials gets 401, one with wrong
 credentials (or a non-staff session) 403.
 
-Every name starts with ``pgqueue_``; per-queue metrics carry a ``queue`` label. The
-job counters are the workers' own running totals (``worker`` label), kept in the
-workers table by their heartbeats: ``sum(rate(pgqueue_jobs_finished_total[5m]))`` is
-the fleet's throughput, across restarts.
+Every name starts with ``pgqueue_``; per-queue metrics carry a ``queue`` label: the
+``PGQUEUE_METRICS_MAX_QUEUES`` largest queues by name, the rest summed under
+``queue="_other"`` (a real queue of that name among them), so the number of series
+stays bounded however many queues there are. The job counters are the workers' own
+running totals (``worker`` label), kept in the workers table by their heartbeats:
+``sum(rate(pgqueue_jobs_finished_total[5m]))`` is the fleet's throughput, across
+restarts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
@@ -53,6 +58,7 @@ QUEUE_GAUGES = (
     ("pgqueue_jobs_dead", "dead", "Dead letters: jobs that used up their attempts."),
     ("pgqueue_jobs_done_recent", "done_5m", "Jobs done in the last 5 minutes."),
     ("pgqueue_jobs_failed_recent", "failed_5m", "Jobs dead-lettered in the last 5 minutes."),
+    ("pgqueue_jobs_cancelled_recent", "cancelled_5m", "Jobs cancelled in the last 5 minutes."),
     (
         "pgqueue_jobs_finished_per_second",
         "finished_per_second",
@@ -61,15 +67,49 @@ QUEUE_GAUGES = (
 )
 
 
+#: The ``queue`` label of the queues beyond ``PGQUEUE_METRICS_MAX_QUEUES``, summed.
+OTHER = "_other"
+
+
+def _size(queue: monitoring.QueueStats) -> tuple[int, int, str]:
+    """Largest first: jobs held, then recent throughput; the name breaks ties."""
+    held = queue.pending + queue.scheduled + queue.running + queue.dead
+    return (-held, -queue.done_5m, queue.queue)
+
+
+def capped(
+    queues: Iterable[monitoring.QueueStats], limit: int
+) -> tuple[list[monitoring.QueueStats], int]:
+    """The ``limit`` largest queues, then one ``OTHER`` entry summing the rest (the
+    longest wait for its oldest pending age); and how many queues that entry sums."""
+    every = list(queues)
+    ranked = sorted((q for q in every if q.queue != OTHER), key=_size)
+    rest = [q for q in every if q.queue == OTHER] + ranked[limit:]
+    if not rest:
+        return ranked, 0
+    totals: dict[str, Any] = {"queue": OTHER}
+    for f in dataclasses.fields(monitoring.QueueStats):
+        values = [getattr(q, f.name) for q in rest]
+        if f.name == "estimated":
+            totals[f.name] = frozenset().union(*values)
+        elif f.name == "oldest_pending_age":
+            ages = [v for v in values if v is not None]
+            totals[f.name] = max(ages) if ages else None
+        elif f.name != "queue":
+            totals[f.name] = sum(values)
+    return [*ranked[:limit], monitoring.QueueStats(**totals)], len(rest)
+
+
 class QueueCollector(Collector):
     """Turns one ``monitoring.snapshot()`` into metric families."""
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         snap = monitoring.snapshot()
+        queues, folded = capped(snap.queues.values(), settings.METRICS_MAX_QUEUES)
         for name, attribute, text in QUEUE_GAUGES:
             family = GaugeMetricFamily(name, text, labels=["queue"])
-            for queue in snap.queues.values():
+            for queue in queues:
                 family.add_metric([queue.queue], float(getattr(queue, attribute)))
             yield family
         oldest = GaugeMetricFamily(
@@ -82,12 +122,18 @@ class QueueCollector(Collector):
             "1 where a queue's figure is an estimate (a status over the sampling cap).",
             labels=["queue", "figure"],
         )
-        for queue in snap.queues.values():
+        for queue in queues:
             oldest.add_metric([queue.queue], queue.oldest_pending_age or 0.0)
             for figure in sorted(queue.estimated):
                 estimated.add_metric([queue.queue, figure], 1.0)
         yield oldest
         yield estimated
+        other = GaugeMetricFamily(
+            "pgqueue_queues_other",
+            f'Queues summed under queue="{OTHER}" (beyond PGQUEUE_METRICS_MAX_QUEUES).',
+        )
+        other.add_metric([], float(folded))
+        yield other
         workers = GaugeMetricFamily(
             "pgqueue_workers",
             "Registered workers: live, or lost (not seen for longer than their lease).",

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import ExpressionWrapper, F, Q, Value
 from django.db.models.lookups import LessThan
 
+from .fields import CharArrayField
 from .manager import JobManager
 from .states import FINISHED_STATUSES, LIVE_STATUSES, Status
 
@@ -113,6 +113,13 @@ class Job(models.Model):
                 fields=["finished_at"],
                 name="pgqueue_job_done_idx",
                 condition=Q(status="done"),
+            ),
+            # Cancellations of the last minutes (monitoring), newest first. Built
+            # CONCURRENTLY in its own migration (0010).
+            models.Index(
+                fields=["finished_at"],
+                name="pgqueue_job_cancelled_idx",
+                condition=Q(status="cancelled"),
             ),
         ]
         constraints = [
@@ -226,9 +233,7 @@ class WorkerProcess(models.Model):
     id = models.CharField(max_length=255, primary_key=True, help_text="The lease owner name")
     hostname = models.CharField(max_length=255)
     pid = models.IntegerField()
-    queues = ArrayField(
-        models.CharField(max_length=64), null=True, blank=True, help_text="None: every queue"
-    )
+    queues = CharArrayField(item_length=64, null=True, blank=True, help_text="None: every queue")
     concurrency = models.IntegerField()
     lease_seconds = models.FloatField()
     version = models.CharField(max_length=64)

@@ -99,6 +99,7 @@ class QueueStats:
     dead: int = 0
     done_5m: int = 0  # done in the last RECENT_SECONDS
     failed_5m: int = 0  # dead-lettered (attempts used up) in the last RECENT_SECONDS
+    cancelled_5m: int = 0  # cancelled (Job.objects.cancel) in the last RECENT_SECONDS
     finished_per_second: float = 0.0  # done per second over the last minute
     oldest_pending_age: float | None = None  # seconds; None: nothing pending
     estimated: frozenset[str] = frozenset()
@@ -111,6 +112,7 @@ class QueueStats:
             "dead": self.dead,
             "done_5m": self.done_5m,
             "failed_5m": self.failed_5m,
+            "cancelled_5m": self.cancelled_5m,
             "finished_per_second": round(self.finished_per_second, 3),
             "oldest_pending_age_seconds": None
             if self.oldest_pending_age is None
@@ -177,7 +179,7 @@ def snapshot(
             scale[status] = max(estimates.get(status, 0), cap) / sampled[status]
 
     finished: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-    sample_size = {"done": 0, "dead": 0}
+    sample_size = {"done": 0, "dead": 0, "cancelled": 0}
     sample_oldest: dict[str, dt.datetime] = {}
     clock = now
     for outcome, queue, jobs, last_minute, first_at, at in _rows(
@@ -219,6 +221,7 @@ def snapshot(
             figures[status] = jobs
         done, done_minute = finished[name].get("done", (0, 0))
         dead, _ = finished[name].get("dead", (0, 0))
+        cancelled, _ = finished[name].get("cancelled", (0, 0))
         if "done" in rate_scale:
             window_factor, minute_factor = rate_scale["done"]
             done, done_minute = round(done * window_factor), round(done_minute * minute_factor)
@@ -226,6 +229,9 @@ def snapshot(
         if "dead" in rate_scale:
             dead = round(dead * rate_scale["dead"][0])
             estimated.add("failed_5m")
+        if "cancelled" in rate_scale:
+            cancelled = round(cancelled * rate_scale["cancelled"][0])
+            estimated.add("cancelled_5m")
         age = None
         if name in oldest:
             age = max(0.0, (clock - oldest[name]).total_seconds())
@@ -235,6 +241,7 @@ def snapshot(
             queue=name,
             done_5m=done,
             failed_5m=dead,
+            cancelled_5m=cancelled,
             finished_per_second=done_minute / 60.0,
             oldest_pending_age=age,
             estimated=frozenset(estimated),

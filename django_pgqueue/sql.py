@@ -806,8 +806,8 @@ RETURNING j.id, j.status
 )
 
 # Jobs finished in the last %(window_seconds)s s per outcome and queue, at most %(cap)s
-# of each (pgqueue_job_done_idx, pgqueue_job_dead_idx). The window's start is a scalar
-# subquery, so it bounds the done index's range instead of filtering a walk of it.
+# of each (pgqueue_job_done_idx, _cancelled_idx, _dead_idx). The window's start is a
+# scalar subquery, so it bounds each index's range instead of filtering a walk of it.
 JOB_SAMPLE_FINISHED = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
@@ -815,6 +815,13 @@ WITH clock AS (
     SELECT queue, finished_at
     FROM pgqueue_job
     WHERE status = 'done'
+      AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+), cancelled AS (
+    SELECT queue, finished_at
+    FROM pgqueue_job
+    WHERE status = 'cancelled'
       AND finished_at >= (SELECT now FROM clock) - make_interval(secs => %(window_seconds)s)
     ORDER BY finished_at DESC
     LIMIT %(cap)s
@@ -837,6 +844,12 @@ SELECT 'dead'::text, queue, count(*),
        count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
        min(finished_at), clock.now
 FROM dead, clock
+GROUP BY queue, clock.now
+UNION ALL
+SELECT 'cancelled'::text, queue, count(*),
+       count(*) FILTER (WHERE finished_at >= clock.now - interval '1 minute'),
+       min(finished_at), clock.now
+FROM cancelled, clock
 GROUP BY queue, clock.now
 """
 

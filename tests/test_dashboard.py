@@ -73,6 +73,16 @@ def test_dashboard__figures_charts_and_links(admin_client, job_factory):
     assert "No worker is running" in page
 
 
+def test_dashboard__counts_recent_cancellations(admin_client, job_factory):
+    jobs = [job_factory(queue="mail") for _ in range(3)]
+    assert Job.objects.cancel([j.pk for j in jobs[:2]]).cancelled
+    page = admin_client.get(reverse(DASHBOARD)).content.decode()
+    jobs_url = reverse("admin:django_pgqueue_job_changelist")
+    cell = re.search(r'data-figure="cancelled_5m"><a href="([^"]+)">([^<]+)<', page)
+    assert cell, page
+    assert cell.groups() == (f"{jobs_url}?status__exact=cancelled&amp;queue=mail", "2")
+
+
 def test_dashboard__query_count_does_not_grow_with_the_table(admin_client, job_factory):
     url = reverse(DASHBOARD)
     job_factory()

@@ -143,6 +143,20 @@ def test_check__pgqueue_database_is_the_fallback_without_options() -> None:
         assert task_backends["default"].check() == []
 
 
+def test_pgqueue_database__the_documented_default_is_the_one_used(monkeypatch) -> None:
+    """conf.Settings.DATABASE (the settings reference's default) used to say 'default'
+    while the code read PGQUEUE_DATABASE itself and, unset, asked the routers."""
+    from django_pgqueue.conf import Settings, settings
+    from django_pgqueue.databases import options_database
+
+    with override_settings(DATABASE_ROUTERS=[JobsToSecond()]):
+        assert Settings.DATABASE is None and settings.DATABASE is None
+        assert options_database({}) == "second"  # unset: the routers' choice
+        # The default is read through conf.settings, not beside it.
+        monkeypatch.setattr(Settings, "DATABASE", "default")
+        assert options_database({}) == "default"
+
+
 def test_check__listen_database_must_name_something() -> None:
     options = {"DATABASE": "default", "LISTEN_DATABASE": "nowhere"}
     with override_settings(TASKS={"default": {"BACKEND": PGQUEUE, "OPTIONS": options}}):

@@ -1,10 +1,13 @@
-"""The docs must not drift: the settings reference is generated from conf.Settings, and
-every developer command they name is a target of the Makefile."""
+"""The docs must not drift: the settings reference is generated from conf.Settings,
+every developer command they name is a target of the Makefile, and the docs' snippets
+and the project's URLs hold up."""
 
+import ast
 import importlib.util
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,8 @@ README = REPO / "README.md"
 TARGET = re.compile(r"^([a-z]+):[^=\n]*?(?:## (.+))?$", re.M)
 #: A ``make TARGET`` command in code: a code line or an inline code span.
 MAKE_COMMAND = re.compile(r"(?:^\s*|`)make ([a-z]+)", re.M)
+DOCS_SITE = "https://django-tasks-pgqueue.readthedocs.io/"
+REPOSITORY = "https://github.com/django-tasks-pgqueue/django-tasks-pgqueue"
 
 
 def load_generator():
@@ -92,3 +97,44 @@ def test_readme__fresh_machine_runs_the_makefile_and_contributing_lists_it():
     assert {"demo", "test"} <= set(MAKE_COMMAND.findall(fresh))
     contributing = readme.split("## Contributing", 1)[1].split("\n## ", 1)[0]
     assert set(MAKE_COMMAND.findall(contributing)) == set(makefile_targets())
+
+
+def python_blocks():
+    """(file, block) for every fenced python block of the docs and the README."""
+    fence = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+    for path in [DOCS.parent / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        if "_build" in path.parts:
+            continue
+        for block in fence.findall(path.read_text()):
+            yield path.relative_to(DOCS.parent), block
+
+
+def test_snippets__need_nothing_a_plain_project_lacks():
+    """monitoring.md read the token with django-environ's env(), which the reader's
+    project may not have: snippets use os.environ."""
+    found = []
+    for path, block in python_blocks():
+        try:
+            tree = ast.parse(block)
+        except SyntaxError:
+            continue  # a fragment with "..." in it: nothing runs it
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "env"
+            ):
+                found.append(f"{path}: env(...) on line {node.lineno} of a snippet")
+    assert found == []
+    assert any("os.environ" in block for _, block in python_blocks())
+
+
+def test_project_urls__point_at_the_docs_and_the_repository():
+    """They were placeholders (github.com/django-pgqueue/...)."""
+    urls = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]["urls"]
+    docs, repo = DOCS_SITE, REPOSITORY
+    assert urls["Documentation"] == docs
+    assert urls["Source"] == repo
+    assert urls["Issues"] == f"{repo}/issues"
+    assert urls["Changelog"].startswith(docs)
+    assert urls["Homepage"] in (docs, repo)

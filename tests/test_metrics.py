@@ -82,3 +82,66 @@ def test_metrics__no_token_configured_means_staff_only(client, admin_client):
     response = admin_client.get(URL)
     assert response.status_code == 200
     assert "pgqueue_workers" in response.content.decode()
+
+
+def scrape(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get(URL, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    return samples(response.content.decode())
+
+
+def by_queue(got: dict, name: str) -> dict[str, float]:
+    return {dict(labels)["queue"]: v for (n, labels), v in got.items() if n == name}
+
+
+@override_settings(PGQUEUE_METRICS_TOKEN=TOKEN, PGQUEUE_METRICS_MAX_QUEUES=2)
+def test_metrics__queues_beyond_the_cap_are_summed_under_other(client):
+    """Every queue used to get its own series: 10,000 queues, 80,903 series."""
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
+    jobs = [("a", 5), ("b", 4), ("c", 3), ("d", 2), ("_other", 1)]
+    Job.objects.bulk_enqueue(
+        {"task": "testproject.demo.tasks.add", "args": [1, 2], "queue": queue, "run_at": old}
+        for queue, n in jobs
+        for _ in range(n)
+    )
+    got = scrape(client)
+    assert by_queue(got, "pgqueue_jobs_pending") == {"a": 5, "b": 4, "_other": 6}
+    assert set(by_queue(got, "pgqueue_oldest_pending_age_seconds")) == {"a", "b", "_other"}
+    assert by_queue(got, "pgqueue_oldest_pending_age_seconds")["_other"] >= 600
+    assert got[("pgqueue_queues_other", ())] == 3
+
+
+@override_settings(PGQUEUE_METRICS_TOKEN=TOKEN)
+def test_metrics__series_stay_bounded_with_many_queues(client):
+    from django_pgqueue.conf import settings
+
+    limit = settings.METRICS_MAX_QUEUES
+    queues = limit + 50
+    Job.objects.bulk_enqueue(
+        {"task": "testproject.demo.tasks.add", "args": [1, 2], "queue": f"q{i:04d}"}
+        for i in range(queues)
+    )
+    got = scrape(client)
+    pending = by_queue(got, "pgqueue_jobs_pending")
+    assert len(pending) == limit + 1 and "_other" in pending
+    assert sum(pending.values()) == queues
+    assert got[("pgqueue_queues_other", ())] == 50
+    per_queue = [labels for (_, labels) in got if "queue" in dict(labels)]
+    assert len({dict(labels)["queue"] for labels in per_queue}) == limit + 1
+
+
+def test_metrics_max_queues__out_of_range_is_a_check_error():
+    from django.core import checks
+
+    with override_settings(PGQUEUE_METRICS_MAX_QUEUES=-1):
+        ids = [m.id for m in checks.run_checks(tags=["pgqueue"])]
+    assert "pgqueue.E024" in ids
+
+
+@override_settings(PGQUEUE_METRICS_TOKEN=TOKEN)
+def test_metrics__recent_cancellations_per_queue(client, job_factory):
+    jobs = [job_factory(queue="mail") for _ in range(3)]
+    Job.objects.cancel([j.pk for j in jobs[:2]])
+    got = scrape(client)
+    assert by_queue(got, "pgqueue_jobs_cancelled_recent") == {"mail": 2}
+    assert by_queue(got, "pgqueue_jobs_pending") == {"mail": 1}

@@ -67,6 +67,21 @@ def test_snapshot__recent_done_and_rate_over_the_last_minute(job_factory, now):
     assert q.estimated == frozenset()
 
 
+def test_snapshot__recent_cancellations_are_counted(job_factory, now):
+    """Cancelled jobs were in no figure: a queue whose jobs were all cancelled looked idle."""
+    jobs = [job_factory(queue="a") for _ in range(4)]
+    for job, seconds_ago in zip(jobs, (5, 100, 299, 400), strict=True):
+        finish(job, status="cancelled", at=now - seconds_ago * S)
+    finish(job_factory(queue="b"), status="done", at=now - 5 * S)
+    snap = monitoring.snapshot(now=now)
+    a, b = snap.queues["a"], snap.queues["b"]
+    assert (a.cancelled_5m, a.done_5m, a.failed_5m) == (3, 0, 0)
+    assert (b.cancelled_5m, b.done_5m) == (0, 1)
+    assert snap.as_json()["queues"]["a"]["cancelled_5m"] == 3
+    capped = monitoring.snapshot(now=now, cap=2).queues["a"]
+    assert "cancelled_5m" in capped.estimated and capped.cancelled_5m >= 3
+
+
 def test_snapshot__above_the_cap_counts_are_estimates_not_scans(job_factory, now):
     for i in range(40):
         job_factory(queue="a" if i % 4 else "b")
@@ -133,6 +148,11 @@ def test_history__a_busy_minute_is_scaled_from_its_first_jobs(job_factory, now):
     ("name", "index", "params"),
     [
         ("JOB_SAMPLE_FINISHED", "pgqueue_job_done_idx", {"cap": 100, "window_seconds": 300}),
+        (
+            "JOB_SAMPLE_FINISHED",
+            "pgqueue_job_cancelled_idx",
+            {"cap": 100, "window_seconds": 300},
+        ),
         ("JOB_GET_HISTORY", "pgqueue_job_done_idx", {"cap": 100, "minutes": 60}),
         ("JOB_GET_PENDING_HEADS", "pgqueue_job_claim_idx", {}),
         ("JOB_COUNT_SAMPLE_BY_QUEUE", "pgqueue_job_dead_idx", {"cap": 100}),
@@ -158,7 +178,7 @@ def test_monitoring_sql__reads_indexes_not_the_table(name, index, params, now):
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert index in plan, plan
     assert "Seq Scan on pgqueue_job" not in plan, plan
-    if index == "pgqueue_job_done_idx":
+    if index in ("pgqueue_job_done_idx", "pgqueue_job_cancelled_idx"):
         # The time window bounds the index scan itself, not a filter after it: with no
         # job in the window, a filter would walk every done job.
         assert re.search(r"Index Cond: \(+finished_at >=", plan), plan

@@ -67,11 +67,14 @@ def bare_database_url() -> Iterator[str]:
         ("pgqueue_worker", "--burst"),
         ("pgqueue_sweep",),
         ("pgqueue_sweep", "--loop"),
+        ("pgqueue_status",),
+        ("pgqueue_status", "--check"),
     ],
-    ids=["worker", "worker-burst", "sweep", "sweep-loop"],
+    ids=["worker", "worker-burst", "sweep", "sweep-loop", "status", "status-check"],
 )
 def test_commands__unmigrated_database_exits_naming_migrate(manage, bare_database_url, command):
-    """They used to retry 'relation "pgqueue_job" does not exist' forever."""
+    """They used to retry 'relation "pgqueue_job" does not exist' forever (the status
+    command printed its traceback)."""
     proc = manage(*command, env={"DATABASE_URL": bare_database_url})
     assert proc.wait(60) == 1, proc.output()
     names = all_migrations()
@@ -104,6 +107,22 @@ def test_migrate__still_creates_the_tables_despite_the_warning(manage, bare_data
 
 
 @pytest.mark.slow
+def test_migrate__does_not_warn_to_run_migrate(manage, bare_database_url):
+    """The first migrate used to print W010 "run `python manage.py migrate`"."""
+    proc = manage("migrate", env={"DATABASE_URL": bare_database_url})
+    assert proc.wait(120) == 0, proc.output()
+    assert "Applying django_pgqueue.0001_initial... OK" in proc.output()
+    assert "pgqueue.W010" not in proc.output(), proc.output()
+
+
+@pytest.mark.django_db
+def test_check_migrated__still_warns_outside_migrate(monkeypatch):
+    """The same check, called from anything but migrate, still reports."""
+    monkeypatch.setattr("django_pgqueue.schema.unapplied_migrations", lambda alias: ["0099_x"])
+    assert [m.id for m in check_migrated(databases=["default"])] == ["pgqueue.W010"]
+
+
+@pytest.mark.slow
 def test_enqueue__without_the_app_installed_says_to_install_it(manage):
     code = "from testproject.demo.tasks import add; add.enqueue(1, 2)"
     proc = manage(
@@ -115,6 +134,29 @@ def test_enqueue__without_the_app_installed_says_to_install_it(manage):
         "'django_pgqueue' is not in INSTALLED_APPS: add it there, then run "
         "`python manage.py migrate`." in proc.output()
     ), proc.output()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_quickstart_apps__check_passes_and_a_worker_works_jobs(manage, job_factory):
+    """INSTALLED_APPS without django.contrib.postgres (the quickstart's): the workers
+    table's ArrayField used to fail `check` with postgres.E005."""
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_without_postgres"}
+    code = "from django.conf import settings; print(settings.INSTALLED_APPS)"
+    proc = manage("shell", "-c", code, env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert "'django_pgqueue'" in proc.output()
+    assert "django.contrib.postgres" not in proc.output()
+
+    proc = manage("check", "--database", "default", env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert "System check identified no issues" in proc.output(), proc.output()
+
+    jobs = [job_factory(queue="q") for _ in range(3)]
+    proc = manage("pgqueue_worker", "--burst", "--poll-interval", "0.1", "--queue", "q", env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert [Job.objects.get(pk=j.pk).status for j in jobs] == ["done"] * 3, proc.output()
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], result=3).count() == 3
 
 
 # --- in process ------------------------------------------------------------------------

@@ -7,9 +7,10 @@ import datetime as dt
 import io
 import json
 import signal
+import time
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from django_pgqueue.management.commands.pgqueue_status import age
 from django_pgqueue.models import Job
@@ -65,6 +66,7 @@ def test_status__table_shows_queues_and_workers(backlog):
         "dead",
         "done/5m",
         "failed/5m",
+        "cancelled/5m",
         "finished/s",
         "oldest",
         "pending",
@@ -84,6 +86,7 @@ def test_status__json_contract(backlog):
     mail = data["queues"]["mail"]
     for key in ("pending", "scheduled", "running", "dead", "oldest_pending_age_seconds"):
         assert key in mail
+    assert mail["cancelled_5m"] == 0
     assert (mail["pending"], data["queues"]["web"]["dead"]) == (3, 1)
     assert 119 < mail["oldest_pending_age_seconds"] < 300
     (worker,) = data["workers"]
@@ -156,3 +159,46 @@ def test_status_watch__redraws_until_interrupted(backlog, manage):
     snapshots = [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
     assert len(snapshots) >= 3
     assert all(s["queues"]["mail"]["pending"] == 3 for s in snapshots)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["--check", "--json", "table"])
+def test_status__locked_jobs_table_gives_up_within_its_timeout(
+    backlog, manage, other_connection, mode
+):
+    """With pgqueue_job locked by another connection, the probe used to wait for the
+    lock (over 30 s); now it exits 3 with one line after --timeout."""
+    locker = other_connection()
+    locker.execute("LOCK TABLE pgqueue_job IN ACCESS EXCLUSIVE MODE")  # held until rollback
+    args = [] if mode == "table" else [mode]
+    started = time.monotonic()
+    proc = manage("pgqueue_status", *args, "--timeout", "1")
+    assert proc.wait(timeout=20) == 3, proc.output()
+    elapsed = time.monotonic() - started
+    lines = proc.output().strip().splitlines()
+    assert lines == [
+        "CommandError: database 'default' did not answer within 1 s (statement timeout: "
+        "a lock on a table it reads, or an overloaded server)"
+    ], proc.output()
+    assert elapsed < 15, elapsed
+    locker.rollback()
+    proc = manage("pgqueue_status", *args, "--timeout", "1")
+    assert proc.wait(timeout=30) == 0, proc.output()
+
+
+def test_status__timeout_leaves_nothing_on_the_connection(backlog):
+    """The bound is SET LOCAL: after the command the connection's own is back."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        before = cursor.fetchone()
+    assert status("--json", "--timeout", "2")[0] == 0
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone() == before
+
+
+def test_status__timeout_out_of_range_is_a_usage_error():
+    with pytest.raises(CommandError, match="--timeout"):
+        call_command("pgqueue_status", "--timeout", "0")

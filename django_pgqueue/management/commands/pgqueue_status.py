@@ -9,8 +9,12 @@ import sys
 import time
 from typing import Any
 
-from django_pgqueue import monitoring
+from django.core.management.base import CommandError
+from django.db import DatabaseError
+
+from django_pgqueue import deadline, monitoring, schema
 from django_pgqueue.databases import backend_database
+from django_pgqueue.exceptions import DeadlineExceeded
 from django_pgqueue.limits import DAY, Bounds
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument
 from django_pgqueue.monitoring import Snapshot
@@ -22,6 +26,11 @@ CLEAR = "\x1b[H\x1b[2J"
 WATCH = Bounds(0.1, DAY, unit="seconds")
 LATENCY = Bounds(0, 365 * DAY, unit="seconds")
 COUNT = Bounds(0, 2**62, integer=True)
+TIMEOUT = Bounds(0.1, DAY, unit="seconds")
+
+#: Exit status when the database gives no answer (timeout, unreachable): not "1", which
+#: --check gives for a threshold exceeded, nor "2", a usage error.
+NO_ANSWER = 3
 
 
 def age(seconds: float | None) -> str:
@@ -54,6 +63,7 @@ def render_table(snap: Snapshot) -> str:
         "dead",
         "done/5m",
         "failed/5m",
+        "cancelled/5m",
         "finished/s",
         "oldest pending",
     )
@@ -71,6 +81,7 @@ def render_table(snap: Snapshot) -> str:
                 num(q, "dead"),
                 num(q, "done_5m"),
                 num(q, "failed_5m"),
+                num(q, "cancelled_5m"),
                 num(q, "finished_per_second"),
                 oldest,
             )
@@ -205,6 +216,14 @@ class Command(PgQueueCommand):
             metavar="N",
             help="With --check: fewest live workers (default: %(default)r)",
         )
+        parser.add_argument(
+            "--timeout",
+            type=TIMEOUT.parse,
+            default=10.0,
+            metavar="SECONDS",
+            help="Longest one reading of the figures may take (a locked jobs table, an "
+            f"overloaded server); then exit {NO_ANSWER} saying so (default: %(default)r)",
+        )
         add_backend_argument(parser)
 
     def handle(
@@ -216,10 +235,12 @@ class Command(PgQueueCommand):
         max_latency: float | None,
         max_dead: int | None,
         min_workers: int | None,
+        timeout: float,
         backend: str | None,
         **options: Any,
     ) -> None:
         using = backend_database(backend)
+        self.timeout = timeout
         thresholds: dict[str, Any] = {
             "max_latency": max_latency,
             "max_dead": max_dead,
@@ -232,8 +253,9 @@ class Command(PgQueueCommand):
         if check and watch is not None:
             self.stderr.write("pgqueue_status: --check and --watch do not go together")
             sys.exit(2)
+        self.check_migrated(using)
         if check:
-            snap = monitoring.snapshot(using=using)
+            snap = self.snapshot(using)
             found = problems(snap, **thresholds)
             if json:
                 self.stdout.write(_dumps({**snap.as_json(), "problems": found}))
@@ -246,7 +268,7 @@ class Command(PgQueueCommand):
             return
         try:
             while True:
-                snap = monitoring.snapshot(using=using)
+                snap = self.snapshot(using)
                 if json:
                     self.stdout.write(_dumps(snap.as_json()))
                 else:
@@ -258,6 +280,21 @@ class Command(PgQueueCommand):
                 time.sleep(watch)
         except KeyboardInterrupt:
             return
+
+    def snapshot(self, using: str) -> Snapshot:
+        """The figures, read within ``--timeout``; a database that does not answer
+        (or lacks the tables) stops the command with one line saying so."""
+        try:
+            with deadline.within(using, self.timeout):
+                return monitoring.snapshot(using=using)
+        except DeadlineExceeded as exc:
+            raise CommandError(str(exc), returncode=NO_ANSWER) from exc
+        except DatabaseError as exc:
+            missing = schema.not_migrated(exc, using)
+            if missing is not None:
+                raise CommandError(str(missing)) from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CommandError(f"database {using!r}: {first}", returncode=NO_ANSWER) from exc
 
 
 def _dumps(value: Any) -> str:
