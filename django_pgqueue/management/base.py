@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from django_pgqueue import __version__
+from django_pgqueue.checks import PERIODIC_LEVEL
 from django_pgqueue.databases import default_database
 from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError
 from django_pgqueue.schema import check_migrated
@@ -27,6 +30,16 @@ class PgQueueCommand(BaseCommand):
 
     def get_version(self) -> str:
         return __version__
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's start-up checks, with a bad ``PGQUEUE_PERIODIC`` entry
+        (``pgqueue.E030``) shown as a warning: no command here needs that entry (the
+        sweeper skips it), so one stale schedule does not stop workers and sweepers."""
+        token = PERIODIC_LEVEL.set(checks.WARNING)
+        try:
+            super().check(*args, **kwargs)
+        finally:
+            PERIODIC_LEVEL.reset(token)
 
     def check_server(self, alias: str | None = None) -> None:
         """Raise ``CommandError`` naming the version if the jobs database's server is
