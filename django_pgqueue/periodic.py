@@ -203,9 +203,7 @@ def import_task(path: Any) -> str:
     except InvalidJob:
         raise
     except (Exception, SystemExit) as exc:  # SystemExit too: a module calling sys.exit()
-        raise InvalidJob(
-            f"task {path!r} raised at import: {type(exc).__name__}: {exc}"
-        ) from None
+        raise InvalidJob(f"task {path!r} raised at import: {type(exc).__name__}: {exc}") from None
     storable(resolved, "task", MAX_TASK_LENGTH)
     return resolved
 

@@ -595,3 +595,62 @@ def test_enqueue_due__three_statements_a_pass_however_many_entries(db, django_as
         ticked = sweep(T0 + dt.timedelta(minutes=6))
     assert sorted(t.name for t in ticked) == sorted(f"e{i}" for i in range(0, 20, 2))
     assert Job.objects.count() == 30
+
+
+STALE_ENTRIES = {
+    "good": entry(),
+    "stale": entry(task="tests.raises_at_import.some_task"),
+    "nul\x00": entry(),
+    "sur\ud800": entry(),
+}
+
+
+@pytest.mark.slow
+def test_check__stale_entries_are_e030_errors_naming_the_exception(transactional_db, manage):
+    proc = manage("check", env=sweeper_env(**STALE_ENTRIES))
+    assert proc.wait() == 1, proc.output()
+    output = proc.output()
+    assert "Traceback" not in output
+    assert "(pgqueue.E030) PGQUEUE_PERIODIC['stale']: task 'tests.raises_at_import." in output
+    assert "RuntimeError: settings for the old reports app are gone" in output
+    assert "PGQUEUE_PERIODIC['nul\\x00']: the name" in output
+    assert "PGQUEUE_PERIODIC['sur\\ud800']: the name" in output
+
+
+@pytest.mark.slow
+def test_pgqueue_worker__stale_entries_are_warnings_and_the_worker_runs(
+    transactional_db, manage, job_factory
+):
+    job = job_factory()
+    proc = manage("pgqueue_worker", "--burst", env=sweeper_env(**STALE_ENTRIES))
+    assert proc.wait() == 0, proc.output()
+    assert "WARNINGS:" in proc.output() and "(pgqueue.E030)" in proc.output()
+    assert Job.objects.get(id=job.id).status == "done"
+
+
+@pytest.mark.slow
+def test_pgqueue_sweep__stale_entries_are_skipped_logged_once_and_the_rest_tick(
+    transactional_db, manage
+):
+    args = ("pgqueue_sweep", "--loop", "--interval", "0.1", "--now", T0.isoformat())
+    proc = manage(*args, "--now-step", "60", env=sweeper_env(**STALE_ENTRIES))
+
+    def ticked() -> bool:
+        assert proc.popen.poll() is None, proc.output()  # the sweeper died: say why
+        return Job.objects.count() >= 5
+
+    wait_for(ticked, timeout=60)
+    proc.signal(15)
+    assert proc.wait() == 0, proc.output()
+    output = proc.output()
+    assert "SIGTERM received: finishing the current sweep pass, then exiting" in output
+    assert "(pgqueue.E030)" in output  # the start-up check, as a warning
+    for name in ("'stale'", "'nul\\x00'", "'sur\\ud800'"):
+        skipped = [
+            line for line in output.splitlines() if f"periodic entry {name} skipped" in line
+        ]
+        assert len(skipped) == 1 and " ERROR " in skipped[0], output
+    assert "sweep failed" not in output
+    assert set(Job.objects.values_list("idempotency_key", flat=True)) == {
+        f"periodic:good:{tick.isoformat()}" for tick in run_ats()
+    }
