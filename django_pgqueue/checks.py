@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextvars import ContextVar
 from types import FrameType
 from typing import Any
 
@@ -110,14 +111,23 @@ def _in_migrate() -> bool:
     return False
 
 
+#: The level of ``pgqueue.E030``: an error for ``manage.py check``; django-pgqueue's
+#: commands lower it to a warning (``PgQueueCommand.check``), as none of them needs the
+#: bad entry: the sweeper skips it and ticks the others.
+PERIODIC_LEVEL: ContextVar[int] = ContextVar("pgqueue_periodic_level", default=checks.ERROR)
+
+
 @checks.register("pgqueue")
 def check_periodic(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """One error per bad ``PGQUEUE_PERIODIC`` entry, naming it (the sweeper skips it)."""
+    """One error per bad ``PGQUEUE_PERIODIC`` entry, naming it (the sweeper skips it).
+    Never raises: a task module that fails at import is reported with its exception."""
     _, errors = entries()
     return [
-        checks.Error(
+        checks.CheckMessage(
+            PERIODIC_LEVEL.get(),
             f"PGQUEUE_PERIODIC[{name!r}]: {message}" if name else message,
-            hint="Fix or remove the entry; see the periodic jobs how-to for its keys.",
+            hint="Fix or remove the entry; see the periodic jobs how-to for its keys. "
+            "Until then the sweeper skips it and runs the other entries.",
             obj=f"PGQUEUE_PERIODIC[{name!r}]" if name else "PGQUEUE_PERIODIC",
             id="pgqueue.E030",
         )

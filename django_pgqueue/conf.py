@@ -81,8 +81,10 @@ class Settings:
     PERIODIC: dict[str, dict[str, Any]] | None = None
     """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,
     optionally with ``args``, ``kwargs``, ``queue``, ``priority``, ``timezone`` (default
-    ``TIME_ZONE``), ``max_attempts`` and ``enabled``. Every ``pgqueue_sweep`` pass
-    enqueues each due tick once (see the periodic jobs how-to)."""
+    ``TIME_ZONE``), ``max_attempts``, ``enabled`` and ``backend`` (the ``TASKS`` alias of
+    its jobs, default ``"default"``; the sweepers of that alias's database enqueue them).
+    Every ``pgqueue_sweep`` pass enqueues each due tick once (see the periodic jobs
+    how-to)."""
 
     CLAIM_RESCAN_SECONDS: float = 5.0
     """A busy worker resumes each claim after its previous one rather than at the head

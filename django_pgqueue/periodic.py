@@ -4,8 +4,17 @@ Each entry names a task and a cron expression. Every sweep pass computes, for ea
 enabled entry, its latest tick at or before the database's clock, and one conditional
 statement for all entries (``sql.SCHEDULE_ENQUEUE_TICKS``) advances each entry's row in
 ``pgqueue_schedule`` and inserts its job together, only if that row's last tick is older.
-However many sweepers run, each tick is enqueued once; a sweeper that starts after
-missed ticks enqueues only the latest of them (no flood of catch-up jobs).
+However many sweepers run, each tick is enqueued once, and never before its time by the
+database's clock. Catch-up: a sweeper that starts after missed ticks (or a clock that
+steps forward) enqueues only the latest of them, no flood of catch-up jobs. A clock that
+steps back behind an entry's last tick rewinds the entry to its latest tick by the
+corrected clock (so it keeps ticking) and sends the not yet started job of that future
+tick back to ``scheduled``, to run at its time.
+
+Sweepers that disagree on an entry (a rolling deploy: another cron, time zone or
+``enabled``) do not starve it: the row takes the definition of the sweeper that syncs or
+ticks it, and a changed definition skips only ticks older than ``CHANGE_GRACE`` (a tick
+before the change), so each side's fresh ticks are still enqueued, once per instant.
 
 Cron expressions are parsed and evaluated by ``cronsim``, which follows Debian's cron,
 daylight saving time included (see ``docs/howto/periodic-jobs.md``):
@@ -61,7 +70,15 @@ ENTRY_KEYS = frozenset(
         "backend",
     }
 )
+#: Lengths of the ``pgqueue_schedule`` columns these strings are stored in.
 MAX_NAME_LENGTH = 200
+MAX_TASK_LENGTH = 255
+MAX_CRON_LENGTH = 255
+MAX_TIMEZONE_LENGTH = 64
+#: A sweeper whose definition of an entry differs from the row's (changed, or another
+#: side of a rolling deploy) enqueues its latest tick only if it is this recent: older,
+#: it came before the change. Longer than the time between two passes of one sweeper.
+CHANGE_GRACE = dt.timedelta(minutes=1)
 #: Longer than any daylight saving shift: ticks are re-walked forwards over this window
 #: so the latest tick is the one a forward walk gives (see ``latest_tick``).
 DST_WINDOW = dt.timedelta(hours=3)
@@ -156,10 +173,48 @@ def latest_tick(expression: str, now: dt.datetime) -> dt.datetime | None:
     return latest
 
 
+def storable(value: Any, what: str, max_length: int) -> None:
+    """Raise ``InvalidJob`` unless the str ``value`` fits a text column of ``max_length``:
+    PostgreSQL refuses NUL in text (a DataError that would fail the whole sweep pass),
+    and a lone surrogate cannot even be encoded to be sent."""
+    if not isinstance(value, str):
+        return  # the caller's own type check says what is wrong
+    if "\x00" in value:
+        raise InvalidJob(f"{what} {value!r} contains a NUL character (\\x00)")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidJob(
+                f"{what} {value!r} contains a lone surrogate {value[exc.start]!r}: "
+                "not valid Unicode"
+            ) from None
+    if len(value) > max_length:
+        raise InvalidJob(f"{what} is {len(value)} characters, over the limit of {max_length}")
+
+
+def import_task(path: Any) -> str:
+    """``validation.task_path`` for an entry's task, whatever importing it raises: a
+    module that fails at import with any error is one bad entry, reported with the
+    exception, never a crash of the checks or the sweeper."""
+    storable(path, "task", MAX_TASK_LENGTH)
+    try:
+        resolved = validation.task_path(path)
+    except InvalidJob:
+        raise
+    except (Exception, SystemExit) as exc:  # SystemExit too: a module calling sys.exit()
+        raise InvalidJob(f"task {path!r} raised at import: {type(exc).__name__}: {exc}") from None
+    storable(resolved, "task", MAX_TASK_LENGTH)
+    return resolved
+
+
 def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
-    """Validate one ``PGQUEUE_PERIODIC`` entry; raise ``InvalidJob`` naming the problem."""
+    """Validate one ``PGQUEUE_PERIODIC`` entry; raise ``InvalidJob`` naming the problem.
+    Every string that is stored is checked to be storable, so one bad entry cannot fail
+    the statements that sync and tick all the others."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
         raise InvalidJob(f"the name must be a non-empty str of at most {MAX_NAME_LENGTH} chars")
+    storable(name, "the name", MAX_NAME_LENGTH)
     if not isinstance(raw, Mapping):
         raise InvalidJob(f"an entry must be a dict, not {type(raw).__name__}")
     unknown = sorted(set(raw) - ENTRY_KEYS)
@@ -171,11 +226,13 @@ def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
     for key in ("task", "cron"):
         if key not in raw:
             raise InvalidJob(f"the {key!r} key is missing")
-    task_path = validation.task_path(raw["task"])
+    task_path = import_task(raw["task"])
+    storable(raw["cron"], "cron", MAX_CRON_LENGTH)
     parse_cron(raw["cron"])
     tz_name = raw.get("timezone", django_settings.TIME_ZONE or "UTC")
     if not isinstance(tz_name, str):
         raise InvalidJob(f"timezone must be a zone name such as 'Europe/Paris', not {tz_name!r}")
+    storable(tz_name, "timezone", MAX_TIMEZONE_LENGTH)
     try:
         zoneinfo.ZoneInfo(tz_name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
@@ -237,27 +294,43 @@ class EnqueuedTick:
     queue: str
 
 
-def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedTick]:
+def enqueue_due(
+    *,
+    using: str,
+    now: dt.datetime | None = None,
+    reported: dict[str, str] | None = None,
+    grace: dt.timedelta = CHANGE_GRACE,
+) -> list[EnqueuedTick]:
     """Enqueue the latest due tick of every enabled entry, once across all sweepers.
 
     The clock is the database's (``now`` pins it, for tests). Three statements a pass,
     however many entries: the clock; one sync of their rows (a new entry starts from its
-    latest past tick without a job; a changed cron or time zone, or a disabled entry,
-    moves the last tick to its latest past tick, so the new cron takes effect at its
-    next tick); one conditional statement that advances each due row and inserts its
-    job. Returns what this call enqueued."""
+    latest past tick without a job; a changed cron, time zone or ``enabled`` skips its
+    latest tick if older than ``grace``, so the change takes effect at its next tick; a
+    row whose last tick is after the clock, which went back, is rewound); one
+    conditional statement that advances each due row and inserts its job.
+
+    Invalid entries are skipped and logged at error level; ``reported`` (the caller's,
+    kept across passes) maps each already logged one to its message, so a sweeper logs
+    a bad entry once, and again only if its problem changes. Returns what this call
+    enqueued."""
     valid, errors = entries()
     # An entry's jobs belong in its backend's database, whose workers read them: each
     # database's sweepers enqueue the entries of the backends stored there (a sweeper
     # of another database would put them where no worker of that backend looks).
     valid = [entry for entry in valid if backend_database(entry.backend) == using]
     for name, message in errors.items():
+        if reported is not None and reported.get(name) == message:
+            continue
         logger.error(
             "periodic entry %r skipped: %s",
             name,
             message,
             extra={"action": "periodic_invalid"},
         )
+    if reported is not None:
+        reported.clear()
+        reported.update(errors)
     if not valid:
         return []
     (clock,) = db.row(using, sql.JOB_BULK_CLOCK, {"now": now})
@@ -277,6 +350,7 @@ def enqueue_due(*, using: str, now: dt.datetime | None = None) -> list[EnqueuedT
             "timezones": [e.timezone for e, _ in ticked],
             "enabled": [e.enabled for e, _ in ticked],
             "ticks": [tick for _, tick in ticked],
+            "grace": grace.total_seconds(),
             "now": now,
         },
     )

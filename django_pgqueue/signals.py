@@ -24,8 +24,11 @@ class Abort(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error
 
 
 @contextmanager
-def on_stop(stop: Callable[[], None]) -> Iterator[None]:
-    """Call ``stop()`` on the first SIGTERM/SIGINT; raise ``Abort`` on the second."""
+def on_stop(
+    stop: Callable[[], None], *, finishing: str = "finishing current jobs"
+) -> Iterator[None]:
+    """Call ``stop()`` on the first SIGTERM/SIGINT; raise ``Abort`` on the second.
+    ``finishing`` says in the log what the process does before it exits."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -36,8 +39,9 @@ def on_stop(stop: Callable[[], None]) -> Iterator[None]:
         name = signal.Signals(signum).name
         if len(received) == 1:
             logger.info(
-                "%s received: finishing current jobs, then exiting (again to abort)",
+                "%s received: %s, then exiting (again to abort)",
                 name,
+                finishing,
                 extra={"action": "stop"},
             )
             stop()

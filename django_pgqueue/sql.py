@@ -855,8 +855,10 @@ GROUP BY queue, clock.now
 
 # Enqueue the due ticks of periodic entries (one row per entry in the arrays), each
 # exactly once however many sweepers run: advance an entry's row to its tick only if its
-# last tick is older (and its cron and time zone are the ones the tick was computed
-# from), and insert the job from that same row, all in one statement. Primary-key
+# last tick is older (ticks never go back, whichever definition computed them: sweepers
+# of a rolling deploy that disagree on the cron both tick it) and the tick is not after
+# the clock, record the definition that ticked, and insert the job from that same row,
+# all in one statement. Primary-key
 # lookups on pgqueue_schedule, locked in name order with SKIP LOCKED: a sweeper that
 # finds a row locked by another one skips it; the other enqueues that tick, or, if it
 # rolls back, the next pass does. Each job's id is drawn in the UPDATE so the row links
@@ -882,14 +884,16 @@ WITH clock AS (
     FROM pgqueue_schedule AS s
     JOIN entry AS e ON e.name = s.name, clock
     WHERE s.last_tick < e.tick
-      AND s.cron = e.cron
-      AND s.timezone = e.timezone
       AND e.tick <= clock.now
     ORDER BY s.name
     FOR UPDATE OF s SKIP LOCKED
 ), advanced AS (
     UPDATE pgqueue_schedule AS s
     SET last_tick = e.tick,
+        task = e.task,
+        cron = e.cron,
+        timezone = e.timezone,
+        enabled = true,
         last_job_id = nextval(pg_get_serial_sequence('pgqueue_job', 'id')),
         updated_at = clock.now
     FROM due, entry AS e, clock
@@ -920,28 +924,34 @@ ORDER BY a.name
 # Make the rows of periodic entries (one per entry in the arrays) agree with the
 # settings, taking no lock on a row that already does. A new entry starts at its latest
 # past tick (its element of %(ticks)s) without a job, so it first runs at its next
-# tick. A changed cron or time zone, or a disabled entry, moves the last tick up to the
-# latest past tick of the new cron (never back), so the change takes effect at its next
-# tick and no tick of the old cron is enqueued late. Primary-key lookups; only rows
-# that differ are locked, in name order (two sweepers applying one settings change wait
-# for each other instead of deadlocking); ON CONFLICT DO NOTHING (not DO UPDATE, which
-# would lock every row every pass) leaves existing rows alone.
+# tick. A changed cron, time zone or enabled moves the last tick up (never back) to the
+# new definition's latest tick only if that is older than %(grace)s seconds: it came
+# before the change, so the change takes effect at its next tick; a recent one stays
+# due. So two sweepers of a rolling deploy that disagree, rewriting the row in turn,
+# still tick it: neither skips the other's fresh ticks. A last tick after the clock
+# means the clock went back: the row is rewound to the latest tick by this clock (the
+# entry keeps ticking instead of waiting for the clock to catch up) and that future
+# tick's job, if still pending, goes back to scheduled to run at its time. Primary-key
+# lookups; only rows that differ are locked, in name order (two sweepers applying one
+# settings change wait for each other instead of deadlocking); ON CONFLICT DO NOTHING
+# (not DO UPDATE, which would lock every row every pass) leaves existing rows alone.
 SCHEDULE_SYNC = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 ), entry AS (
-    SELECT *
+    SELECT e.*, e.tick <= clock.now - make_interval(secs => %(grace)s) AS old, clock.now
     FROM unnest(
         %(names)s::text[], %(tasks)s::text[], %(crons)s::text[], %(timezones)s::text[],
         %(enabled)s::boolean[], %(ticks)s::timestamptz[]
-    ) AS e(name, task, cron, timezone, enabled, tick)
+    ) AS e(name, task, cron, timezone, enabled, tick), clock
 ), stale AS (
     SELECT s.name
     FROM pgqueue_schedule AS s
     JOIN entry AS e ON e.name = s.name
     WHERE s.task <> e.task OR s.cron <> e.cron OR s.timezone <> e.timezone
        OR s.enabled <> e.enabled
-       OR (NOT e.enabled AND s.last_tick < e.tick)
+       OR (NOT e.enabled AND s.last_tick < e.tick AND e.old)
+       OR s.last_tick > e.now
     ORDER BY s.name
     FOR UPDATE OF s
 ), changed AS (
@@ -950,20 +960,32 @@ WITH clock AS (
         cron = e.cron,
         timezone = e.timezone,
         enabled = e.enabled,
-        last_tick = CASE WHEN s.cron <> e.cron OR s.timezone <> e.timezone OR NOT e.enabled
-                         THEN greatest(s.last_tick, e.tick)
-                         ELSE s.last_tick END,
-        updated_at = clock.now
-    FROM stale, entry AS e, clock
+        last_tick = CASE
+            WHEN s.last_tick > e.now THEN e.tick
+            WHEN (s.cron <> e.cron OR s.timezone <> e.timezone OR s.enabled <> e.enabled
+                  OR NOT e.enabled) AND e.old
+            THEN greatest(s.last_tick, e.tick)
+            ELSE s.last_tick END,
+        updated_at = e.now
+    FROM stale, entry AS e
     WHERE s.name = stale.name
       AND e.name = stale.name
     RETURNING s.name
+), rescheduled AS (
+    UPDATE pgqueue_job AS j
+    SET status = 'scheduled'
+    FROM pgqueue_schedule AS s, entry AS e
+    WHERE e.name = s.name
+      AND s.last_tick > e.now
+      AND j.id = s.last_job_id
+      AND j.status = 'pending'
+      AND j.run_at > e.now
 )
 INSERT INTO pgqueue_schedule (
     name, task, cron, timezone, enabled, last_tick, created_at, updated_at
 )
-SELECT e.name, e.task, e.cron, e.timezone, e.enabled, e.tick, clock.now, clock.now
-FROM entry AS e, clock
+SELECT e.name, e.task, e.cron, e.timezone, e.enabled, e.tick, e.now, e.now
+FROM entry AS e
 WHERE e.name NOT IN (SELECT name FROM changed)
 ORDER BY e.name
 ON CONFLICT (name) DO NOTHING

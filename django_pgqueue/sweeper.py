@@ -155,6 +155,10 @@ class Sweeper:
         self.now = now
         self.now_step = now_step
         self._stop = threading.Event()
+        # Invalid periodic entries already logged (name -> message): logged once each.
+        self._reported: dict[str, str] = {}
+        # A changed entry's tick this recent is still due: wider than two passes apart.
+        self._grace = max(periodic.CHANGE_GRACE, dt.timedelta(seconds=2 * interval))
 
     def stop(self) -> None:
         self._stop.set()
@@ -164,7 +168,9 @@ class Sweeper:
         result = sweep(using=self.alias, now=self.now)
         # Each sweeper enqueues the PGQUEUE_PERIODIC entries whose backend's jobs live
         # in its database (an entry's "backend", default "default").
-        ticks = periodic.enqueue_due(using=self.alias, now=self.now)
+        ticks = periodic.enqueue_due(
+            using=self.alias, now=self.now, reported=self._reported, grace=self._grace
+        )
         result = dataclasses.replace(result, periodic=len(ticks))
         if result:
             logger.info(

@@ -1,3 +1,4 @@
-"""A task module that raises RuntimeError when imported (its set-up failed)."""
+"""A task module that raises RuntimeError when imported (a stale PGQUEUE_PERIODIC entry
+after a deploy): the checks report its entry and the sweeper skips it."""
 
-raise RuntimeError("configuration not ready")
+raise RuntimeError("settings for the old reports app are gone")

@@ -214,15 +214,216 @@ def test_enqueue_due__changed_cron_takes_effect_at_its_next_tick(db):
 
 
 def test_enqueue_due__disabled_entry_enqueues_nothing_and_resumes_at_next_tick(db):
-    with override_settings(PGQUEUE_PERIODIC={"e": entry()}):
+    every_5 = entry(cron="*/5 * * * *")
+    with override_settings(PGQUEUE_PERIODIC={"e": every_5}):
         sweep(T0)
-    with override_settings(PGQUEUE_PERIODIC={"e": entry(enabled=False)}):
-        assert sweep(T0 + dt.timedelta(minutes=10)) == []
-        assert Schedule.objects.get().enabled is False
-    with override_settings(PGQUEUE_PERIODIC={"e": entry()}):
+    with override_settings(PGQUEUE_PERIODIC={"e": {**every_5, "enabled": False}}):
         assert sweep(T0 + dt.timedelta(minutes=10, seconds=30)) == []
-        (ticked,) = sweep(T0 + dt.timedelta(minutes=11))
-    assert ticked.tick == T0 + dt.timedelta(minutes=11)
+        assert Schedule.objects.get().enabled is False
+        assert sweep(T0 + dt.timedelta(minutes=12)) == []  # 12:10 is now past the grace
+    with override_settings(PGQUEUE_PERIODIC={"e": every_5}):
+        assert sweep(T0 + dt.timedelta(minutes=13)) == []
+        (ticked,) = sweep(T0 + dt.timedelta(minutes=15))
+    assert ticked.tick == T0 + dt.timedelta(minutes=15)
+    assert run_ats() == [T0 + dt.timedelta(minutes=15)]
+
+
+@pytest.mark.parametrize(
+    ("change", "late", "enqueued"),
+    [
+        ({"cron": "30 * * * *"}, 59, True),
+        ({"cron": "30 * * * *"}, 61, False),
+        ({"timezone": "Asia/Kolkata"}, 59, True),  # 0 * * * * there is :30 UTC
+        ({"timezone": "Asia/Kolkata"}, 61, False),
+        ({"enabled": True}, 59, True),
+        ({"enabled": True}, 61, False),
+    ],
+)
+def test_enqueue_due__changed_definition_skips_only_ticks_older_than_the_grace(
+    db, change, late, enqueued
+):
+    """A change takes effect at its next tick: a latest tick of the new definition older
+    than CHANGE_GRACE came before the change and is skipped; a fresher one is due."""
+    before = entry(cron="0 * * * *", timezone="UTC", enabled="enabled" not in change)
+    with override_settings(PGQUEUE_PERIODIC={"e": before}):
+        sweep(T0)
+    new_tick = T0 + dt.timedelta(minutes=30 if "enabled" not in change else 60)
+    assert periodic.CHANGE_GRACE == dt.timedelta(seconds=60)
+    with override_settings(PGQUEUE_PERIODIC={"e": {**before, **change}}):
+        ticked = sweep(new_tick + dt.timedelta(seconds=late))
+        assert [t.tick for t in ticked] == ([new_tick] if enqueued else [])
+        assert Schedule.objects.get().last_tick == new_tick
+        assert sweep(new_tick + dt.timedelta(seconds=90)) == []  # never twice
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (entry(cron="*/10 * * * *"), entry(cron="*/15 * * * *")),
+        (
+            entry(cron="0 * * * *", timezone="UTC"),
+            entry(cron="0 * * * *", timezone="Asia/Kolkata"),
+        ),
+        (entry(cron="*/5 * * * *"), entry(cron="*/5 * * * *", enabled=False)),
+    ],
+    ids=["another-cron", "another-time-zone", "enabled-and-disabled"],
+)
+def test_enqueue_due__two_sweepers_with_two_definitions_keep_ticking(db, first, second):
+    """A rolling deploy: two sweepers, each every 30 s, disagree on one entry for five
+    hours. Neither starves the other: every fresh tick of an enabled definition is
+    enqueued once, in order."""
+    step = dt.timedelta(seconds=30)
+    start, hours = T0 + dt.timedelta(seconds=1), 5
+    at = start
+    while at < start + dt.timedelta(hours=hours):
+        with override_settings(PGQUEUE_PERIODIC={"e": second}):
+            sweep(at)  # right after each tick (start is 1 s past one): first to see it
+        with override_settings(PGQUEUE_PERIODIC={"e": first}):
+            sweep(at + step / 2)
+        at += step
+    last = at - step / 2
+    baseline = periodic.parse_entry("e", second).latest_tick(start)  # the new row's
+    assert baseline is not None
+    expected: set[dt.datetime] = set()
+    for raw in (first, second):
+        if raw.get("enabled", True):
+            parsed = periodic.parse_entry("e", raw)
+            tick = parsed.next_tick(baseline)
+            while tick is not None and tick <= last:
+                expected.add(tick)
+                tick = parsed.next_tick(tick)
+    ticks = run_ats()
+    assert len(ticks) == len(set(ticks))  # one job per instant
+    assert len(expected) >= hours  # each enabled definition ticks at least hourly
+    assert set(ticks) == expected
+
+
+# --- the database clock steps -------------------------------------------------------------
+
+
+@override_settings(
+    PGQUEUE_PERIODIC={"minutely": entry(), "hourly": entry(cron="0 * * * *", timezone="UTC")}
+)
+def test_sweeper__clock_stepping_forward_then_back_runs_no_tick_early_and_keeps_ticking(db):
+    """The database clock jumps an hour ahead for one pass, then comes back. The jump is
+    missed time (one job per entry, for its latest tick: no burst); once back, those
+    jobs wait for their time (scheduled), and the entries tick on the corrected clock
+    instead of waiting an hour for it to catch up. No instant gets two jobs."""
+    from django_pgqueue.sweeper import Sweeper
+
+    sweeper = Sweeper()
+
+    def sweep_at(at: dt.datetime) -> int:
+        sweeper.now = at
+        result = sweeper.run_once()
+        early = Job.objects.filter(status="pending", run_at__gt=at)
+        assert list(early.values_list("run_at", flat=True)) == [], f"pending early at {at}"
+        return result.periodic
+
+    sweep_at(T0 + dt.timedelta(seconds=30))
+    assert sweep_at(T0 + dt.timedelta(minutes=1, seconds=30)) == 1
+    assert sweep_at(T0 + dt.timedelta(hours=1, minutes=2, seconds=30)) == 2  # the jump
+    assert sweep_at(T0 + dt.timedelta(minutes=2, seconds=40)) == 0  # back
+    for minute in range(3, 64):
+        assert sweep_at(T0 + dt.timedelta(minutes=minute, seconds=30)) == (
+            0 if minute == 62 else 1  # 13:02 is the job the jump enqueued
+        )
+    minutely = sorted(
+        Job.objects.filter(idempotency_key__startswith="periodic:minutely:").values_list(
+            "run_at", flat=True
+        )
+    )
+    assert minutely == [T0 + dt.timedelta(minutes=m) for m in [1, *range(3, 64)]]
+    hourly = list(
+        Job.objects.filter(idempotency_key__startswith="periodic:hourly:").values_list(
+            "run_at", "status"
+        )
+    )
+    assert hourly == [(T0 + dt.timedelta(hours=1), "pending")]  # promoted at its time
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ("tests.raises_at_import.some_task", "raised at import: RuntimeError: settings for"),
+        ("tests.broken_at_import.some_task", "raised at import: SystemExit: broken at import"),
+    ],
+)
+def test_check_periodic__task_module_raising_at_import_is_e030_not_a_crash(task, message):
+    with override_settings(PGQUEUE_PERIODIC={"good": entry(), "stale": entry(task=task)}):
+        (error,) = check_periodic()
+        assert (error.id, error.level) == ("pgqueue.E030", 40)
+        assert error.msg.startswith(f"PGQUEUE_PERIODIC['stale']: task {task!r} {message}")
+        valid, _ = periodic.entries()
+        assert [e.name for e in valid] == ["good"]
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "message"),
+    [
+        ("nul\x00", {}, "the name 'nul\\x00' contains a NUL character"),
+        ("sur\ud800", {}, "the name 'sur\\ud800' contains a lone surrogate"),
+        (
+            "e",
+            {"task": "tests.tasks.record_tick\x00"},
+            "task 'tests.tasks.record_tick\\x00' contains a NUL",
+        ),
+        ("e", {"task": "tests.\udcff.x"}, "contains a lone surrogate"),
+        ("e", {"cron": "* * * * *\x00"}, "cron '* * * * *\\x00' contains a NUL"),
+        (
+            "e",
+            {"cron": "* * * * " + ",".join(["1"] * 200)},
+            "cron is 407 characters, over the limit of 255",
+        ),
+        ("e", {"timezone": "UTC\x00"}, "timezone 'UTC\\x00' contains a NUL"),
+        ("e", {"timezone": "Europe/\ud800"}, "contains a lone surrogate"),
+    ],
+)
+def test_parse_entry__text_postgresql_cannot_store_is_rejected(name, overrides, message):
+    with pytest.raises(InvalidJob, match=re.escape(message)):
+        periodic.parse_entry(name, entry(**overrides))
+
+
+@override_settings(
+    PGQUEUE_PERIODIC={
+        "ok": entry(),
+        "nul\x00": entry(),
+        "sur\ud800": entry(),
+        "bad-zone": entry(timezone="UTC\x00"),
+    }
+)
+def test_enqueue_due__unstorable_entries_are_reported_and_skipped_the_rest_tick(db, caplog):
+    errors = check_periodic()
+    assert sorted(e.obj for e in errors) == [
+        "PGQUEUE_PERIODIC['bad-zone']",
+        "PGQUEUE_PERIODIC['nul\\x00']",
+        "PGQUEUE_PERIODIC['sur\\ud800']",
+    ]
+    sweep(T0)
+    assert [t.name for t in sweep(T0 + dt.timedelta(minutes=1))] == ["ok"]
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["ok"]
+    assert "periodic entry 'nul\\x00' skipped: the name" in caplog.text
+
+
+@override_settings(
+    PGQUEUE_PERIODIC={"e": entry(), "stale": entry(task="tests.raises_at_import.some_task")}
+)
+def test_sweeper__bad_entry_is_logged_at_error_once_not_every_pass(db, caplog):
+    from django_pgqueue.sweeper import Sweeper
+
+    sweeper = Sweeper(now=T0, now_step=60)
+    for _ in range(4):
+        sweeper.run_once()
+    skipped = [r for r in caplog.records if "periodic entry 'stale' skipped" in r.getMessage()]
+    assert [r.levelname for r in skipped] == ["ERROR"]
+    assert "RuntimeError: settings for the old reports app are gone" in skipped[0].getMessage()
+    assert Job.objects.count() == 3  # the good entry ticked at each pass after the first
+    stale = entry(task="tests.tasks.nope")  # another problem: said again, once
+    with override_settings(PGQUEUE_PERIODIC={"e": entry(), "stale": stale}):
+        sweeper.run_once()
+        sweeper.run_once()
+    skipped = [r for r in caplog.records if "periodic entry 'stale' skipped" in r.getMessage()]
+    assert len(skipped) == 2 and "does not import" in skipped[1].getMessage()
 
 
 @override_settings(PGQUEUE_PERIODIC={"e": entry(), "bad": entry(cron="nope")})
@@ -394,3 +595,62 @@ def test_enqueue_due__three_statements_a_pass_however_many_entries(db, django_as
         ticked = sweep(T0 + dt.timedelta(minutes=6))
     assert sorted(t.name for t in ticked) == sorted(f"e{i}" for i in range(0, 20, 2))
     assert Job.objects.count() == 30
+
+
+STALE_ENTRIES = {
+    "good": entry(),
+    "stale": entry(task="tests.raises_at_import.some_task"),
+    "nul\x00": entry(),
+    "sur\ud800": entry(),
+}
+
+
+@pytest.mark.slow
+def test_check__stale_entries_are_e030_errors_naming_the_exception(transactional_db, manage):
+    proc = manage("check", env=sweeper_env(**STALE_ENTRIES))
+    assert proc.wait() == 1, proc.output()
+    output = proc.output()
+    assert "Traceback" not in output
+    assert "(pgqueue.E030) PGQUEUE_PERIODIC['stale']: task 'tests.raises_at_import." in output
+    assert "RuntimeError: settings for the old reports app are gone" in output
+    assert "PGQUEUE_PERIODIC['nul\\x00']: the name" in output
+    assert "PGQUEUE_PERIODIC['sur\\ud800']: the name" in output
+
+
+@pytest.mark.slow
+def test_pgqueue_worker__stale_entries_are_warnings_and_the_worker_runs(
+    transactional_db, manage, job_factory
+):
+    job = job_factory()
+    proc = manage("pgqueue_worker", "--burst", env=sweeper_env(**STALE_ENTRIES))
+    assert proc.wait() == 0, proc.output()
+    assert "WARNINGS:" in proc.output() and "(pgqueue.E030)" in proc.output()
+    assert Job.objects.get(id=job.id).status == "done"
+
+
+@pytest.mark.slow
+def test_pgqueue_sweep__stale_entries_are_skipped_logged_once_and_the_rest_tick(
+    transactional_db, manage
+):
+    args = ("pgqueue_sweep", "--loop", "--interval", "0.1", "--now", T0.isoformat())
+    proc = manage(*args, "--now-step", "60", env=sweeper_env(**STALE_ENTRIES))
+
+    def ticked() -> bool:
+        assert proc.popen.poll() is None, proc.output()  # the sweeper died: say why
+        return Job.objects.count() >= 5
+
+    wait_for(ticked, timeout=60)
+    proc.signal(15)
+    assert proc.wait() == 0, proc.output()
+    output = proc.output()
+    assert "SIGTERM received: finishing the current sweep pass, then exiting" in output
+    assert "(pgqueue.E030)" in output  # the start-up check, as a warning
+    for name in ("'stale'", "'nul\\x00'", "'sur\\ud800'"):
+        skipped = [
+            line for line in output.splitlines() if f"periodic entry {name} skipped" in line
+        ]
+        assert len(skipped) == 1 and " ERROR " in skipped[0], output
+    assert "sweep failed" not in output
+    assert set(Job.objects.values_list("idempotency_key", flat=True)) == {
+        f"periodic:good:{tick.isoformat()}" for tick in run_ats()
+    }

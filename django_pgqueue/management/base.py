@@ -6,11 +6,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from typing import Any
 
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from django_pgqueue import __version__
+from django_pgqueue.checks import PERIODIC_LEVEL
 from django_pgqueue.databases import backend_database, default_database
 from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError, first_line
 from django_pgqueue.schema import check_migrated
@@ -57,6 +60,16 @@ class PgQueueCommand(BaseCommand):
 
     def get_version(self) -> str:
         return __version__
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's start-up checks, with a bad ``PGQUEUE_PERIODIC`` entry
+        (``pgqueue.E030``) shown as a warning: no command here needs that entry (the
+        sweeper skips it), so one stale schedule does not stop workers and sweepers."""
+        token = PERIODIC_LEVEL.set(checks.WARNING)
+        try:
+            super().check(*args, **kwargs)
+        finally:
+            PERIODIC_LEVEL.reset(token)
 
     def check_server(self, alias: str | None = None) -> None:
         """Raise ``CommandError`` naming the version if the jobs database's server is

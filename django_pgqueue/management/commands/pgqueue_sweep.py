@@ -92,7 +92,7 @@ class Command(PgQueueCommand):
                     f"lost_workers={result.lost_workers}"
                 )
                 return
-            with on_stop(sweeper.stop):
+            with on_stop(sweeper.stop, finishing="finishing the current sweep pass"):
                 sweeper.run_forever()
         except Abort:
             sys.exit(1)
