@@ -38,6 +38,13 @@ class Settings:
     RETENTION_SECONDS: float = 7 * 24 * 3600.0
     """How long ``done`` jobs are kept before the sweeper deletes them."""
 
+    CANCELLED_RETENTION_SECONDS: float | None = 7 * 24 * 3600.0
+    """How long ``cancelled`` jobs are kept before the sweeper deletes them (None: kept)."""
+
+    DEAD_RETENTION_SECONDS: float | None = None
+    """How long dead letters are kept before the sweeper deletes them. None (the default):
+    until an operator requeues or discards them in the admin."""
+
     SWEEP_BATCH_SIZE: int = 1000
     """Rows one sweeper statement touches at most (keeps locks and WAL bursts small)."""
 

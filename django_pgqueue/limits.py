@@ -102,6 +102,12 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "RETRY_BACKOFF_BASE": (Bounds(0, DAY, unit="seconds"), False, "pgqueue.E012"),
     "RETRY_BACKOFF_MAX": (Bounds(0, 30 * DAY, unit="seconds"), False, "pgqueue.E013"),
     "RETENTION_SECONDS": (Bounds(0, 3650 * DAY, unit="seconds"), False, "pgqueue.E014"),
+    "CANCELLED_RETENTION_SECONDS": (
+        Bounds(0, 3650 * DAY, unit="seconds"),
+        True,
+        "pgqueue.E041",
+    ),
+    "DEAD_RETENTION_SECONDS": (Bounds(0, 3650 * DAY, unit="seconds"), True, "pgqueue.E042"),
     "SWEEP_BATCH_SIZE": (Bounds(1, 100_000, integer=True), False, "pgqueue.E015"),
     # At least 1: a dead job keeps the error that killed it.
     "KEEP_ERRORS": (Bounds(1, 1000, integer=True), False, "pgqueue.E016"),

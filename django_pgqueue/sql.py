@@ -420,13 +420,14 @@ WHERE j.id = locked.id
 RETURNING j.id
 """
 
-# Delete done jobs that finished before the retention horizon, one bounded batch.
-# Uses pgqueue_job_done_idx; SKIP LOCKED so two sweepers split the work.
+# Delete jobs of one final state (%(status)s: done, cancelled or dead) that finished
+# before that state's retention horizon, one bounded batch. The state is a literal when
+# Django binds it, so each uses its own partial index; SKIP LOCKED splits the work.
 JOB_DELETE_FINISHED_BEFORE = """
 WITH old AS (
     SELECT id
     FROM pgqueue_job
-    WHERE status = 'done'
+    WHERE status = %(status)s
       AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
                         - make_interval(secs => %(retention_seconds)s)
     ORDER BY finished_at

@@ -87,19 +87,33 @@ def promote_due(
     return promoted
 
 
-def prune_finished(using: str, *, now: dt.datetime | None = None) -> int:
-    """Delete done jobs older than ``PGQUEUE_RETENTION_SECONDS``."""
-    pruned = 0
-    params: dict[str, Any] = {
-        "now": now,
-        "batch_size": settings.SWEEP_BATCH_SIZE,
-        "retention_seconds": float(settings.RETENTION_SECONDS),
+def retention() -> dict[str, float]:
+    """Each final state's retention in seconds, as the settings say; a state kept until
+    an operator acts (dead letters by default) is absent."""
+    kept = {
+        Status.DONE: settings.RETENTION_SECONDS,
+        Status.CANCELLED: settings.CANCELLED_RETENTION_SECONDS,
+        Status.DEAD: settings.DEAD_RETENTION_SECONDS,
     }
-    for _ in range(MAX_SWEEP_BATCHES):
-        count = db.rowcount(using, sql.JOB_DELETE_FINISHED_BEFORE, params)
-        pruned += count
-        if count < params["batch_size"]:
-            break
+    return {str(status): float(seconds) for status, seconds in kept.items() if seconds is not None}
+
+
+def prune_finished(using: str, *, now: dt.datetime | None = None) -> int:
+    """Delete finished jobs past their state's retention (``PGQUEUE_RETENTION_SECONDS``
+    for done, ``PGQUEUE_CANCELLED_RETENTION_SECONDS``, ``PGQUEUE_DEAD_RETENTION_SECONDS``)."""
+    pruned = 0
+    for status, seconds in retention().items():
+        params: dict[str, Any] = {
+            "now": now,
+            "status": status,
+            "batch_size": settings.SWEEP_BATCH_SIZE,
+            "retention_seconds": seconds,
+        }
+        for _ in range(MAX_SWEEP_BATCHES):
+            count = db.rowcount(using, sql.JOB_DELETE_FINISHED_BEFORE, params)
+            pruned += count
+            if count < params["batch_size"]:
+                break
     return pruned
 
 

@@ -144,6 +144,79 @@ def test_sweep__never_prunes_dead_jobs(job_factory, now, settings):
     assert fresh(job).status == "dead"
 
 
+def cancelled(job_factory, at: dt.datetime) -> Job:
+    """A job cancelled (before it ran) at ``at``."""
+    job = job_factory(now=at)
+    assert Job.objects.cancel([job.id], now=at).cancelled == [job.id]
+    return job
+
+
+def dead(job_factory, at: dt.datetime) -> Job:
+    """A job dead-lettered at ``at``."""
+    job = claimed(job_factory, at)
+    assert Job.objects.fail(job, "w1", RuntimeError("x"), retry=False, now=at) == "dead"
+    return job
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("make", "setting"), [
+    (cancelled, "PGQUEUE_CANCELLED_RETENTION_SECONDS"),
+    (dead, "PGQUEUE_DEAD_RETENTION_SECONDS"),
+    (done, "PGQUEUE_RETENTION_SECONDS"),
+], ids=["cancelled", "dead", "done"])  # fmt: skip
+def test_sweep__prunes_each_final_state_one_second_past_its_retention(
+    job_factory, now, settings, make, setting
+):
+    setattr(settings, setting, 3600)
+    job = make(job_factory, now)
+    assert sweep(now=now + 3599 * S).pruned == 0  # one second short: kept
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert sweep(now=now + 3601 * S).pruned == 1  # one second past: pruned
+    assert not Job.objects.filter(pk=job.pk).exists()
+
+
+@pytest.mark.django_db
+def test_sweep__cancelled_jobs_are_pruned_by_default_and_dead_letters_kept(job_factory, now):
+    kept = dead(job_factory, now)
+    gone = cancelled(job_factory, now)
+    assert sweep(now=now + dt.timedelta(days=8)).pruned == 1
+    assert list(Job.objects.values_list("pk", flat=True)) == [kept.pk]
+    assert gone.pk != kept.pk
+
+
+@pytest.mark.django_db
+def test_sweep__cancelled_retention_none_keeps_them(job_factory, now, settings):
+    settings.PGQUEUE_CANCELLED_RETENTION_SECONDS = None
+    job = cancelled(job_factory, now)
+    assert sweep(now=now + dt.timedelta(days=3650)).pruned == 0
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("status", "index"), [
+    ("done", "pgqueue_job_done_idx"),
+    ("cancelled", "pgqueue_job_cancelled_idx"),
+], ids=["done", "cancelled"])  # fmt: skip
+def test_sweep__pruning_reads_each_states_own_index(status, index):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,"
+            " attempts, max_attempts, run_at, errors, created_at, finished_at)"
+            " SELECT 'default', 'default', 'testproject.demo.tasks.add', '[]', '{}', 0,"
+            " s, 0, 5, clock_timestamp(), '[]', clock_timestamp(), clock_timestamp()"
+            " FROM generate_series(1, 3000) AS g,"
+            " unnest(ARRAY['done', 'cancelled', 'dead']) AS s"
+        )
+        cursor.execute("ANALYZE pgqueue_job")
+        query = psycopg.ClientCursor(connection.connection).mogrify(
+            sql.JOB_DELETE_FINISHED_BEFORE,
+            {"status": status, "now": None, "retention_seconds": 60, "batch_size": 100},
+        )
+        cursor.execute("EXPLAIN (FORMAT JSON) " + query)
+        plan = str(cursor.fetchone()[0])
+    assert f"'Index Name': '{index}'" in plan, plan
+
+
 # --- bounded batches ------------------------------------------------------------------
 
 
@@ -167,7 +240,9 @@ def test_sweep__works_in_bounded_batches_but_finishes_the_pass(
     # 7 rows in batches of 3: 3 + 3 + 1, so three statements of each kind.
     assert statements(captured, "expired AS (") == 3
     assert statements(captured, "WITH due AS (") == 3
-    assert statements(captured, "WITH old AS (") == 3
+    assert statements(captured, "status = 'done'\n") == 3
+    # Cancelled jobs have a retention of their own: one (empty) batch of them.
+    assert statements(captured, "status = 'cancelled'\n") == 1
     assert Job.objects.filter(status="pending").count() == 14
 
 
