@@ -71,39 +71,9 @@ JOB_KEYS = frozenset(
     }
 )
 
-#: Columns of one row, in the order of JOB_BULK_COPY's column list.
-COLUMNS = (
-    "backend",
-    "queue",
-    "task",
-    "args",
-    "kwargs",
-    "priority",
-    "status",
-    "max_attempts",
-    "run_at",
-    "created_at",
-    "errors",
-    "idempotency_key",
-)
-
-#: PostgreSQL types of COLUMNS. Binary COPY applies no casts, so each value is sent in
-#: exactly its column's binary form. The jsonb values are JSON text that validation has
-#: already produced; _JsonTextDumper sends them without parsing them again.
-COPY_TYPES = (
-    "text",
-    "text",
-    "text",
-    "jsonb",
-    "jsonb",
-    "int4",
-    "text",
-    "int4",
-    "timestamptz",
-    "timestamptz",
-    "jsonb",
-    "text",
-)
+#: Columns of one row and their PostgreSQL types, as JOB_BULK_COPY lists them.
+COLUMNS = tuple(name for name, _ in sql.BULK_COLUMNS)
+COPY_TYPES = tuple(type_ for _, type_ in sql.BULK_COLUMNS)
 
 _ERRORS_EMPTY = "[]"
 #: The two states a new job starts in, as the plain strings COPY sends.

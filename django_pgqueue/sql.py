@@ -22,6 +22,24 @@ The table name is hard-coded; ``tests/test_sql.py`` checks it against ``Job._met
 Constants are in alphabetical order.
 """
 
+# The columns a bulk call writes for each new job, in the order its rows hold them, with
+# the type each value is sent as: binary COPY applies no casts (bulk.py builds the rows).
+BULK_COLUMNS = (
+    ("backend", "text"),
+    ("queue", "text"),
+    ("task", "text"),
+    ("args", "jsonb"),
+    ("kwargs", "jsonb"),
+    ("priority", "int4"),
+    ("status", "text"),
+    ("max_attempts", "int4"),
+    ("run_at", "timestamptz"),
+    ("created_at", "timestamptz"),
+    ("errors", "jsonb"),
+    ("idempotency_key", "text"),
+)
+_BULK_COLUMN_LIST = ", ".join(name for name, _ in BULK_COLUMNS)
+
 # --- Fragments ----------------------------------------------------------------------
 # Constant SQL text joined into the statements below when this module is imported
 # (text only, never a value), so that each rule of the queue is written once.
@@ -102,22 +120,14 @@ SELECT coalesce(%(now)s::timestamptz, clock_timestamp())
 # Stream one bounded batch of jobs without idempotency keys into the table, in binary
 # (no text parsing on the server). COPY has no ON CONFLICT: keyed batches take
 # JOB_BULK_INSERT_DEDUPE.
-JOB_BULK_COPY = """
-COPY pgqueue_job (
-    backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key
-) FROM STDIN (FORMAT BINARY)
-"""
+JOB_BULK_COPY = "\nCOPY pgqueue_job (" + _BULK_COLUMN_LIST + ") FROM STDIN (FORMAT BINARY)\n"
 
 # COPY one bounded batch whose ids were taken from the sequence first (JOB_BULK_IDS):
 # what bulk enqueue does when task_enqueued has receivers, so each job can be announced
 # with its real id (COPY returns nothing). Otherwise as JOB_BULK_COPY.
-JOB_BULK_COPY_WITH_IDS = """
-COPY pgqueue_job (
-    id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key
-) FROM STDIN (FORMAT BINARY)
-"""
+JOB_BULK_COPY_WITH_IDS = (
+    "\nCOPY pgqueue_job (id, " + _BULK_COLUMN_LIST + ") FROM STDIN (FORMAT BINARY)\n"
+)
 
 # Take %(count)s ids from the jobs' id sequence in one round trip, for a batch that is
 # then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS).
