@@ -48,6 +48,7 @@ def test_tests__hold_no_shared_helper() -> None:
         "broken_dependency",
         "raises_at_import",
         "settings_without_app",
+        "settings_without_postgres",
     }
     others = {
         path.stem for path in (REPO / "tests").glob("*.py") if not path.stem.startswith("test_")
