@@ -24,11 +24,12 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from django_pgqueue import sql
-from django_pgqueue.admin import CHANGE_FORM_ACTIONS, error_line, human_duration
+from django_pgqueue.admin.base import error_line, human_duration
+from django_pgqueue.admin.dead_letters import CHANGE_FORM_ACTIONS
+from django_pgqueue.admin.paginator import EstimatedCountPaginator
 from django_pgqueue.conf import settings
 from django_pgqueue.models import DeadLetter, Job
 from django_pgqueue.monitoring import common_values, queue_summary
-from django_pgqueue.paginator import EstimatedCountPaginator
 from tests.conftest import wait_for
 
 DEAD_LIST = "admin:django_pgqueue_deadletter_changelist"

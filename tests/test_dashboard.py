@@ -13,7 +13,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_pgqueue import charts
+from django_pgqueue.admin import charts
 from django_pgqueue.models import Job
 
 pytestmark = pytest.mark.django_db
