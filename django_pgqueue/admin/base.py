@@ -11,9 +11,12 @@ import datetime as dt
 import json
 from typing import Any
 
-from django.contrib import admin
+import django
+from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
+from django.db import DataError, NotSupportedError, ProgrammingError, transaction
 from django.http import HttpRequest, QueryDict
 
 from ..databases import backend_database, default_database, pgqueue_backend_aliases
@@ -23,6 +26,21 @@ from ..models import Job
 ERROR_LINE_CHARS = 200
 #: Digits of the largest job id (a bigint).
 MAX_ID_DIGITS = 19
+#: Django 6 draws (and styles) the admin's breadcrumbs as ``ol.breadcrumbs``, earlier
+#: versions as a ``div``: the app's own pages follow the version in use.
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 0)
+#: What a list's query raises when a lookup in the URL cannot run: a value PostgreSQL
+#: refuses (DataError), a lookup it lacks (an extension not installed), a value Python
+#: cannot convert (a year out of range, invalid Unicode) or a range that is not a pair.
+QUERY_ERRORS = (
+    DataError,
+    NotSupportedError,
+    ProgrammingError,
+    ValueError,
+    OverflowError,
+    LookupError,
+    TypeError,
+)
 
 
 # --- which backend's jobs ----------------------------------------------------------------
@@ -120,7 +138,25 @@ def actor(request: HttpRequest) -> dict[str, Any]:
 # --- shared read-only admin --------------------------------------------------------------
 
 
-class IndexedOrderChangeList(ChangeList):
+class GuardedChangeList(ChangeList):
+    """A change list whose query runs while the list is built, in a savepoint: Django
+    takes any field and lookup of the model as a query parameter and checks only that
+    the filter can be built, so a value PostgreSQL refuses (an array literal that is
+    not one, a bad regular expression, a year past 9999) failed while the page was
+    rendered, a 500. Here it is an invalid filter (Django's ``?e=1`` redirect)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        try:
+            with transaction.atomic(using=self.queryset.db):
+                super().get_results(request)
+                len(self.result_list)  # runs the page's query now; the page reuses its rows
+        except QUERY_ERRORS as exc:
+            if not self.filter_params:
+                raise  # not the URL's fault: no parameter to blame
+            raise IncorrectLookupParameters(exc) from exc
+
+
+class IndexedOrderChangeList(GuardedChangeList):
     """A change list that sorts only by ``sortable_by`` columns, even when the ``o``
     parameter in the URL asks for another (Django only hides the other headers): on a
     big table any other order is a full scan and sort."""
@@ -145,7 +181,43 @@ def log_change(request: HttpRequest, ids: list[int], message: str) -> None:
     )
 
 
-class ViewOnlyAdmin(admin.ModelAdmin):
+class GuardedAdmin(admin.ModelAdmin):
+    """A model admin that answers a query string or primary key the database cannot
+    take with the list's "invalid filter" redirect or the admin's "not found", never
+    with a 500; every page of the app derives from it."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return GuardedChangeList
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        """Refuse a filter or search no text column can match, before any query:
+        PostgreSQL rejects a NUL character in a text parameter with an error (a 500),
+        not with "no rows". Django's admin then shows the unfiltered list (``?e=1``),
+        and the message says which parameter was dropped."""
+        for name, values in request.GET.lists():
+            bad = next((v for v in (name, *values) if not storable(v)), None)
+            if bad is not None:
+                self.message_user(
+                    request,
+                    f"Ignored the filters: {name[:40]!r} holds a NUL character or invalid "
+                    "Unicode, which no stored text can hold.",
+                    messages.WARNING,
+                )
+                raise IncorrectLookupParameters(f"unstorable text in {name!r}")
+        return super().get_changelist_instance(request)
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        # A key no row can hold is no row (Django then says "not found"), not a query
+        # PostgreSQL refuses. An empty ?_to_field= made Django look up a field named ""
+        # (a 500); an empty value means no field, as it does on the list page.
+        if not storable(object_id):
+            return None
+        return super().get_object(request, object_id, from_field or None)
+
+
+class ViewOnlyAdmin(GuardedAdmin):
     """A page that only shows rows the queue itself writes (schedules from settings,
     worker processes, the dashboard): nobody adds, edits or deletes them by hand."""
 

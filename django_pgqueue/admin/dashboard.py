@@ -22,7 +22,7 @@ from django.urls import URLPattern, path, reverse
 from .. import monitoring
 from ..models import Dashboard
 from . import charts
-from .base import ViewOnlyAdmin, human_duration
+from .base import BREADCRUMBS_AS_LIST, ViewOnlyAdmin, human_duration
 
 
 def seconds_text(value: float | None) -> str:
@@ -143,6 +143,7 @@ class DashboardAdmin(ViewOnlyAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",
+            "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
             "opts": self.opts,
             "snapshot": snap,
             "queues": queues,

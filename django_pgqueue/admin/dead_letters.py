@@ -21,7 +21,7 @@ from django.urls import reverse
 from ..exceptions import InvalidJob
 from ..models import DeadLetter, Job
 from .base import actor, admin_database, log_change, with_backend
-from .filters import BackendFilter, DiedFilter, QueueFilter, TaskFilter
+from .filters import BackendFilter, DeadQueueFilter, DeadTaskFilter, DiedFilter
 from .read_only_jobs import ReadOnlyJobAdmin
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         "last_error_line",
         "died_at",
     )
-    list_filter = (BackendFilter, TaskFilter, QueueFilter, ("finished_at", DiedFilter))
+    list_filter = (BackendFilter, DeadTaskFilter, DeadQueueFilter, ("finished_at", DiedFilter))
     action_form = RequeueActionForm
     actions = ("requeue", "delete_selected")
 

@@ -10,8 +10,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from ..databases import backend_database, pgqueue_backend_aliases
+from ..models import Job
 from ..monitoring import common_values
 from .base import admin_database, request_backend
+
+#: Dead letters whose task and queue the dead-letter filters offer (the newest).
+DEAD_SCANNED = 10_000
+#: Most choices a dead-letter filter offers.
+CHOICES = 100
 
 
 class BackendFilter(admin.SimpleListFilter):
@@ -40,8 +46,11 @@ class CommonValueFilter(admin.SimpleListFilter):
 
     column = ""
 
+    def values(self, request: HttpRequest) -> list[str]:
+        return common_values(admin_database(request), self.column)
+
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        values = common_values(admin_database(request), self.column)
+        values = self.values(request)
         current = self.value()
         if current and current not in values:
             values = [current, *values]
@@ -59,6 +68,34 @@ class QueueFilter(CommonValueFilter):
 
 
 class TaskFilter(CommonValueFilter):
+    title = "task"
+    parameter_name = "task"
+    column = "task"
+
+
+class DeadValueFilter(CommonValueFilter):
+    """Choices only from dead letters: the newest ``DEAD_SCANNED`` of them, read
+    backwards along ``pgqueue_job_dead_idx``, so the query is bounded however many
+    jobs and dead letters there are (a value only older ones hold: type it or search)."""
+
+    def values(self, request: HttpRequest) -> list[str]:
+        jobs = Job.objects.db_manager(admin_database(request))
+        newest = jobs.filter(status=Job.Status.DEAD).order_by("-id").values("id")[:DEAD_SCANNED]
+        return list(
+            jobs.filter(id__in=newest)
+            .order_by(self.column)
+            .values_list(self.column, flat=True)
+            .distinct()[:CHOICES]
+        )
+
+
+class DeadQueueFilter(DeadValueFilter):
+    title = "queue"
+    parameter_name = "queue"
+    column = "queue"
+
+
+class DeadTaskFilter(DeadValueFilter):
     title = "task"
     parameter_name = "task"
     column = "task"

@@ -17,7 +17,7 @@ from django.utils.html import format_html
 
 from ..models import LIVE_STATUSES, Job
 from ..monitoring import queue_summary
-from .base import actor, admin_database, human_duration, log_change
+from .base import BREADCRUMBS_AS_LIST, actor, admin_database, human_duration, log_change
 from .filters import BackendFilter, QueueFilter, TaskFilter
 from .read_only_jobs import ReadOnlyJobAdmin
 
@@ -108,6 +108,7 @@ class JobAdmin(ReadOnlyJobAdmin):
                 {
                     **self.admin_site.each_context(request),
                     "title": "Cancel jobs",
+                    "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
                     "opts": self.model._meta,
                     "jobs": jobs,
                     "shown": jobs[:CANCEL_SHOWN],

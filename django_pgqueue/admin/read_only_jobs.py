@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin import helpers
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
@@ -18,12 +17,12 @@ from django.utils.html import format_html, format_html_join
 from ..models import Job
 from .base import (
     MAX_ID_DIGITS,
+    GuardedAdmin,
     IndexedOrderChangeList,
     admin_database,
     error_line,
     job_id,
     pretty_json,
-    storable,
 )
 from .paginator import EstimatedCountPaginator
 
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
 
 
-class ReadOnlyJobAdmin(admin.ModelAdmin):
+class ReadOnlyJobAdmin(GuardedAdmin):
     """Read-only display of jobs, shared by the job list and the dead-letter list."""
 
     paginator = EstimatedCountPaginator
@@ -95,13 +94,6 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexedOrderChangeList
 
-    def get_object(
-        self, request: HttpRequest, object_id: str, from_field: str | None = None
-    ) -> Any:
-        # An empty ?_to_field= makes Django look up a field named "" (a 500); an empty
-        # value means no field, as it does on the list page.
-        return super().get_object(request, object_id, from_field or None)
-
     def response_action(
         self, request: HttpRequest, queryset: QuerySet, *args: Any, **kwargs: Any
     ) -> Any:
@@ -115,23 +107,6 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
             post.setlist(helpers.ACTION_CHECKBOX_NAME, [str(i) for i in ids])
             request.POST = post  # type: ignore[assignment]
         return super().response_action(request, queryset, *args, **kwargs)
-
-    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
-        """Refuse a filter or search no text column can match, before any query:
-        PostgreSQL rejects a NUL character in a text parameter with an error (a 500),
-        not with "no rows". Django's admin then shows the unfiltered list (``?e=1``),
-        and the message says which parameter was dropped."""
-        for name, values in request.GET.lists():
-            bad = next((v for v in (name, *values) if not storable(v)), None)
-            if bad is not None:
-                self.message_user(
-                    request,
-                    f"Ignored the filters: {name[:40]!r} holds a NUL character or invalid "
-                    "Unicode, which no job's text can hold.",
-                    messages.WARNING,
-                )
-                raise IncorrectLookupParameters(f"unstorable text in {name!r}")
-        return super().get_changelist_instance(request)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request).using(admin_database(request))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -74,8 +74,7 @@ class WorkerProcessAdmin(ViewOnlyAdmin):
     @admin.display(description="running jobs")
     def running_jobs(self, obj: WorkerProcess) -> str:
         url = reverse("admin:django_pgqueue_job_changelist", current_app=self.admin_site.name)
-        return format_html(
-            '<a href="{}?status__exact=running&amp;lease_owner={}">jobs this worker holds</a>',
-            url,
-            obj.id,
-        )
+        # Encoded: a worker id may hold "&", "#" or "=" (any printable characters).
+        query = QueryDict(mutable=True)
+        query.update({"status__exact": "running", "lease_owner": obj.id})
+        return format_html('<a href="{}?{}">jobs this worker holds</a>', url, query.urlencode())
