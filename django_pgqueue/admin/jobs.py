@@ -38,7 +38,6 @@ class JobAdmin(ReadOnlyJobAdmin):
         "task",
         "queue",
         "status",
-        "priority",
         "attempts_display",
         "run_at",
         "worker_link",

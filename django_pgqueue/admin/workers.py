@@ -20,19 +20,16 @@ class WorkerProcessAdmin(ViewOnlyAdmin):
     Rows are written by the workers themselves (and pruned by the sweeper), never here.
     """
 
+    # Fits a 1400 px window: the host and pid are in the id (host:pid:random), the
+    # version and lease on the detail page, the counters in one cell.
     list_display = (
         "id",
         "state",
-        "hostname",
-        "pid",
         "queues_display",
         "concurrency",
-        "version",
         "started_at",
         "last_seen_at",
-        "jobs_held",
-        "jobs_done",
-        "jobs_failed",
+        "jobs_counts",
     )
     readonly_fields = (
         "id",
@@ -70,6 +67,10 @@ class WorkerProcessAdmin(ViewOnlyAdmin):
     @admin.display(description="queues")
     def queues_display(self, obj: WorkerProcess) -> str:
         return ", ".join(obj.queues) if obj.queues else "all"
+
+    @admin.display(description="jobs held / done / failed")
+    def jobs_counts(self, obj: WorkerProcess) -> str:
+        return f"{obj.jobs_held:,} / {obj.jobs_done:,} / {obj.jobs_failed:,}"
 
     @admin.display(description="running jobs")
     def running_jobs(self, obj: WorkerProcess) -> str:
