@@ -27,6 +27,8 @@ WHEEL_NEEDS = [
     "django_pgqueue/py.typed",
     "django_pgqueue/sql.py",
     "django_pgqueue/taskapi.py",
+    "django_pgqueue/admin/__init__.py",
+    "django_pgqueue/admin/dashboard.py",
     "django_pgqueue/migrations/0001_initial.py",
     "django_pgqueue/management/commands/pgqueue_worker.py",
     "django_pgqueue/templates/admin/django_pgqueue/job/change_list.html",

@@ -4,6 +4,7 @@ its summary, permissions, CSRF, escaping, and the no-COUNT(*) paginator."""
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import logging
 import re
@@ -13,22 +14,25 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote as admin_quote
 from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.db import connection, connections
 from django.db.models import F
 from django.db.models.functions import Now
+from django.http import QueryDict
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
 from django_pgqueue import sql
-from django_pgqueue.admin import CHANGE_FORM_ACTIONS, error_line, human_duration
+from django_pgqueue.admin.base import error_line, human_duration
+from django_pgqueue.admin.dead_letters import CHANGE_FORM_ACTIONS
+from django_pgqueue.admin.paginator import EstimatedCountPaginator
 from django_pgqueue.conf import settings
-from django_pgqueue.models import DeadLetter, Job
+from django_pgqueue.models import DeadLetter, Job, Schedule, WorkerProcess
 from django_pgqueue.monitoring import common_values, queue_summary
-from django_pgqueue.paginator import EstimatedCountPaginator
 from tests.conftest import wait_for
 
 DEAD_LIST = "admin:django_pgqueue_deadletter_changelist"
@@ -830,3 +834,99 @@ def test_cancel_action__cancels_requests_and_reports_what_did_not_change(
         "Cancelled 0 jobs; 1 of 1 selected not cancelled: already finished (done, dead or "
         "cancelled) or busy at that instant."
     ]
+
+
+# --- schedules and workers: hostile URLs, the running-jobs link --------------------------
+
+SCHEDULE_LIST = "admin:django_pgqueue_schedule_changelist"
+WORKER_LIST = "admin:django_pgqueue_workerprocess_changelist"
+
+
+@pytest.fixture
+def schedule_and_worker(db: None) -> tuple[Schedule, WorkerProcess]:
+    schedule = Schedule.objects.create(
+        name="nightly", task="t.nightly", cron="0 3 * * *", timezone="UTC", last_tick=Now()
+    )
+    worker = WorkerProcess.objects.create(
+        id="web#1&x=y",
+        hostname="web",
+        pid=7,
+        queues=["mail"],
+        concurrency=2,
+        lease_seconds=30,
+        version="1",
+    )
+    return schedule, worker
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("url", "query"),
+    [
+        (SCHEDULE_LIST, "name=a%00b"),
+        (SCHEDULE_LIST, "task=%00"),
+        (SCHEDULE_LIST, "cron=x%00"),
+        (SCHEDULE_LIST, "timezone=UTC%00"),
+        (WORKER_LIST, "id=a%00b"),
+        (WORKER_LIST, "hostname=%00"),
+        (WORKER_LIST, "queues__contains=mail"),  # not an array literal
+        (WORKER_LIST, "queues__contains=%00"),
+        (WORKER_LIST, "hostname__regex=%5B"),  # not a regular expression
+        (JOB_LIST, "created_at__year=99999"),  # past Python's dates, while compiling
+        (DEAD_LIST, "queue__range=x"),  # not a pair
+    ],
+)
+def test_lists__a_filter_the_database_refuses_is_an_invalid_filter(
+    admin_client, schedule_and_worker, url, query
+):
+    """Every field and lookup is a query parameter; one PostgreSQL (or Python) refuses
+    raised while the page was drawn, a 500. Now: Django's invalid-filter redirect."""
+    response = admin_client.get(f"{reverse(url)}?{query}")
+    assert response.status_code == 302
+    assert response["Location"] == reverse(url) + "?e=1"
+    assert admin_client.get(response["Location"]).status_code == 200
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("page", ["change", "history"])
+@pytest.mark.parametrize("model", ["schedule", "workerprocess"])
+def test_detail_pages__a_key_no_row_can_hold_is_not_found(
+    admin_client, schedule_and_worker, model, page
+):
+    """A NUL in the primary key (quoted as the admin quotes keys: "_00") was a query
+    PostgreSQL refused, a 500; now the admin's "does not exist" redirect."""
+    url = reverse(f"admin:django_pgqueue_{model}_{page}", args=[admin_quote("a\x00b")])
+    response = admin_client.get(url, follow=True)
+    assert response.redirect_chain[-1] == (reverse("admin:index"), 302)
+    assert "doesn’t exist" in texts(response)[0]
+
+
+@pytest.mark.django_db
+def test_worker_page__running_jobs_link_encodes_the_worker_id(admin_client, schedule_and_worker):
+    """A worker id may hold "&", "#" and "=": the link filters on that id, whole."""
+    _, worker = schedule_and_worker
+    page = admin_client.get(
+        reverse("admin:django_pgqueue_workerprocess_change", args=[admin_quote(worker.id)])
+    ).content.decode()
+    (href,) = re.findall(r'href="([^"]*)">jobs this worker holds', page)
+    path, _, query = html.unescape(href).partition("?")
+    assert path == reverse(JOB_LIST)
+    assert QueryDict(query).dict() == {"status__exact": "running", "lease_owner": "web#1&x=y"}
+
+
+# --- dead-letter filters ------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_dead_letter_filters__offer_only_tasks_and_queues_of_dead_letters(
+    admin_client, job_factory, dead_factory
+):
+    job_factory(queue="busy", task="testproject.demo.tasks.always_fails", args=[])
+    dead_factory(queue="sick")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgqueue_job")  # exact choices whatever ran before
+    page = admin_client.get(reverse(DEAD_LIST)).content.decode()
+    assert "?queue=sick" in page and "?task=testproject.demo.tasks.add" in page
+    assert "?queue=busy" not in page and "always_fails" not in page
+    # The job list still offers every queue.
+    assert "?queue=busy" in admin_client.get(reverse(JOB_LIST)).content.decode()

@@ -1,5 +1,10 @@
 """The admin never answers 500: every query parameter of every page, fuzzed.
 
+Django's change lists take any model field and lookup as a query parameter, so every
+concrete field and every lookup registered for its class (read from the field at run
+time) of every page of the app is fuzzed with a few hostile values, and every change
+and history page with hostile primary keys (quoted as the admin quotes them).
+
 Each page of the admin (job list, dead letters, detail, delete and history pages, the
 actions and their confirmation page) is requested once per (parameter, odd value): NUL
 characters, lone surrogates and broken UTF-8, huge and non-ASCII numbers, SQL and HTML
@@ -16,13 +21,15 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.db import transaction
+from django.contrib import admin
+from django.contrib.admin.utils import quote as admin_quote
+from django.db import models, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 from django.test import Client
 from django.urls import reverse
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, Schedule, WorkerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -273,3 +280,84 @@ def test_admin__no_page_answers_500_to_any_odd_parameter(admin_user, jobs):
     print(f"admin fuzz: {fuzz.requests} requests, {len(fuzz.failures)} errors")  # noqa: T201
     assert fuzz.requests > 4000
     assert not fuzz.failures, "\n".join(fuzz.failures[:40])
+
+
+#: A few hostile values for any field lookup: NUL, a lone surrogate, past any integer
+#: column, not a number, not an array literal, very long.
+HOSTILE_VALUES: list[str | bytes] = ["a\x00b", "\ud800", str(2**70), "x", "[]", "y" * 5000]
+#: Hostile primary keys, before the admin's own quoting.
+HOSTILE_PKS: list[str | bytes] = [*HOSTILE_VALUES, "\x00", "_00", "../..", "a/b", ""]
+
+
+def app_admins() -> list[tuple[type[models.Model], admin.ModelAdmin]]:
+    """Every model of the app registered on the admin site, with its admin."""
+    return [
+        (model, model_admin)
+        for model, model_admin in admin.site._registry.items()
+        if model._meta.app_label == "django_pgqueue"
+    ]
+
+
+def lookup_parameters(model: type[models.Model]) -> list[str]:
+    """Each concrete field's name, alone and with every lookup and transform its class
+    registers (so a field changed to another class brings its own lookups)."""
+    names = []
+    for model_field in model._meta.concrete_fields:
+        names.append(model_field.name)
+        names += [f"{model_field.name}__{lookup}" for lookup in sorted(model_field.get_lookups())]
+    return names
+
+
+def url_names(model_admin: admin.ModelAdmin) -> set[str]:
+    """The names of the pages ``model_admin`` serves (the dashboard: its list only)."""
+    return {pattern.name for pattern in model_admin.get_urls() if pattern.name}
+
+
+@pytest.mark.django_db
+@pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime:RuntimeWarning")
+def test_admin__every_field_lookup_and_pk_of_every_page_answers_no_500(admin_user, jobs):
+    Schedule.objects.create(
+        name="nightly", task="t.nightly", cron="0 3 * * *", timezone="UTC", last_tick=Now()
+    )
+    WorkerProcess.objects.create(
+        id="web#1&x=y",
+        hostname="web",
+        pid=1,
+        queues=["fuzz"],
+        concurrency=1,
+        lease_seconds=30,
+        version="1",
+    )
+    client = Client(raise_request_exception=True)
+    client.force_login(admin_user)
+    fuzz = Fuzz(client)
+    pages = app_admins()
+    assert {m.__name__ for m, _ in pages} >= {
+        "Job",
+        "DeadLetter",
+        "Schedule",
+        "WorkerProcess",
+        "Dashboard",
+    }
+    for model, model_admin in pages:
+        opts = model._meta
+        changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+        for parameter in lookup_parameters(model):
+            for value in HOSTILE_VALUES:
+                fuzz.get(changelist, f"{encode(parameter)}={encode(value)}")
+        names = url_names(model_admin)
+        row = model._default_manager.order_by("pk").first()
+        for suffix in ("change", "history", "delete"):
+            name = f"{opts.app_label}_{opts.model_name}_{suffix}"
+            if name not in names or row is None:
+                continue
+            real_pk = admin_quote(str(row.pk))
+            url = reverse(f"admin:{name}", args=[real_pk])
+            for pk in HOSTILE_PKS:
+                quoted = admin_quote(pk) if isinstance(pk, str) else pk
+                fuzz.get(url.replace(f"/{real_pk}/", f"/{encode(quoted) or '%20'}/"))
+
+    logger.warning("admin lookup fuzz: %d requests, %d errors", fuzz.requests, len(fuzz.failures))
+    print(f"admin lookup fuzz: {fuzz.requests} requests, {len(fuzz.failures)} errors")  # noqa: T201
+    assert fuzz.requests > 10_000
+    assert not fuzz.failures, "\n".join(fuzz.failures[:60])

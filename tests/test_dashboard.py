@@ -13,7 +13,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_pgqueue import charts
+from django_pgqueue.admin import charts
 from django_pgqueue.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -128,3 +128,42 @@ def test_charts__bars_and_lines_escape_and_scale():
     line = charts.lines(times, [charts.Series("wait", [1.0, None, 2.0], "#000")], title="L")
     assert line.count("<circle") == 2
     assert "<polyline" not in line  # a gap splits the line; single points get dots only
+
+
+def breadcrumbs(page: str) -> str:
+    """The opening tag of a page's breadcrumbs."""
+    (tag,) = re.findall(r'<(?:ol|div) class="breadcrumbs">', page)
+    return tag
+
+
+def test_dashboard__breadcrumbs_are_drawn_like_the_admins_own(admin_client):
+    """Django 6 styles ``ol.breadcrumbs`` (a ``div`` before): the dashboard uses the
+    structure Django's own change list uses in the version installed."""
+    own = breadcrumbs(
+        admin_client.get(reverse("admin:django_pgqueue_job_changelist")).content.decode()
+    )
+    dashboard = admin_client.get(reverse(DASHBOARD)).content.decode()
+    assert breadcrumbs(dashboard) == own
+    assert re.search(r'aria-current="page">Dashboard<|&rsaquo; Dashboard', dashboard)
+
+
+def test_charts__duration_axis_labels_are_short_and_fit():
+    """A hundred seconds on the axis read "1.66667 min" and were clipped at the left."""
+    assert [charts.seconds_label(v) for v in (100, 75, 50, 25, 12.5, 0.0125, 5400)] == [
+        "1.7 min",
+        "1.2 min",
+        "50 s",
+        "25 s",
+        "12 s",
+        "12 ms",
+        "1.5 h",
+    ]
+    times = [dt.datetime(2030, 1, 1, 12, m, tzinfo=dt.UTC) for m in range(60)]
+    svg = charts.lines(
+        times, [charts.Series("wait", [100 * m / 59 for m in range(60)], "#000")], title="t"
+    )
+    labels = re.findall(r'<text x="[\d.]+" y="[\d.]+" text-anchor="end">([^<]*)</text>', svg)
+    assert labels and all(len(label) <= charts.LABEL_CHARS for label in labels), labels
+    # Room for the longest label at the chart's 11 px font (about 0.6 em a character).
+    assert charts.LEFT - 6 >= charts.LABEL_CHARS * 11 * 0.6
+    assert "wait 1.66667 min" in svg  # the tooltip keeps the exact figure

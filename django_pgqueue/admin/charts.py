@@ -17,7 +17,9 @@ from django.utils.safestring import SafeString, mark_safe
 
 WIDTH = 700
 HEIGHT = 200
-LEFT = 56  # room for the y-axis labels
+LEFT = 60  # room for the y-axis labels (LABEL_CHARS at the chart's 11 px font)
+#: Longest y-axis label: "1.7 min", "250 ms", "2.5k".
+LABEL_CHARS = 7
 RIGHT = 12
 TOP = 12
 BOTTOM = 26  # room for the time labels
@@ -58,14 +60,23 @@ def count_label(value: float) -> str:
     return f"{value:g}"
 
 
-def seconds_label(value: float) -> str:
+def short_number(value: float) -> str:
+    """At most one decimal, none from 10 up: '1.7', '25', '250' (an axis label, not
+    a measurement: the tooltips give the exact figure)."""
+    return (f"{value:.0f}" if value >= 10 else f"{value:.1f}").removesuffix(".0")
+
+
+def seconds_label(value: float, *, exact: bool = False) -> str:
+    """A duration in its largest whole unit: short for an axis, ``exact`` (six
+    significant digits) for a tooltip."""
+    number = (lambda v: f"{v:g}") if exact else short_number
     if value >= 3600:
-        return f"{value / 3600:g} h"
+        return f"{number(value / 3600)} h"
     if value >= 60:
-        return f"{value / 60:g} min"
+        return f"{number(value / 60)} min"
     if value >= 1 or value == 0:
-        return f"{value:g} s"
-    return f"{value * 1000:g} ms"
+        return f"{number(value)} s"
+    return f"{number(value * 1000)} ms"
 
 
 def _frame(
@@ -185,9 +196,8 @@ def lines(
             x = LEFT + slot * (i + 0.5)
             y = TOP + plot_h - plot_h * min(value, top) / top
             runs[-1].append((x, y))
-            dots.append(
-                (_n(x), _n(y), s.color, f"{times[i]:%H:%M}: {s.label} {seconds_label(value)}")
-            )
+            tip = f"{times[i]:%H:%M}: {s.label} {seconds_label(value, exact=True)}"
+            dots.append((_n(x), _n(y), s.color, tip))
         dash = ' stroke-dasharray="4 3"' if s.dashed else ""
         for run in runs:
             if len(run) < 2:

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.paginator import Paginator
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -57,7 +57,10 @@ class EstimatedCountPaginator(Paginator):
     def planner_estimate(queryset: Any) -> int | None:
         """The planner's row estimate for ``queryset`` (None if it cannot be had)."""
         try:
-            plan = json.loads(queryset.explain(format="json"))
+            # A savepoint: in a transaction (the change list's) a failed EXPLAIN would
+            # otherwise abort it, and the count below with it.
+            with transaction.atomic(using=queryset.db):
+                plan = json.loads(queryset.explain(format="json"))
             return int(plan[0]["Plan"]["Plan Rows"])
         except (DatabaseError, ValueError, KeyError, IndexError, TypeError):
             logger.warning("no row estimate for the admin list; counting", exc_info=True)

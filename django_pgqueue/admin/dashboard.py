@@ -19,9 +19,10 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from . import charts, monitoring
-from .admin import ViewOnlyAdmin, human_duration
-from .models import Dashboard
+from .. import monitoring
+from ..models import Dashboard
+from . import charts
+from .base import BREADCRUMBS_AS_LIST, ViewOnlyAdmin, human_duration
 
 
 def seconds_text(value: float | None) -> str:
@@ -147,6 +148,7 @@ class DashboardAdmin(ViewOnlyAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",
+            "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
             "opts": self.opts,
             "snapshot": snap,
             "queues": queues,

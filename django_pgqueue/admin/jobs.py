@@ -1,0 +1,194 @@
+"""The job list: every job, read-only, a summary of the queue's health above it, and
+the cancel action."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.utils import quote
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from ..models import LIVE_STATUSES, Job
+from ..monitoring import queue_summary
+from .base import BREADCRUMBS_AS_LIST, actor, admin_database, human_duration, log_change
+from .filters import BackendFilter, QueueFilter, TaskFilter
+from .read_only_jobs import ReadOnlyJobAdmin
+
+logger = logging.getLogger(__name__)
+
+CANCEL_PERMISSION = "django_pgqueue.cancel_job"
+#: Jobs listed by name on the cancel confirmation page (all of them are posted back).
+CANCEL_SHOWN = 100
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyJobAdmin):
+    """Every job, read-only, with a summary of the queue's health above the list."""
+
+    change_list_template = "admin/django_pgqueue/job/change_list.html"
+    list_display = (
+        "id",
+        "task",
+        "queue",
+        "status",
+        "attempts_display",
+        "run_at",
+        "worker_link",
+        "last_error_line",
+    )
+    list_filter = (
+        BackendFilter,
+        "status",
+        QueueFilter,
+        TaskFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
+    actions = ("cancel_selected",)
+    readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
+    fieldsets = tuple(
+        (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
+        for name, opts in ReadOnlyJobAdmin.fieldsets
+    )
+
+    @admin.display(description="status")
+    def status_display(self, obj: Job) -> str:
+        """A dead job's status links to its dead-letter page, where it can be requeued."""
+        if obj.status != Job.Status.DEAD:
+            return obj.get_status_display()
+        url = reverse(
+            "admin:django_pgqueue_deadletter_change",
+            args=[obj.pk],
+            current_app=self.admin_site.name,
+        )
+        return format_html('{} (<a href="{}">requeue or discard it</a>)', "Dead", url)
+
+    @admin.display(description="worker")
+    def worker_link(self, obj: Job) -> str:
+        """A running job's lease owner, linked to its row in the workers list."""
+        if obj.status != Job.Status.RUNNING or not obj.lease_owner:
+            return ""
+        url = reverse(
+            "admin:django_pgqueue_workerprocess_change",
+            args=[quote(obj.lease_owner)],
+            current_app=self.admin_site.name,
+        )
+        return format_html('<a href="{}">{}</a>', url, obj.lease_owner)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Dead letters are discarded from their own page; other jobs are not deleted
+        # by hand (done jobs are pruned by the sweeper).
+        return False
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    @admin.action(permissions=["cancel"], description="Cancel selected jobs")
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """A confirmation page first; then one guarded statement per batch
+        (``Job.objects.cancel``), and a message saying what changed and what did not."""
+        ids = self.selected_ids(request, queryset)
+        if not request.POST.get("post"):
+            jobs = list(
+                Job.objects.using(admin_database(request))
+                .filter(pk__in=ids)
+                .order_by("id")
+                .only("id", "task", "status", "queue")
+            )
+            return TemplateResponse(
+                request,
+                "admin/django_pgqueue/job/cancel_selected_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Cancel jobs",
+                    "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
+                    "opts": self.model._meta,
+                    "jobs": jobs,
+                    "shown": jobs[:CANCEL_SHOWN],
+                    "more": max(0, len(jobs) - CANCEL_SHOWN),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        result = Job.objects.db_manager(admin_database(request)).cancel(ids)
+        logger.info(
+            "%s cancelled %d and requested cancellation of %d of %d selected jobs: %s %s",
+            request.user.get_username(),
+            len(result.cancelled),
+            len(result.requested),
+            len(ids),
+            result.cancelled,
+            result.requested,
+            extra={
+                "action": "cancel",
+                "job_ids": result.cancelled + result.requested,
+                **actor(request),
+            },
+        )
+        changed = result.cancelled + result.requested
+        log_change(request, changed, "Cancelled from the admin.")
+        parts = [
+            f"Cancelled {len(result.cancelled)} job{'s' if len(result.cancelled) != 1 else ''}"
+        ]
+        if result.requested:
+            parts.append(
+                f"asked {len(result.requested)} running job"
+                f"{'s' if len(result.requested) != 1 else ''} to stop (job "
+                + ", ".join(str(i) for i in result.requested[:10])
+                + ")"
+            )
+        missed = len(ids) - len(changed)
+        if missed:
+            parts.append(
+                f"{missed} of {len(ids)} selected not cancelled: already finished (done, "
+                "dead or cancelled) or busy at that instant"
+            )
+        self.message_user(
+            request, "; ".join(parts) + ".", messages.SUCCESS if changed else messages.WARNING
+        )
+        return None
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if self.has_view_permission(request):
+            extra_context = {**(extra_context or {}), **self.summary_context(request)}
+        return super().changelist_view(request, extra_context)
+
+    def summary_context(self, request: HttpRequest) -> dict[str, Any]:
+        """Counts per status and queue, the longest wait and expired leases."""
+        summary = queue_summary(admin_database(request))
+        totals = []
+        for status, label in Job.Status.choices:
+            total = summary.totals.get(status)
+            if status in summary.estimated and total is not None:
+                shown = f"≈ {total:,}"
+            elif status in summary.capped:
+                shown = f"≥ {total:,}"
+            else:
+                shown = "?" if total is None else f"{total:,}"
+            totals.append({"status": status, "label": label, "shown": shown})
+        queue_rows = [
+            {"queue": queue, "counts": [summary.live.get((s, queue), 0) for s in LIVE_STATUSES]}
+            for queue in summary.queues
+        ]
+        return {
+            "pgqueue_summary": {
+                "totals": totals,
+                "live_statuses": LIVE_STATUSES,
+                "queue_rows": queue_rows,
+                "cap": summary.cap,
+                "capped": bool(summary.capped),
+                "oldest_pending_wait": human_duration(summary.oldest_pending_wait),
+                "wait_is_lower_bound": "pending" in summary.capped,
+                "expired_leases": summary.expired_leases,
+                "dead_letters_url": reverse(
+                    "admin:django_pgqueue_deadletter_changelist", current_app=self.admin_site.name
+                ),
+            }
+        }

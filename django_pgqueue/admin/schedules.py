@@ -1,0 +1,72 @@
+"""Periodic schedules: every entry the sweepers have seen, read-only (the settings are
+where entries are added, changed and removed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+
+from .. import periodic
+from ..models import Schedule
+from .base import ViewOnlyAdmin
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ViewOnlyAdmin):
+    """Every periodic entry the sweepers have seen, read-only: the settings
+    (``PGQUEUE_PERIODIC``) are where entries are added, changed and removed."""
+
+    list_display = (
+        "name",
+        "task",
+        "cron",
+        "timezone",
+        "state",
+        "next_tick",
+        "last_tick",
+        "last_job_link",
+    )
+    readonly_fields = (
+        *list_display,
+        "enabled",
+        "created_at",
+        "updated_at",
+    )
+    fields = readonly_fields
+    sortable_by = ("name",)
+    ordering = ("name",)
+    search_fields = ("name", "task")
+
+    def _entry(self, obj: Schedule) -> periodic.PeriodicEntry | None:
+        valid, _ = periodic.entries()
+        return next((e for e in valid if e.name == obj.name), None)
+
+    @admin.display(description="state")
+    def state(self, obj: Schedule) -> str:
+        entry = self._entry(obj)
+        if entry is None:
+            return "removed from settings (no longer enqueued)"
+        return "enabled" if entry.enabled else "disabled"
+
+    @admin.display(description="next tick")
+    def next_tick(self, obj: Schedule) -> dt.datetime | str:
+        """From the entry as the settings give it now (a changed cron shows here at once)."""
+        entry = self._entry(obj)
+        if entry is None or not entry.enabled:
+            return "—"
+        tick = entry.next_tick(dt.datetime.now(dt.UTC))
+        return "—" if tick is None else tick
+
+    @admin.display(description="last job")
+    def last_job_link(self, obj: Schedule) -> str:
+        if obj.last_job_id is None:
+            return "—"
+        url = reverse(
+            "admin:django_pgqueue_job_change",
+            args=[obj.last_job_id],
+            current_app=self.admin_site.name,
+        )
+        return format_html('<a href="{}">job {}</a>', url, obj.last_job_id)
