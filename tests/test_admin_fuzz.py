@@ -15,6 +15,7 @@ form body, percent-encoded, exactly as a browser or an attacker could send them.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,6 +314,13 @@ def url_names(model_admin: admin.ModelAdmin) -> set[str]:
     return {pattern.name for pattern in model_admin.get_urls() if pattern.name}
 
 
+#: PGQUEUE_FULL_FUZZ=1: every hostile value with every lookup (about 13,000 requests,
+#: minutes); by default each lookup gets one value, in turn, so every lookup and every
+#: value is still sent (a few thousand requests).
+FULL_FUZZ = os.environ.get("PGQUEUE_FULL_FUZZ") == "1"
+
+
+@pytest.mark.slow
 @pytest.mark.django_db
 @pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime:RuntimeWarning")
 def test_admin__every_field_lookup_and_pk_of_every_page_answers_no_500(admin_user, jobs):
@@ -342,8 +350,9 @@ def test_admin__every_field_lookup_and_pk_of_every_page_answers_no_500(admin_use
     for model, model_admin in pages:
         opts = model._meta
         changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
-        for parameter in lookup_parameters(model):
-            for value in HOSTILE_VALUES:
+        for turn, parameter in enumerate(lookup_parameters(model)):
+            values = HOSTILE_VALUES if FULL_FUZZ else [HOSTILE_VALUES[turn % len(HOSTILE_VALUES)]]
+            for value in values:
                 fuzz.get(changelist, f"{encode(parameter)}={encode(value)}")
         names = url_names(model_admin)
         row = model._default_manager.order_by("pk").first()
@@ -359,5 +368,5 @@ def test_admin__every_field_lookup_and_pk_of_every_page_answers_no_500(admin_use
 
     logger.warning("admin lookup fuzz: %d requests, %d errors", fuzz.requests, len(fuzz.failures))
     print(f"admin lookup fuzz: {fuzz.requests} requests, {len(fuzz.failures)} errors")  # noqa: T201
-    assert fuzz.requests > 10_000
+    assert fuzz.requests > (10_000 if FULL_FUZZ else 2_000)
     assert not fuzz.failures, "\n".join(fuzz.failures[:60])
