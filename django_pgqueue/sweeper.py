@@ -20,7 +20,8 @@ from .databases import backend_database
 from .exceptions import NotMigrated
 from .manager import SweepResult
 from .models import Job
-from .worker.connections import backoff_delay, close_connection, first_line
+from .worker.connections import close_connection, first_line
+from .worker.retry import Retry
 
 logger = logging.getLogger(__name__)
 
@@ -75,23 +76,23 @@ class Sweeper:
     def run_forever(self) -> None:
         """Sweep every ``interval`` seconds until stopped; database errors are logged
         and retried with backoff, except ``NotMigrated``, which is raised."""
-        failures = 0
+        retry = Retry(self.alias, stop=self._stop)
         while not self._stop.is_set():
             close_old_connections()
             try:
                 self.run_once()
-                failures = 0
-                delay = self.interval
+                retry.succeeded()
             except DatabaseError as exc:
                 if isinstance(exc, NotMigrated):
                     raise  # no retry cures a missing table
-                failures += 1
-                delay = backoff_delay(failures)
                 logger.warning(
                     "sweep failed (%s); retrying in %.1fs",
                     first_line(exc),
-                    delay,
+                    retry.failed(),
                     extra={"action": "db_error"},
                 )
                 close_connection(self.alias)
-            self._stop.wait(delay)
+            if retry.failures:
+                retry.wait()
+            else:
+                self._stop.wait(self.interval)

@@ -17,7 +17,8 @@ from django.db import DatabaseError
 from ..conf import settings
 from ..models import Job
 from . import presence
-from .connections import backoff_delay, bounded, close_connection, first_line
+from .connections import bounded, close_connection, first_line
+from .retry import Retry
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -41,13 +42,13 @@ class Heartbeat(WorkerPart):
     def run(self) -> None:
         """The thread's body: beat, and back off while beats fail."""
         interval = max(0.05, self.lease_seconds / 3)
-        failures = 0
+        retry = Retry(self.alias, stop=self.done)
         try:
-            while not self.done.wait(interval if not failures else backoff_delay(failures)):
+            while retry.wait() if retry.failures else not self.done.wait(interval):
                 try:
                     self.beat()
                 except Exception as exc:  # noqa: BLE001 - a database error or a bug
-                    failures += 1
+                    retry.failed()
                     logger.warning(
                         "worker %s: heartbeat failed (%s); not claiming until it recovers",
                         self.worker_id,
@@ -57,7 +58,7 @@ class Heartbeat(WorkerPart):
                     )
                     close_connection(self.alias)
                 else:
-                    failures = 0
+                    retry.succeeded()
         finally:
             close_connection(self.alias)
 

@@ -18,7 +18,8 @@ from psycopg import sql as pgsql
 
 from .. import sql
 from ..conf import settings
-from .connections import backoff_delay, first_line
+from .connections import first_line
+from .retry import Retry
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class Listener(WorkerPart):
     def run(self) -> None:
         """The thread's body: (re)connect, LISTEN, relay notifications, ping when idle."""
         params = self.params
-        failures = 0
+        retry = Retry(stop=self.done, params=params)
         while not self.done.is_set():
             try:
                 with psycopg.connect(
@@ -52,7 +53,7 @@ class Listener(WorkerPart):
                             channel=pgsql.Identifier(settings.NOTIFY_CHANNEL)
                         )
                     )
-                    failures = 0
+                    retry.succeeded()
                     self.wakeup.set()  # poll at once: a NOTIFY may have been missed
                     checked = time.monotonic()
                     while not self.done.is_set():
@@ -66,11 +67,11 @@ class Listener(WorkerPart):
                             conn.execute(sql.SESSION_PING)
                             checked = time.monotonic()
             except psycopg.Error as exc:
-                failures += 1
+                retry.failed()
                 logger.warning(
                     "worker %s: LISTEN connection lost (%s); polling until it is back",
                     self.worker_id,
                     first_line(exc),
                     extra={"action": "listen", "worker_id": self.worker_id},
                 )
-                self.done.wait(backoff_delay(failures))
+                retry.wait()
