@@ -85,10 +85,11 @@ class Sweeper:
             except DatabaseError as exc:
                 if isinstance(exc, NotMigrated):
                     raise  # no retry cures a missing table
+                delay = retry.failed()
                 logger.warning(
                     "sweep failed (%s); retrying in %.1fs",
                     first_line(exc),
-                    retry.failed(),
+                    delay,
                     extra={"action": "db_error"},
                 )
                 close_connection(self.alias)

@@ -161,11 +161,16 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_process__burst_gives_up_on_an_unreachable_database(manage):
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_process__burst_gives_up_on_an_unreachable_database(manage, processes):
     url = f"postgres://postgres@127.0.0.1:{closed_port()}/pgqueue_nowhere"
     began = time.monotonic()
     worker = manage(
-        *WORKER, "--burst", env={"DATABASE_URL": url, "PGQUEUE_BURST_CONNECT_TIMEOUT": "3"}
+        *WORKER,
+        "--burst",
+        "--processes",
+        processes,
+        env={"DATABASE_URL": url, "PGQUEUE_BURST_CONNECT_TIMEOUT": "3"},
     )
     assert worker.wait(timeout=60) == 3, worker.output()
     assert time.monotonic() - began < 30
@@ -174,3 +179,21 @@ def test_process__burst_gives_up_on_an_unreachable_database(manage):
     assert "'default' (pgqueue_nowhere on 127.0.0.1:" in output
     assert "giving up (--burst: PGQUEUE_BURST_CONNECT_TIMEOUT)" in output
     assert "Traceback" not in output
+
+
+def test_process__sigterm_while_the_start_up_checks_wait_exits_0(manage):
+    """A worker whose start-up is held up (its first connection, the server check,
+    waits on a server that accepted the socket but says nothing) gets SIGTERM there:
+    once the check fails and the worker starts, it stops at once and exits 0."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"postgres://postgres@127.0.0.1:{silent.getsockname()[1]}/pgqueue_nowhere"
+        worker = manage(*WORKER, env={"DATABASE_URL": url})
+        silent.settimeout(60)
+        held, _ = silent.accept()  # the worker is in its start-up checks now
+        worker.signal(signal.SIGTERM)
+        time.sleep(0.2)  # let the signal land while the check still waits
+    held.close()  # the check fails; the rest of the start-up finds the port closed
+    assert worker.wait(timeout=30) == 0, worker.output()
+    assert "SIGTERM received" in worker.output()

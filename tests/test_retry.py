@@ -27,6 +27,9 @@ def test_socket_targets__tcp_hosts_unix_directories_and_port_lists():
     ]
     assert socket_targets({"host": "db"}) == [(socket.AF_UNSPEC, ("db", 5432))]
     assert socket_targets({"host": ""}) == []  # libpq's default socket: not probed
+    assert socket_targets({"conninfo": "postgresql://u@db2:6543/x"}) == [
+        (socket.AF_UNSPEC, ("db2", 6543))
+    ]
 
 
 def test_server_reachable__none_without_targets():

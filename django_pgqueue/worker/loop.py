@@ -336,7 +336,7 @@ class Worker:
                 if retry.expired():
                     self.fatal = (
                         f"database {describe_database(self.alias)} still failing after "
-                        f"{retry.elapsed():.0f}s of retries ({first_line(exc)}); giving up "
+                        f"{retry.deadline:g}s of retries ({first_line(exc)}); giving up "
                         "(--burst: PGQUEUE_BURST_CONNECT_TIMEOUT)"
                     )
                     logger.error(

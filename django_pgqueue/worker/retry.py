@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from django.db import connections
+from psycopg.conninfo import conninfo_to_dict
 
 from .connections import backoff_delay
 
@@ -36,7 +37,10 @@ PROBE_TIMEOUT = 1.0
 def socket_targets(params: dict[str, Any]) -> list[tuple[int, Any]]:
     """Where libpq would connect, from connection parameters (``host``, ``hostaddr``,
     ``port``): (address family, address) pairs; empty when that cannot be told (no host
-    given: libpq's compiled-in default socket directory)."""
+    given: libpq's compiled-in default socket directory). A ``conninfo`` string (a DSN)
+    among them is read too."""
+    if params.get("conninfo"):
+        params = {**conninfo_to_dict(str(params["conninfo"])), **params}
     hosts = str(params.get("hostaddr") or params.get("host") or "")
     if not hosts:
         return []
@@ -126,10 +130,6 @@ class Retry:
             and self._first_failure is not None
             and time.monotonic() - self._first_failure >= self.deadline
         )
-
-    def elapsed(self) -> float:
-        """Seconds since the first failure of the current run of failures."""
-        return 0.0 if self._first_failure is None else time.monotonic() - self._first_failure
 
     def wait(self) -> bool:
         """Wait before the next attempt: the delay :meth:`failed` returned, less if the

@@ -15,7 +15,9 @@ and looks after them:
 * a child that dies (killed, crashed, or stopped on a fatal error) is logged and
   started again, after a backoff that grows while children keep dying young;
 * a child that exits 0 on its own (``--burst`` ran out of work, ``--max-jobs`` reached)
-  is done and not restarted; the supervisor exits when every child is done.
+  is done and not restarted; the supervisor exits when every child is done. With
+  ``--burst`` a child that gave up (exit 3: a database that stayed unreachable) is not
+  restarted either, and the supervisor then exits 3: a burst run ends.
 
 Children run in a process group of their own, so a terminal's Ctrl-C reaches only the
 supervisor (which forwards it once) and not every process twice. A child never
@@ -134,6 +136,7 @@ class Supervisor:
         run_child: Callable[[int, ParentLink], int],
         healthy_seconds: float = HEALTHY_SECONDS,
         stop_seconds: float | None = None,
+        burst: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, not {processes!r}")
@@ -144,6 +147,8 @@ class Supervisor:
             settings.SUPERVISOR_STOP_SECONDS if stop_seconds is None else stop_seconds
         )
         self.slots = [Slot(index=i) for i in range(1, processes + 1)]
+        self.burst = burst
+        self._gave_up = False  # (burst) a child exited FATAL: not restarted
         self._signals: list[int] = []
         self._died_while_stopping = False  # a child exited non-zero during the drain
         self._wake_r, self._wake_w = -1, -1
@@ -224,6 +229,8 @@ class Supervisor:
             code = ExitCode.ABORTED
         elif stopping and self._died_while_stopping:
             code = ExitCode.UNCLEAN
+        elif self._gave_up:
+            code = ExitCode.FATAL
         else:
             code = ExitCode.OK
         logger.info(
@@ -270,6 +277,16 @@ class Supervisor:
                 slot.finished = True
                 logger.info(
                     "worker process %d (pid %d) finished its work",
+                    slot.index,
+                    pid,
+                    extra={"action": "child_exit"},
+                )
+                continue
+            if code == ExitCode.FATAL and self.burst and not stopping:
+                slot.finished = True
+                self._gave_up = True
+                logger.warning(
+                    "worker process %d (pid %d) gave up (exit code 3); not restarted (--burst)",
                     slot.index,
                     pid,
                     extra={"action": "child_exit"},

@@ -184,6 +184,7 @@ class Command(PgQueueCommand):
                 processes=processes,
                 run_child=lambda index, parent: run_worker_process(worker_options, index, parent),
                 stop_seconds=stop_seconds,
+                burst=burst,
             )
             code = supervisor.run()
         if code:
