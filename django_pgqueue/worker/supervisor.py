@@ -362,9 +362,10 @@ class Supervisor:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
+        seen = len(self._signals)  # those are forwarded to the child, not inherited
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child (the tests see it from outside)
-            os._exit(self._child(slot.index, parent))
+            os._exit(self._child(slot.index, parent, seen))
         slot.pid = pid
         slot.started = time.monotonic()
         logger.info(
@@ -374,7 +375,7 @@ class Supervisor:
             extra={"action": "child_start"},
         )
 
-    def _child(self, index: int, parent: int) -> int:  # pragma: no cover - in the child
+    def _child(self, index: int, parent: int, seen: int) -> int:  # pragma: no cover
         code = int(ExitCode.FATAL)
         try:
             # First: while this child holds the write end, the supervisor's death
@@ -382,7 +383,7 @@ class Supervisor:
             os.close(self._alive_w)
             # Stop signals from now on (and any the supervisor's handler took in this
             # process since the fork) are remembered, not fatal, until on_stop.
-            defer_stop(already=self._signals)
+            defer_stop(already=self._signals[seen:])
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor only
             signal.set_wakeup_fd(-1)
