@@ -6,7 +6,16 @@ Use it as the backend of Django's Tasks framework::
     TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
 """
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
+
+from . import signals
+
+# ``manage.py pgqueue_worker`` (Django takes the command from argv[1]): from here on,
+# while Django sets up and the command starts, a stop signal is remembered and the
+# worker stops cleanly once its handlers are in, instead of dying of the signal.
+if sys.argv[1:2] == ["pgqueue_worker"]:  # pragma: no cover - a worker's start-up
+    signals.defer_stop()
 
 from .bulk import BulkResult, enqueue_many
 from .exceptions import InvalidJob, LeaseLost, PgQueueError

@@ -68,6 +68,16 @@ class Settings:
     """After the first SIGTERM, how long running tasks may take before the worker
     gives up on them (None: wait for them)."""
 
+    SUPERVISOR_STOP_SECONDS: float = 300.0
+    """After the first SIGTERM, how long a ``--processes`` supervisor waits for its
+    worker processes to exit before it SIGKILLs those still running (their jobs come
+    back at lease expiry); also how long a worker process whose supervisor died may
+    drain on its own. Keep it above ``SHUTDOWN_GRACE_SECONDS``."""
+
+    BURST_CONNECT_TIMEOUT: float = 60.0
+    """How long a ``--burst`` worker retries through database errors (an unreachable
+    server) before it gives up and exits with code 3, naming the database."""
+
     COMPLETION_FLUSH_INTERVAL: float = 0.01
     """Longest wait, in seconds, between a job's success and the batched write that
     records it (jobs stay leased meanwhile), while other jobs of the worker are running

@@ -90,6 +90,8 @@ BATCH_SIZE = Bounds(1, 10_000, integer=True)
 #: Below 10 ms polling is a busy loop; NOTIFY wakes a worker sooner anyway.
 POLL_INTERVAL = Bounds(0.01, 3600, unit="seconds")
 GRACE_SECONDS = Bounds(0, DAY, unit="seconds")
+#: A supervisor's wait for its children at shutdown; at least a second to drain at all.
+STOP_SECONDS = Bounds(1, DAY, unit="seconds")
 MAX_JOBS = Bounds(1, 1_000_000_000, integer=True)
 SWEEP_INTERVAL = Bounds(0.1, DAY, unit="seconds")
 
@@ -116,6 +118,8 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "MAX_PAYLOAD_BYTES": (Bounds(1, 100_000_000, integer=True), False, "pgqueue.E018"),
     "JOB_TIMEOUT_SECONDS": (Bounds(0.1, 30 * DAY, unit="seconds"), True, "pgqueue.E019"),
     "SHUTDOWN_GRACE_SECONDS": (GRACE_SECONDS, True, "pgqueue.E020"),
+    "SUPERVISOR_STOP_SECONDS": (STOP_SECONDS, False, "pgqueue.E026"),
+    "BURST_CONNECT_TIMEOUT": (Bounds(0, DAY, unit="seconds"), False, "pgqueue.E027"),
     "COMPLETION_FLUSH_INTERVAL": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E021"),
     "COMPLETION_BATCH_SIZE": (Bounds(1, 10_000, integer=True), False, "pgqueue.E022"),
     # 0: every claim from the head of the claim index (as before claims resumed).

@@ -1,8 +1,15 @@
 """Two-signal shutdown for long-running commands (worker, sweeper).
 
-The first SIGTERM or SIGINT asks the process to stop gracefully; the second aborts at
-once by raising :class:`Abort` in the main thread. Handlers are installed only on the
-main thread and the previous ones are restored on exit.
+The first SIGTERM, SIGINT or SIGHUP asks the process to stop gracefully; the second
+aborts at once by raising :class:`Abort` in the main thread. Handlers are installed
+only on the main thread and the previous ones are restored on exit. SIGHUP is a stop
+signal (a closed terminal means nobody watches the process any more) unless it is
+ignored when the handlers are installed (``nohup``): then it stays ignored.
+
+A process takes a while to start (Django's set-up, the start-up checks) before
+:func:`on_stop` can be installed; :func:`defer_stop` covers that time: a stop signal
+then is remembered, and :func:`on_stop` acts on it as soon as it takes over, so an
+early SIGTERM still means a clean stop rather than death by the signal.
 """
 
 from __future__ import annotations
@@ -13,10 +20,51 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+#: Stop signals received under :func:`defer_stop`, not yet acted on.
+_deferred: list[int] = []
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The stop signals to handle now: SIGHUP only if it is not ignored (``nohup``)."""
+    return tuple(
+        sig
+        for sig in STOP_SIGNALS
+        if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN
+    )
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    _deferred.append(signum)
+
+
+def defer_stop(already: list[int] | None = None) -> dict[int, Any]:
+    """Until :func:`on_stop` (or a supervisor) takes over, remember stop signals rather
+    than die of them; ``already`` are signals received before this call. Returns the
+    previous handlers (for :func:`restore`). Main thread only (else a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {sig: signal.signal(sig, _remember) for sig in stop_signals()}
+    _deferred.extend(already or ())
+    return previous
+
+
+def take_deferred() -> list[int]:
+    """The stop signals :func:`defer_stop` remembered, oldest first; forgets them."""
+    taken = list(_deferred)
+    del _deferred[: len(taken)]
+    return taken
+
+
+def restore(previous: dict[int, Any]) -> None:
+    """Put back the handlers :func:`defer_stop` replaced."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 class Abort(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error
@@ -27,7 +75,8 @@ class Abort(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error
 def on_stop(
     stop: Callable[[], None], *, finishing: str = "finishing current jobs"
 ) -> Iterator[None]:
-    """Call ``stop()`` on the first SIGTERM/SIGINT; raise ``Abort`` on the second.
+    """Call ``stop()`` on the first stop signal; raise ``Abort`` on the second. Signals
+    remembered by :func:`defer_stop` count, in order, as soon as this takes over.
     ``finishing`` says in the log what the process does before it exits."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -49,9 +98,10 @@ def on_stop(
             logger.warning("%s received again: aborting now", name, extra={"action": "abort"})
             raise Abort(name)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, handler) for sig in stop_signals()}
     try:
+        for signum in take_deferred():
+            handler(signum, None)
         yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        restore(previous)

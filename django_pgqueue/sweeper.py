@@ -21,7 +21,7 @@ from . import db, periodic, sql
 from .conf import settings
 from .databases import backend_database, default_database
 from .exceptions import NotMigrated, first_line
-from .reconnect import backoff_delay, close_connection
+from .reconnect import Retry, close_connection
 from .states import Status
 
 logger = logging.getLogger(__name__)
@@ -206,18 +206,16 @@ class Sweeper:
     def run_forever(self) -> None:
         """Sweep every ``interval`` seconds until stopped; database errors are logged
         and retried with backoff, except ``NotMigrated``, which is raised."""
-        failures = 0
+        retry = Retry(self.alias, stop=self._stop)
         while not self._stop.is_set():
             close_old_connections()
             try:
                 self.run_once()
-                failures = 0
-                delay = self.interval
+                retry.succeeded()
             except DatabaseError as exc:
                 if isinstance(exc, NotMigrated):
                     raise  # no retry cures a missing table
-                failures += 1
-                delay = backoff_delay(failures)
+                delay = retry.failed()
                 logger.warning(
                     "sweep failed (%s); retrying in %.1fs",
                     first_line(exc),
@@ -225,4 +223,7 @@ class Sweeper:
                     extra={"action": "db_error"},
                 )
                 close_connection(self.alias)
-            self._stop.wait(delay)
+            if retry.failures:
+                retry.wait()
+            else:
+                self._stop.wait(self.interval)

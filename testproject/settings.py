@@ -77,6 +77,7 @@ PGQUEUE_COMPLETION_FLUSH_INTERVAL = env.float("PGQUEUE_COMPLETION_FLUSH_INTERVAL
 # Periodic entries as JSON (the tests start sweepers with their own).
 PGQUEUE_PERIODIC = env.json("PGQUEUE_PERIODIC", default=None)
 PGQUEUE_CLAIM_RESCAN_SECONDS = env.float("PGQUEUE_CLAIM_RESCAN_SECONDS", default=5.0)
+PGQUEUE_BURST_CONNECT_TIMEOUT = env.float("PGQUEUE_BURST_CONNECT_TIMEOUT", default=60.0)
 
 # PGQUEUE_LISTEN_DATABASE: a DSN of a direct connection for the worker's LISTEN, as a
 # deployment behind PgBouncer sets it ("none": poll only).

@@ -124,3 +124,30 @@ def test_worker__database_down_at_start_retries_quietly(
     for proc in (worker, sweeper):
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0
+
+
+CLAIM_CONNECTION = """
+SELECT extract(epoch FROM backend_start - pg_postmaster_start_time())
+FROM pg_stat_activity WHERE application_name = 'pgqueue claim comeback'
+"""
+
+
+def test_worker__claims_within_2s_of_the_server_coming_back(
+    private_db: tuple[PrivateServer, str], manage: Callable[..., ManagedProcess]
+) -> None:
+    """Reliability III #10: after an outage long enough for the reconnect backoff to
+    grow past several seconds, the claim loop reconnects within about a probe interval
+    of the server's return, not at the end of its backoff."""
+    private, url = private_db
+    env = {"DATABASE_URL": url}
+    worker = manage("pgqueue_worker", "--poll-interval", "0.2", "--worker-id", "comeback", env=env)
+    wait_for(lambda: query(url, CLAIM_CONNECTION), timeout=30)
+    private.stop()
+    # Five failures in a row: the next retry would be about 8 s away.
+    wait_for(lambda: worker.output().count("database error while claiming") >= 5, timeout=60)
+    private.start()
+    # The claim connection's start, measured from the server's, both in database time.
+    ((seconds,),) = wait_for(lambda: query(url, CLAIM_CONNECTION), timeout=30)
+    assert float(seconds) < 2.0, worker.output()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0

@@ -4,6 +4,9 @@ SIGKILLed worker's job is recovered by the sweeper and finished by another worke
 from __future__ import annotations
 
 import signal
+import socket
+import time
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -117,3 +120,80 @@ def test_process__sweep_loop_exits_0_on_sigterm(job_factory, manage):
     wait_for(lambda: "sweep: recovered=1" in sweeper.output(), timeout=10)
     sweeper.signal(signal.SIGTERM)
     assert sweeper.wait(timeout=10) == 0, sweeper.output()
+
+
+# --- Reliability III: early signals, SIGHUP, a burst run against a dead database ----------
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has a handler for SIGTERM (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))[7:], 16)
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.3, 0.5])
+def test_process__sigterm_during_start_up_exits_0(manage, delay):
+    worker = manage(*WORKER)
+    # From django_pgqueue's import on (while Django sets up, before the worker runs): a
+    # signal before that, while Python imports Django, is out of the package's reach.
+    wait_for(lambda: catches_sigterm(worker.pid), timeout=30, interval=0.001)
+    time.sleep(delay)  # the moment to signal, not a wait for a condition
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.output()
+
+
+def test_process__sighup_lets_the_running_job_finish_then_exits_0(job_factory, manage, tmp_path):
+    marker = tmp_path / "started"
+    slow = job_factory(task=sleep_after_marking, args=[str(marker), 1.5])
+    worker = manage(*WORKER)
+    wait_for(marker.exists, timeout=20)
+    worker.signal(signal.SIGHUP)
+    assert worker.wait(timeout=20) == 0, worker.output()
+    assert (fresh(slow).status, fresh(slow).result) == ("done", 1.5)
+    assert "SIGHUP received" in worker.output()
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_process__burst_gives_up_on_an_unreachable_database(manage, processes):
+    url = f"postgres://postgres@127.0.0.1:{closed_port()}/pgqueue_nowhere"
+    began = time.monotonic()
+    worker = manage(
+        *WORKER,
+        "--burst",
+        "--processes",
+        processes,
+        env={"DATABASE_URL": url, "PGQUEUE_BURST_CONNECT_TIMEOUT": "3"},
+    )
+    assert worker.wait(timeout=60) == 3, worker.output()
+    assert time.monotonic() - began < 30
+    output = worker.output()
+    assert "still failing after 3s of retries" in output, output
+    assert "'default' (pgqueue_nowhere on 127.0.0.1:" in output
+    assert "giving up (--burst: PGQUEUE_BURST_CONNECT_TIMEOUT)" in output
+    assert "Traceback" not in output
+
+
+def test_process__sigterm_while_the_start_up_checks_wait_exits_0(manage):
+    """A worker whose start-up is held up (its first connection, the server check,
+    waits on a server that accepted the socket but says nothing) gets SIGTERM there:
+    once the check fails and the worker starts, it stops at once and exits 0."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"postgres://postgres@127.0.0.1:{silent.getsockname()[1]}/pgqueue_nowhere"
+        worker = manage(*WORKER, env={"DATABASE_URL": url})
+        silent.settimeout(60)
+        held, _ = silent.accept()  # the worker is in its start-up checks now
+        worker.signal(signal.SIGTERM)
+        time.sleep(0.2)  # let the signal land while the check still waits
+    held.close()  # the check fails; the rest of the start-up finds the port closed
+    assert worker.wait(timeout=30) == 0, worker.output()
+    assert "SIGTERM received" in worker.output()

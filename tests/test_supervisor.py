@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from django_pgqueue.models import Job
 from django_pgqueue.worker.supervisor import ExitCode, describe_exit
@@ -138,3 +140,105 @@ def test_supervisor__burst_children_finish_and_it_exits_0(job_factory, manage):
 def test_describe_exit__names_the_signal_or_the_code():
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(3) == "exit code 3"
+
+
+# --- Reliability III: a worker never outlives its supervisor; shutdown is bounded -------
+
+
+def marked_processes(mark: str) -> set[int]:
+    """Pids of live processes started with ``PGQUEUE_TEST_MARK=<mark>`` in their
+    environment: the supervisor and every child it forked, logged or not."""
+    found = set()
+    needle = f"PGQUEUE_TEST_MARK={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and alive(int(entry.name)):
+            found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("moment", ["right-after-fork", "children-started", "job-running"])
+def test_supervisor__sigkilled_supervisor_leaves_no_worker_behind(
+    job_factory, manage, tmp_path, moment
+):
+    marker = tmp_path / "started"
+    slow = job_factory(task=sleep_after_marking, args=[str(marker), 30], priority=10)
+    quick = [job_factory(args=[n, 1]) for n in range(10)]
+    mark = f"{os.getpid()}-{moment}"
+    sup = manage(
+        *WORKER, "--processes", "2", "--stop-seconds", "3", env={"PGQUEUE_TEST_MARK": mark}
+    )
+    try:
+        if moment == "right-after-fork":
+            wait_for(lambda: STARTED.search(sup.output()), timeout=30, interval=0.001)
+        elif moment == "children-started":
+            wait_for(lambda: len(claim_connections()) == 2, timeout=30)
+        else:
+            wait_for(marker.exists, timeout=30)
+        sup.signal(signal.SIGKILL)
+        assert sup.wait() == -signal.SIGKILL
+        # Every child exits on its own: at once if idle, within --stop-seconds if busy.
+        wait_for(lambda: not marked_processes(mark), timeout=20)
+    finally:
+        for pid in marked_processes(mark):
+            os.kill(pid, signal.SIGKILL)
+    # No job is lost: whatever a child left running comes back through the sweeper.
+    wait_for(lambda: not Job.objects.filter(status="running", lease_expires_at__gt=Now()).exists())
+    sweep = manage("pgqueue_sweep")
+    assert sweep.wait() == 0, sweep.output()
+    assert not Job.objects.filter(status="running").exists()
+    assert {fresh(j).status for j in quick} <= {"done", "pending"}
+    assert fresh(slow).status == "pending"  # never finished; never lost
+
+
+def test_supervisor__stopped_child_does_not_block_the_shutdown(manage):
+    sup = manage(*WORKER, "--processes", "2")
+    wait_for(lambda: len(claim_connections()) == 2, timeout=30)
+    stuck = children(sup)[1]
+    os.kill(stuck, signal.SIGSTOP)
+    sup.signal(signal.SIGTERM)
+    # The supervisor sends SIGCONT with the SIGTERM: the child wakes, drains, exits.
+    assert sup.wait(timeout=20) == ExitCode.OK, sup.output()
+    assert not alive(stuck)
+
+
+def test_supervisor__child_still_running_past_stop_seconds_is_killed(
+    job_factory, manage, tmp_path
+):
+    marker = tmp_path / "started"
+    slow = job_factory(task=sleep_after_marking, args=[str(marker), 60])
+    sup = manage(*WORKER, "--processes", "2", "--stop-seconds", "2")
+    wait_for(marker.exists, timeout=30)
+    pids = children(sup)
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(timeout=15) == ExitCode.UNCLEAN, sup.output()
+    assert "1 worker process(es) still running 2s after the stop signal: killing" in sup.output()
+    assert "stopped (killed by SIGKILL)" in sup.output()
+    assert not any(alive(pid) for pid in pids.values())
+    assert fresh(slow).status == "running"  # its lease expires; the sweeper recovers it
+
+
+def test_supervisor__sighup_drains_like_sigterm(job_factory, manage, tmp_path):
+    marker = tmp_path / "started"
+    running = job_factory(task=sleep_after_marking, args=[str(marker), 1.5])
+    sup = manage(*WORKER, "--processes", "2")
+    wait_for(marker.exists, timeout=30)
+    sup.signal(signal.SIGHUP)
+    assert sup.wait(timeout=30) == ExitCode.OK, sup.output()
+    assert "SIGHUP received: stopping 2 worker processes" in sup.output()
+    assert (fresh(running).status, fresh(running).result) == ("done", 1.5)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
+def test_supervisor__sigterm_just_after_a_fork_exits_0(manage, delay):
+    sup = manage(*WORKER, "--processes", "2")
+    wait_for(lambda: STARTED.search(sup.output()), timeout=30, interval=0.001)
+    time.sleep(delay)  # the moment to signal, not a wait for a condition
+    sup.signal(signal.SIGTERM)
+    assert sup.wait(timeout=30) == ExitCode.OK, sup.output()
+    assert "killed by SIGTERM" not in sup.output()

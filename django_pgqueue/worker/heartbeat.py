@@ -17,7 +17,7 @@ from django.db import DatabaseError
 from ..conf import settings
 from ..exceptions import first_line
 from ..models import Job
-from ..reconnect import backoff_delay, close_connection
+from ..reconnect import Retry, close_connection
 from . import presence
 from .connections import bounded
 from .state import WorkerPart, WorkerState
@@ -43,13 +43,13 @@ class Heartbeat(WorkerPart):
     def run(self) -> None:
         """The thread's body: beat, and back off while beats fail."""
         interval = max(0.05, self.lease_seconds / 3)
-        failures = 0
+        retry = Retry(self.alias, stop=self.done)
         try:
-            while not self.done.wait(interval if not failures else backoff_delay(failures)):
+            while retry.wait() if retry.failures else not self.done.wait(interval):
                 try:
                     self.beat()
                 except Exception as exc:  # noqa: BLE001 - a database error or a bug
-                    failures += 1
+                    retry.failed()
                     logger.warning(
                         "worker %s: heartbeat failed (%s); not claiming until it recovers",
                         self.worker_id,
@@ -59,7 +59,7 @@ class Heartbeat(WorkerPart):
                     )
                     close_connection(self.alias)
                 else:
-                    failures = 0
+                    retry.succeeded()
         finally:
             close_connection(self.alias)
 

@@ -19,7 +19,7 @@ from psycopg import sql as pgsql
 from .. import sql
 from ..conf import settings
 from ..exceptions import first_line
-from ..reconnect import backoff_delay
+from ..reconnect import Retry
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class Listener(WorkerPart):
     def run(self) -> None:
         """The thread's body: (re)connect, LISTEN, relay notifications, ping when idle."""
         params = self.params
-        failures = 0
+        retry = Retry(stop=self.done, params=params)
         while not self.done.is_set():
             try:
                 with psycopg.connect(
@@ -53,7 +53,7 @@ class Listener(WorkerPart):
                             channel=pgsql.Identifier(settings.NOTIFY_CHANNEL)
                         )
                     )
-                    failures = 0
+                    retry.succeeded()
                     self.wakeup.set()  # poll at once: a NOTIFY may have been missed
                     checked = time.monotonic()
                     while not self.done.is_set():
@@ -67,11 +67,11 @@ class Listener(WorkerPart):
                             conn.execute(sql.SESSION_PING)
                             checked = time.monotonic()
             except psycopg.Error as exc:
-                failures += 1
+                retry.failed()
                 logger.warning(
                     "worker %s: LISTEN connection lost (%s); polling until it is back",
                     self.worker_id,
                     first_line(exc),
                     extra={"action": "listen", "worker_id": self.worker_id},
                 )
-                self.done.wait(backoff_delay(failures))
+                retry.wait()

@@ -34,14 +34,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from .. import sweeper
 from ..conf import settings
 from ..databases import backend_database, listen_target
 from ..exceptions import NotMigrated, first_line
 from ..models import Job
-from ..reconnect import backoff_delay, close_connection
+from ..reconnect import Retry, close_connection
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
 from .completer import Completer
@@ -54,6 +54,14 @@ from .runner import JobRunner
 from .state import WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
+
+
+def describe_database(alias: str) -> str:
+    """``'default' (name on host:port)``: which database a log line is about."""
+    params = connections[alias].settings_dict
+    host = params.get("HOST") or (params.get("OPTIONS") or {}).get("host") or "local socket"
+    port = params.get("PORT") or (params.get("OPTIONS") or {}).get("port") or ""
+    return f"{alias!r} ({params.get('NAME')} on {host}{':' if port else ''}{port})"
 
 
 def default_worker_id() -> str:
@@ -255,7 +263,12 @@ class Worker:
         return False
 
     def _claim_loop(self) -> None:
-        failures = 0
+        # A burst run ends: through database errors it retries for a bounded time only.
+        retry = Retry(
+            self.alias,
+            stop=self._stopping,
+            deadline=float(settings.BURST_CONNECT_TIMEOUT) if self.burst else None,
+        )
         last_promote = 0.0
         # Waking on freed slots only matters while claiming could go on; a burst or
         # max_jobs worker also needs to see its last job end (then it exits).
@@ -315,8 +328,21 @@ class Worker:
                         extra={"action": "fatal", "worker_id": self.worker_id},
                     )
                     break
-                failures += 1
-                delay = backoff_delay(failures)
+                delay = retry.failed()
+                close_connection(self.alias)
+                if retry.expired():
+                    self.fatal = (
+                        f"database {describe_database(self.alias)} still failing after "
+                        f"{retry.deadline:g}s of retries ({first_line(exc)}); giving up "
+                        "(--burst: PGQUEUE_BURST_CONNECT_TIMEOUT)"
+                    )
+                    logger.error(
+                        "worker %s: %s",
+                        self.worker_id,
+                        self.fatal,
+                        extra={"action": "fatal", "worker_id": self.worker_id},
+                    )
+                    break
                 logger.warning(
                     "worker %s: database error while claiming (%s); retrying in %.1fs",
                     self.worker_id,
@@ -324,10 +350,9 @@ class Worker:
                     delay,
                     extra={"action": "db_error", "worker_id": self.worker_id},
                 )
-                close_connection(self.alias)
-                self._stopping.wait(delay)
+                retry.wait()
                 continue
-            failures = 0
+            retry.succeeded()
             for job in jobs:
                 self._state.hold(job)
                 self._jobs.put(job)

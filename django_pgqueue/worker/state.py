@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +20,7 @@ from django.db import DatabaseError
 
 from ..exceptions import first_line
 from ..models import Job
-from ..reconnect import backoff_delay, close_connection
+from ..reconnect import Retry, close_connection
 from ..tasks import CancelFlag
 
 logger = logging.getLogger(__name__)
@@ -172,16 +171,15 @@ class WorkerPart:
         for about one lease, or until the worker's threads are told to end. Return
         (True, what ``write`` returned), or (False, None) after giving up: the jobs'
         leases then expire and the sweeper recovers them (never recorded unfenced)."""
-        deadline = time.monotonic() + self.lease_seconds
-        failures = 0
+        retry = Retry(self.alias, stop=self.done, deadline=self.lease_seconds)
         extra = {"action": outcome, "worker_id": self.worker_id}
         while True:
             try:
                 return True, write()
             except DatabaseError as exc:
-                failures += 1
+                delay = retry.failed()
                 close_connection(self.alias)
-                if time.monotonic() > deadline or self.done.is_set():
+                if retry.expired() or self.done.is_set():
                     for job in jobs:
                         logger.error(
                             "job %s: could not record %s (%s); its lease will expire",
@@ -191,7 +189,6 @@ class WorkerPart:
                             extra={**extra, "job_id": job.id},
                         )
                     return False, None
-                delay = backoff_delay(failures)
                 for job in jobs:
                     logger.warning(
                         "job %s: could not record %s (%s); retrying in %.1fs",
@@ -202,7 +199,7 @@ class WorkerPart:
                         extra={**extra, "job_id": job.id},
                     )
                 # Wakes early at shutdown's end, so a give-up is not held up by a sleep.
-                self.done.wait(delay)
+                retry.wait()
 
     def report_lost(self, job: Job, outcome: str) -> None:
         """Count and log an outcome the fence refused: the lease was taken back."""

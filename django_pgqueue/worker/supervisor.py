@@ -5,19 +5,26 @@ core however high its ``--concurrency``. The supervisor forks N children, each a
 :class:`~django_pgqueue.worker.Worker` with its own connections and its own worker id,
 and looks after them:
 
-* the first SIGTERM or SIGINT is forwarded to every child: each stops claiming, lets
-  its running jobs finish (within its grace period), releases what it had not started,
-  and exits; the supervisor exits once all have;
-* a second SIGTERM or SIGINT is forwarded too (each child aborts at once), then the
+* the first SIGTERM, SIGINT or SIGHUP is forwarded to every child (with a SIGCONT, so
+  that a stopped child wakes to act on it): each stops claiming, lets its running jobs
+  finish (within its grace period), releases what it had not started, and exits; the
+  supervisor exits once all have, or SIGKILLs those still running after
+  ``stop_seconds`` (``PGQUEUE_SUPERVISOR_STOP_SECONDS``, ``--stop-seconds``) and exits 4;
+* a second stop signal is forwarded too (each child aborts at once), then the
   supervisor exits 1;
 * a child that dies (killed, crashed, or stopped on a fatal error) is logged and
   started again, after a backoff that grows while children keep dying young;
 * a child that exits 0 on its own (``--burst`` ran out of work, ``--max-jobs`` reached)
-  is done and not restarted; the supervisor exits when every child is done.
+  is done and not restarted; the supervisor exits when every child is done. With
+  ``--burst`` a child that gave up (exit 3: a database that stayed unreachable) is not
+  restarted either, and the supervisor then exits 3: a burst run ends.
 
 Children run in a process group of their own, so a terminal's Ctrl-C reaches only the
-supervisor (which forwards it once) and not every process twice; each child also stops
-by itself if the supervisor disappears (it checks its parent once a second).
+supervisor (which forwards it once) and not every process twice. A child never
+outlives its supervisor: it holds the read end of a pipe whose write end only the
+supervisor holds, so however the supervisor dies (even SIGKILLed the moment after a
+fork) the child reads end-of-file, stops as on a first SIGTERM, and exits within
+``stop_seconds`` whatever its jobs do (see :class:`ParentLink`).
 
 The supervisor holds no database connection and no thread: it forks with nothing open.
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import select
 import signal
@@ -38,8 +46,9 @@ from typing import Any
 
 from django.db import connections
 
+from ..conf import settings
 from ..reconnect import backoff_delay
-from ..signals import STOP_SIGNALS, Abort, on_stop
+from ..signals import Abort, defer_stop, on_stop, stop_signals, take_deferred
 from .loop import Worker
 
 logger = logging.getLogger(__name__)
@@ -61,10 +70,12 @@ class ExitCode(enum.IntEnum):
     #: and the sweeper.
     ABORTED = 1
     #: (One process) the worker stopped on its own on a fatal error, such as its
-    #: heartbeat thread dying; restart it. A supervisor restarts such a child itself.
+    #: heartbeat thread dying, or (``--burst``) a database that stayed unreachable;
+    #: restart it. A supervisor restarts such a child itself.
     FATAL = 3
     #: (Supervisor) stopped by a signal, but at least one child did not drain cleanly
-    #: (it died or aborted during the shutdown): its jobs go to lease expiry.
+    #: (it died, aborted, or was SIGKILLed past ``stop_seconds``): its jobs go to
+    #: lease expiry.
     UNCLEAN = 4
 
 
@@ -90,28 +101,59 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+@dataclass(frozen=True)
+class ParentLink:
+    """What a child knows of its supervisor: its pid, taken before the fork (never the
+    child's own ``getppid()``, which is already init's if the supervisor died first),
+    and the read end of a pipe whose write end only the supervisor holds: end-of-file
+    on it means the supervisor is gone, however it died. ``stop_seconds``: how long the
+    child may then drain on its own before it exits anyway."""
+
+    pid: int
+    fd: int
+    stop_seconds: float
+
+    def gone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s; True once the supervisor is gone."""
+        if os.getppid() != self.pid:
+            return True
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        # Nothing is ever written to the pipe: readable means end-of-file.
+        return bool(readable) and os.read(self.fd, 1) == b""
+
+
 class Supervisor:
-    """Runs ``processes`` children, each calling ``run_child(index)`` in a fork.
+    """Runs ``processes`` children, each calling ``run_child(index, parent)`` in a fork.
 
     ``run_child`` returns the child's exit code; it runs with the supervisor's signal
-    handling removed, so it installs its own (the worker's two-signal shutdown)."""
+    handling replaced by :func:`~django_pgqueue.signals.defer_stop` (a stop signal is
+    remembered until the child installs its own two-signal shutdown), and is handed
+    the :class:`ParentLink` to watch."""
 
     def __init__(
         self,
         *,
         processes: int,
-        run_child: Callable[[int], int],
+        run_child: Callable[[int, ParentLink], int],
         healthy_seconds: float = HEALTHY_SECONDS,
+        stop_seconds: float | None = None,
+        burst: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be at least 1, not {processes!r}")
         self.processes = processes
         self.run_child = run_child
         self.healthy_seconds = healthy_seconds
+        self.stop_seconds = float(
+            settings.SUPERVISOR_STOP_SECONDS if stop_seconds is None else stop_seconds
+        )
         self.slots = [Slot(index=i) for i in range(1, processes + 1)]
+        self.burst = burst
+        self._gave_up = False  # (burst) a child exited FATAL: not restarted
         self._signals: list[int] = []
         self._died_while_stopping = False  # a child exited non-zero during the drain
         self._wake_r, self._wake_w = -1, -1
+        self._alive_r, self._alive_w = -1, -1  # the ParentLink pipe
 
     # --- public ---------------------------------------------------------------------
 
@@ -126,20 +168,23 @@ class Supervisor:
         # Nothing of ours may be shared with the children.
         connections.close_all()
         self._wake_r, self._wake_w = os.pipe()
+        self._alive_r, self._alive_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         previous_fd = signal.set_wakeup_fd(self._wake_w)
         previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (*STOP_SIGNALS, signal.SIGCHLD)
+            sig: signal.signal(sig, self._on_signal) for sig in (*stop_signals(), signal.SIGCHLD)
         }
+        # Stop signals that came during start-up (the command's defer_stop) count now.
+        self._signals.extend(take_deferred())
         try:
             return self._supervise()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             signal.set_wakeup_fd(previous_fd)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            for fd in (self._wake_r, self._wake_w, self._alive_r, self._alive_w):
+                os.close(fd)
 
     # --- the loop -------------------------------------------------------------------
 
@@ -150,21 +195,32 @@ class Supervisor:
 
     def _supervise(self) -> ExitCode:
         for slot in self.slots:
-            self._start(slot)
+            if not self._signals:  # asked to stop already: start nothing
+                self._start(slot)
         stopping = 0  # stop signals seen so far
-        abort_deadline: float | None = None
+        kill_deadline = math.inf  # when children still running get SIGKILL
+        killed = False
         while True:
             self._reap(stopping=bool(stopping))
             while len(self._signals) > stopping:
                 signum = self._signals[stopping]
                 stopping += 1
                 self._forward(signum, first=stopping == 1)
-                if stopping == 2:
-                    abort_deadline = time.monotonic() + ABORT_SECONDS
+                wait = self.stop_seconds if stopping == 1 else ABORT_SECONDS
+                kill_deadline = min(kill_deadline, time.monotonic() + wait)
             alive = [s for s in self.slots if s.pid is not None]
             if not alive and (stopping or all(s.finished for s in self.slots)):
                 break
-            if abort_deadline is not None and time.monotonic() > abort_deadline:
+            if time.monotonic() > kill_deadline and not killed:
+                killed = True
+                if stopping == 1:
+                    logger.warning(
+                        "%d worker process(es) still running %.0fs after the stop signal: "
+                        "killing them (their jobs come back at lease expiry)",
+                        len(alive),
+                        self.stop_seconds,
+                        extra={"action": "abort"},
+                    )
                 for slot in alive:
                     self._kill(slot, signal.SIGKILL)
             if not stopping:
@@ -174,6 +230,8 @@ class Supervisor:
             code = ExitCode.ABORTED
         elif stopping and self._died_while_stopping:
             code = ExitCode.UNCLEAN
+        elif self._gave_up:
+            code = ExitCode.FATAL
         else:
             code = ExitCode.OK
         logger.info(
@@ -220,6 +278,16 @@ class Supervisor:
                 slot.finished = True
                 logger.info(
                     "worker process %d (pid %d) finished its work",
+                    slot.index,
+                    pid,
+                    extra={"action": "child_exit"},
+                )
+                continue
+            if code == ExitCode.FATAL and self.burst and not stopping:
+                slot.finished = True
+                self._gave_up = True
+                logger.warning(
+                    "worker process %d (pid %d) gave up (exit code 3); not restarted (--burst)",
                     slot.index,
                     pid,
                     extra={"action": "child_exit"},
@@ -278,6 +346,8 @@ class Supervisor:
             slot.restart_at = None  # nothing is started again once stopping
             if slot.pid is not None:
                 self._kill(slot, signal.SIGTERM)
+                # A stopped (SIGSTOPped) child would hold the signal pending for ever.
+                self._kill(slot, signal.SIGCONT)
 
     def _kill(self, slot: Slot, signum: int) -> None:
         if slot.pid is None:
@@ -292,9 +362,11 @@ class Supervisor:
     def _start(self, slot: Slot) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
+        seen = len(self._signals)  # those are forwarded to the child, not inherited
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child (the tests see it from outside)
-            os._exit(self._child(slot.index))
+            os._exit(self._child(slot.index, parent, seen))
         slot.pid = pid
         slot.started = time.monotonic()
         logger.info(
@@ -304,16 +376,22 @@ class Supervisor:
             extra={"action": "child_start"},
         )
 
-    def _child(self, index: int) -> int:  # pragma: no cover - runs in the child
+    def _child(self, index: int, parent: int, seen: int) -> int:  # pragma: no cover
         code = int(ExitCode.FATAL)
         try:
+            # First: while this child holds the write end, the supervisor's death
+            # would not show as end-of-file on the pipe.
+            os.close(self._alive_w)
+            # Stop signals from now on (and any the supervisor's handler took in this
+            # process since the fork) are remembered, not fatal, until on_stop.
+            defer_stop(already=self._signals[seen:])
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor only
             signal.set_wakeup_fd(-1)
             os.close(self._wake_r)
             os.close(self._wake_w)
-            for sig in (*STOP_SIGNALS, signal.SIGCHLD):
-                signal.signal(sig, signal.SIG_DFL)
-            code = self.run_child(index)
+            link = ParentLink(pid=parent, fd=self._alive_r, stop_seconds=self.stop_seconds)
+            code = self.run_child(index, link)
         except Abort:
             code = int(ExitCode.ABORTED)
         except BaseException:
@@ -324,34 +402,51 @@ class Supervisor:
         return code
 
 
-def watch_parent(stop: Callable[[], None], *, interval: float = 1.0) -> threading.Thread:
-    """Call ``stop()`` once if this process's parent goes away (it is re-parented)."""
-    parent = os.getppid()
+def watch_parent(stop: Callable[[], None], parent: ParentLink) -> threading.Thread:
+    """Call ``stop()`` once the supervisor is gone; if this process is still running
+    ``parent.stop_seconds`` later (nobody is left to SIGKILL it), exit it: its running
+    jobs then come back at lease expiry."""
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(interval)
+        while not parent.gone(1.0):
+            pass
         logger.warning(
-            "the supervisor (pid %d) is gone: stopping", parent, extra={"action": "stop"}
+            "the supervisor (pid %d) is gone: stopping (within %.0fs)",
+            parent.pid,
+            parent.stop_seconds,
+            extra={"action": "stop"},
         )
         stop()
+        time.sleep(parent.stop_seconds)
+        logger.error(
+            "still running %.0fs after the supervisor died: exiting (running jobs come "
+            "back at lease expiry)",
+            parent.stop_seconds,
+            extra={"action": "abort"},
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(ExitCode.ABORTED))
 
     thread = threading.Thread(target=watch, name="pgqueue-parent-watch", daemon=True)
     thread.start()
     return thread
 
 
-def run_worker_process(worker_options: dict[str, Any], index: int | None) -> int:
+def run_worker_process(
+    worker_options: dict[str, Any], index: int | None, parent: ParentLink | None = None
+) -> int:
     """Run one Worker with the two-signal shutdown; return its exit code.
 
     ``index`` is the child's position under a supervisor (None: the only process); a
-    given worker id then gets ``:<index>`` appended so that every child's is its own."""
+    given worker id then gets ``:<index>`` appended so that every child's is its own.
+    ``parent``: the supervisor to watch (the worker stops once it is gone)."""
     options = dict(worker_options)
     if index is not None and options.get("worker_id"):
         options["worker_id"] = f"{options['worker_id']}:{index}"
     worker = Worker(**options)
-    if index is not None:
-        watch_parent(worker.stop)
+    if parent is not None:
+        watch_parent(worker.stop, parent)
     try:
         with on_stop(worker.stop):
             worker.run()

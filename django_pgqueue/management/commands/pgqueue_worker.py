@@ -31,7 +31,7 @@ def worker_id(value: str) -> str:
 
 
 class Command(PgQueueCommand):
-    help = "Run jobs from the pgqueue jobs table until stopped (SIGTERM/SIGINT)."
+    help = "Run jobs from the pgqueue jobs table until stopped (SIGTERM/SIGINT/SIGHUP)."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
@@ -97,6 +97,14 @@ class Command(PgQueueCommand):
             f"and leaves them to lease expiry: {limits.GRACE_SECONDS.describe()} "
             "(default: PGQUEUE_SHUTDOWN_GRACE_SECONDS)",
         )
+        parser.add_argument(
+            "--stop-seconds",
+            type=limits.STOP_SECONDS.parse,
+            default=None,
+            help="With --processes: after SIGTERM, how long the supervisor waits for its "
+            "worker processes before it SIGKILLs those still running: "
+            f"{limits.STOP_SECONDS.describe()} (default: PGQUEUE_SUPERVISOR_STOP_SECONDS)",
+        )
         add_backend_argument(parser)
         parser.add_argument(
             "--poll-interval",
@@ -119,6 +127,7 @@ class Command(PgQueueCommand):
         worker_id: str | None,
         poll_interval: float | None,
         grace_seconds: float | None,
+        stop_seconds: float | None,
         backend: str | None,
         verbosity: int,
         **options: Any,
@@ -144,7 +153,9 @@ class Command(PgQueueCommand):
         else:
             supervisor = Supervisor(
                 processes=processes,
-                run_child=lambda index: run_worker_process(worker_options, index),
+                run_child=lambda index, parent: run_worker_process(worker_options, index, parent),
+                stop_seconds=stop_seconds,
+                burst=burst,
             )
             code = supervisor.run()
         if code:
