@@ -108,6 +108,9 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "POLL_INTERVAL": (POLL_INTERVAL, False, "pgqueue.E017"),
     # jsonb holds at most 255 MB per value; a job is a row, not a file store.
     "MAX_PAYLOAD_BYTES": (Bounds(1, 100_000_000, integer=True), False, "pgqueue.E018"),
+    # jsonb stores a value in up to six times its JSON text and refuses a container
+    # over 256 MB: results up to 40 MB always fit.
+    "MAX_RESULT_BYTES": (Bounds(1, 40_000_000, integer=True), False, "pgqueue.E024"),
     "JOB_TIMEOUT_SECONDS": (Bounds(0.1, 30 * DAY, unit="seconds"), True, "pgqueue.E019"),
     "SHUTDOWN_GRACE_SECONDS": (GRACE_SECONDS, True, "pgqueue.E020"),
     "COMPLETION_FLUSH_INTERVAL": (Bounds(0, 3600, unit="seconds"), False, "pgqueue.E021"),

@@ -221,7 +221,8 @@ def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(run_worker
     first_marker, second_marker = tmp_path / "first", tmp_path / "second"
     first = Job.objects.enqueue(cooperative, [str(first_marker), 60])
     second = Job.objects.enqueue(sleep_after_marking, [str(second_marker), 0])
-    heartbeat = logging.getLogger("django_pgqueue.worker.heartbeat")
+    # (The listener tells the task, on a NOTIFY; the heartbeat only if that never came.)
+    heartbeat = logging.getLogger("django_pgqueue.worker.state")
     runner = logging.getLogger("django_pgqueue.worker.runner")
     seen = Seen(f"job {second.id}: cancellation requested")
     skipped = Seen(f"job {second.id} cancelled before it started")
@@ -235,7 +236,7 @@ def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(run_worker
         try:
             wait_for(first_marker.exists, timeout=30)
             assert Job.objects.cancel([second.id]).requested == [second.id]  # prefetched
-            assert seen.event.wait(20), "the heartbeat never passed the cancellation on"
+            assert seen.event.wait(20), "the worker never passed the cancellation on"
             Job.objects.cancel([first.id])
         finally:
             connections.close_all()

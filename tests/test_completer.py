@@ -249,13 +249,13 @@ def completion_threads(monkeypatch) -> list[tuple[str, int]]:
     from django_pgqueue.manager import JobManager
 
     seen: list[tuple[str, int]] = []
-    real = JobManager.complete_many
+    real = JobManager.complete_many_status
 
-    def spy(self: JobManager, completions: Any, *args: Any, **kwargs: Any) -> list[bool]:
+    def spy(self: JobManager, completions: Any, *args: Any, **kwargs: Any) -> list[str | None]:
         seen.append((threading.current_thread().name, len(completions)))
         return real(self, completions, *args, **kwargs)
 
-    monkeypatch.setattr(JobManager, "complete_many", spy)
+    monkeypatch.setattr(JobManager, "complete_many_status", spy)
     return seen
 
 

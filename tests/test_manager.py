@@ -833,7 +833,7 @@ def test_complete__same_worker_run_before_a_requeue_is_fenced_out(job_factory, n
 def test_complete__rejects_a_non_json_result_without_writing(job_factory):
     job_factory()
     job = claim_one()
-    with pytest.raises(ValueError, match="Out of range float values"):
+    with pytest.raises(InvalidJob, match="return value is nan: JSON has no NaN"):
         Job.objects.complete(job, "w1", result=float("nan"))
     assert fresh(job).status == "running"
 
