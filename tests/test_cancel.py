@@ -319,3 +319,26 @@ def test_process__transactional_task_cancelled_mid_run_leaves_no_effect(
     assert row.result is None
     assert row.errors[-1]["exception_class_path"] == CANCELLED_PATH
     assert any("rolled back" in e["traceback"] for e in row.errors)
+
+
+@pytest.mark.slow
+def test_process__cancel_reaches_a_running_task_within_a_second_despite_a_long_lease(
+    transactional_db, manage, tmp_path
+):
+    """cancel() NOTIFYs; the worker's listener sets the task's flag at once, long before
+    the next lease extension (a third of a 300 s lease). Counted cancelled, not done."""
+    from tests.tasks import cooperative
+
+    marker = tmp_path / "started"
+    job = Job.objects.enqueue(cooperative, [str(marker), 120])
+    worker = manage(*WORKER, "--lease-seconds", "300")
+    wait_for(marker.exists, timeout=30)
+    assert Job.objects.cancel([job.id]).requested == [job.id]
+    requested = time.monotonic()
+    wait_for(lambda: fresh(job).status == "cancelled", timeout=5, interval=0.02)
+    elapsed = time.monotonic() - requested
+    worker.signal(15)
+    assert worker.wait() == 0, worker.output()
+    assert fresh(job).result == "stopped"
+    assert elapsed < 1.5, f"cancel took {elapsed:.2f}s to reach the task"
+    assert "stopped: done=0 failed=0 cancelled=1" in worker.output()

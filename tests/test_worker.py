@@ -481,3 +481,44 @@ def test_worker__burst_leaves_a_retry_due_later_and_exits(job_factory, run_worke
     worker = run_worker(timeout=20)
     assert (fresh(job).status, fresh(job).attempts) == ("scheduled", 1)
     assert worker.stats.failed == 1
+
+
+@pytest.mark.parametrize("levels", [501, 1200])
+def test_worker__too_deep_return_value_is_dead_at_once(job_factory, run_worker, levels):
+    """Past the documented 500 levels: refused by validation (501), or where Django's
+    normalize_json overflows the stack (1,200), a clean failure, not an internal error
+    that leaves the job running until its lease expires."""
+    job = job_factory(task=test_tasks.returns_nested, args=[levels], max_attempts=5)
+    worker = run_worker(lease_seconds=30, timeout=20)
+    row = fresh(job)
+    assert (row.status, row.attempts, worker.stats.failed) == ("dead", 1, 1)
+    (error,) = row.errors
+    assert error["exception_class_path"] == "django_pgqueue.exceptions.InvalidResult"
+    assert "nested more than 500 levels deep" in error["traceback"]
+
+
+def test_worker__job_with_args_stored_too_deep_is_dead_at_once(job_factory, run_worker):
+    """A row written before the depth was enforced (or around enqueue): its TaskResult
+    cannot be built; the job fails cleanly with the reason instead of staying running."""
+    from django.db import connection
+
+    from django_pgqueue.taskapi import task_finished
+
+    job = job_factory(args=[1, 2], max_attempts=5)
+    text = "[" * 1200 + "1" + "]" * 1200
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgqueue_job SET args = %s::jsonb WHERE id = %s", [text, job.id])
+    seen: list[str] = []
+
+    def receiver(sender: object, task_result: object, **kwargs: object) -> None:
+        seen.append(str(task_result))  # wants a TaskResult
+
+    task_finished.connect(receiver)
+    try:
+        worker = run_worker(lease_seconds=30, timeout=20)
+    finally:
+        task_finished.disconnect(receiver)
+    row = fresh(job)
+    assert (row.status, row.attempts, worker.stats.failed) == ("dead", 1, 1)
+    assert row.errors[0]["exception_class_path"] == "django_pgqueue.exceptions.InvalidJob"
+    assert "args or kwargs are nested more than 500 levels deep" in row.errors[0]["traceback"]
