@@ -21,6 +21,7 @@ from django.utils.module_loading import import_string
 from .conf import settings
 from .databases import QueueBackend
 from .exceptions import InvalidJob, InvalidResult
+from .limits import MIN_RESULT_BYTES
 from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, normalize_json
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -357,7 +358,11 @@ def result_json(value: Any, *, max_bytes: int | None = None) -> str:
         text = _FAST_ENCODE(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise invalid_result(value, exc) from None
-    limit = settings.MAX_RESULT_BYTES if max_bytes is None else max_bytes
+    limit = max_bytes
+    if limit is None:
+        # No setting may be below MIN_RESULT_BYTES, so shorter text needs no settings
+        # lookup, which costs several times the encoding of a small value.
+        limit = settings.MAX_RESULT_BYTES if len(text) > MIN_RESULT_BYTES else MIN_RESULT_BYTES
     if len(text) > limit:
         raise InvalidResult(
             f"the task's return value is {len(text)} bytes as JSON, over the limit of "
