@@ -60,6 +60,10 @@ class Settings:
     MAX_PAYLOAD_BYTES: int = 1_000_000
     """Largest accepted JSON size of args + kwargs for one job."""
 
+    MAX_RESULT_BYTES: int = 16_000_000
+    """Largest accepted JSON size of a task's return value: a larger one fails its job
+    (dead, not retried) with this limit named, instead of a database error."""
+
     JOB_TIMEOUT_SECONDS: float | None = None
     """Stop extending a running job's lease after this long (None: never). The sweeper
     then recovers a hung task and its late completion is fenced out."""

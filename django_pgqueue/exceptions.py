@@ -14,6 +14,13 @@ class InvalidJob(PgQueueError, ValueError):  # noqa: N818 - mirrors django.tasks
     """A job was rejected before anything was written; the message names the bad value."""
 
 
+class InvalidResult(InvalidJob):
+    """A task's return value cannot be its job's result: not JSON (a set, NaN, an
+    object), nested more than 500 levels, over ``PGQUEUE_MAX_RESULT_BYTES``, or refused
+    by PostgreSQL's jsonb. The message says what and where in the value. The attempt
+    fails and the job is dead at once, not retried: the task would return the same."""
+
+
 class LeaseLost(PgQueueError):  # noqa: N818 - it names the event, like Django's DoesNotExist
     """The worker no longer owns the job: its lease expired and the job moved on.
 

@@ -94,6 +94,8 @@ GRACE_SECONDS = Bounds(0, DAY, unit="seconds")
 STOP_SECONDS = Bounds(1, DAY, unit="seconds")
 MAX_JOBS = Bounds(1, 1_000_000_000, integer=True)
 SWEEP_INTERVAL = Bounds(0.1, DAY, unit="seconds")
+#: The least ``PGQUEUE_MAX_RESULT_BYTES`` may be.
+MIN_RESULT_BYTES = 1000
 
 #: ``PGQUEUE_<NAME>`` -> (its bounds, whether None is allowed, its check id). Every
 #: numeric attribute of ``conf.Settings`` is here (a test enforces it); ids are stable.
@@ -116,6 +118,14 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "POLL_INTERVAL": (POLL_INTERVAL, False, "pgqueue.E017"),
     # jsonb holds at most 255 MB per value; a job is a row, not a file store.
     "MAX_PAYLOAD_BYTES": (Bounds(1, 100_000_000, integer=True), False, "pgqueue.E018"),
+    # jsonb stores a value in up to six times its JSON text and refuses a container
+    # over 256 MB: results up to 40 MB always fit. (The floor spares small results a
+    # settings lookup: see validation.result_json.)
+    "MAX_RESULT_BYTES": (
+        Bounds(MIN_RESULT_BYTES, 40_000_000, integer=True),
+        False,
+        "pgqueue.E028",
+    ),
     "JOB_TIMEOUT_SECONDS": (Bounds(0.1, 30 * DAY, unit="seconds"), True, "pgqueue.E019"),
     "SHUTDOWN_GRACE_SECONDS": (GRACE_SECONDS, True, "pgqueue.E020"),
     "SUPERVISOR_STOP_SECONDS": (STOP_SECONDS, False, "pgqueue.E026"),

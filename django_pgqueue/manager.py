@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class CancelResult:
     """What ``Job.objects.cancel()`` did: ``cancelled`` pending or scheduled jobs (they
-    will never run), and ``requested`` running jobs whose worker will stop them at its
-    next lease extension. Other ids (finished, unknown) are in neither."""
+    will never run), and ``requested`` running jobs whose worker is told at once (a
+    NOTIFY) or at its next lease extension. Other ids (finished, unknown) are in neither."""
 
     cancelled: list[int]
     requested: list[int]
@@ -61,6 +61,10 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
 #: completed), and how long it waits in between.
 CANCEL_ROUNDS = 5
 CANCEL_RETRY_DELAY = 0.05
+#: A cancel notification's payload starts with this (a colon: no queue name does), then
+#: names up to ``CANCEL_NOTIFY_IDS`` job ids, comma-separated (see ``sql.JOB_NOTIFY_CANCEL``).
+CANCEL_NOTIFY_PREFIX = "cancel:"
+CANCEL_NOTIFY_IDS = 300
 
 
 def job_ids(ids: Any, *, what: str = "ids") -> list[int]:
@@ -343,6 +347,19 @@ class JobManager(models.Manager["Job"]):
         (``validation.result_json`` is applied to each), or, with ``encoded``, already
         the JSON text ``validation.result_json`` made of them (the worker's runner made
         it when the task returned: encoding it again here would double that work)."""
+        statuses = self.complete_many_status(completions, worker_id, now=now, encoded=encoded)
+        return [status is not None for status in statuses]
+
+    def complete_many_status(
+        self,
+        completions: Sequence[tuple[Job, Any]],
+        worker_id: str,
+        *,
+        now: dt.datetime | None = None,
+        encoded: bool = False,
+    ) -> list[str | None]:
+        """``complete_many()``, returning each job's new status in input order: ``done``,
+        or ``cancelled`` if its cancellation was requested; None if that lease was lost."""
         if not completions:
             return []
         # Ascending ids: the lock order of the heartbeat's JOB_EXTEND_LEASES.
@@ -363,10 +380,10 @@ class JobManager(models.Manager["Job"]):
             },
             prepare=True,
         )
-        recorded = [False] * len(completions)
-        for (ord_,) in rows:
-            recorded[order[ord_ - 1]] = True
-        return recorded
+        statuses: list[str | None] = [None] * len(completions)
+        for ord_, status in rows:
+            statuses[order[ord_ - 1]] = status
+        return statuses
 
     def fail(
         self,
@@ -444,10 +461,12 @@ class JobManager(models.Manager["Job"]):
 
     def cancel(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> CancelResult:
         """Cancel jobs by id. Pending and scheduled ones become ``cancelled`` at once;
-        running ones are marked, and their worker stops them at its next lease extension
-        (they end ``cancelled`` whatever their outcome). Finished and unknown ids are left
-        alone. One statement per ``SWEEP_BATCH_SIZE`` ids; a job locked at that instant
-        (being claimed or completed) is tried again a few times, then left as it is."""
+        running ones are marked (they end ``cancelled`` whatever their outcome), and
+        their worker is told by a NOTIFY at commit, which its listener relays to the
+        task at once; a worker without one (polling only) learns it at its next lease
+        extension. Finished and unknown ids are left alone. One statement per
+        ``SWEEP_BATCH_SIZE`` ids; a job locked at that instant (being claimed or
+        completed) is tried again a few times, then left as it is."""
         checked = job_ids(ids)
         cancelled: list[int] = []
         requested: list[int] = []
@@ -466,6 +485,16 @@ class JobManager(models.Manager["Job"]):
                 chunk = busy
                 if round_ < CANCEL_ROUNDS - 1:
                     time.sleep(CANCEL_RETRY_DELAY)
+        if requested:
+            self._rows(
+                sql.JOB_NOTIFY_CANCEL,
+                {
+                    "channel": settings.NOTIFY_CHANNEL,
+                    "prefix": CANCEL_NOTIFY_PREFIX,
+                    "ids": requested,
+                    "per_payload": CANCEL_NOTIFY_IDS,
+                },
+            )
         return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
 
     def discard_dead(self, ids: Iterable[int]) -> list[int]:

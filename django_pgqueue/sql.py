@@ -329,8 +329,8 @@ RETURNING j.id, j.status
 )
 
 # Mark many jobs done in one statement (the batched completion), each fenced. The caller
-# sorts by id, JOB_EXTEND_LEASES's lock order; the 1-based positions of the rows changed
-# come back (a missing one is a lost lease).
+# sorts by id, JOB_EXTEND_LEASES's lock order; the 1-based position and new status (done
+# or cancelled) of every row changed come back (a missing one is a lost lease).
 JOB_COMPLETE_MANY = (
     """
 WITH """
@@ -351,7 +351,7 @@ FROM clock,
 WHERE """
     + _FENCE
     + """
-RETURNING owned.ord
+RETURNING owned.ord, j.status
 """
 )
 
@@ -669,6 +669,15 @@ GROUP BY queue
 # promotions and requeues; delivered when the surrounding transaction commits.
 JOB_NOTIFY = """
 SELECT pg_notify(%(channel)s, %(queue)s)
+"""
+
+# Tell workers at once that running jobs were cancelled: one notification per
+# %(per_payload)s ids (NOTIFY payloads stay under 8000 bytes), "<prefix>id,id,...", where
+# the prefix is no valid queue name. No index. Delivered when the transaction commits.
+JOB_NOTIFY_CANCEL = """
+SELECT pg_notify(%(channel)s, %(prefix)s || string_agg(t.id::text, ',' ORDER BY t.n))
+FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS t(id, n)
+GROUP BY (t.n - 1) / %(per_payload)s
 """
 
 # Wake idle workers once for each of several queues (payload: the queue name), in one

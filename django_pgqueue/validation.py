@@ -12,15 +12,17 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
+from .conf import settings
 from .databases import QueueBackend
-from .exceptions import InvalidJob
-from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
+from .exceptions import InvalidJob, InvalidResult
+from .limits import MIN_RESULT_BYTES
+from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, normalize_json
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_LENGTH = 255
@@ -216,8 +218,15 @@ def storable_text(text: str) -> str:
     return text
 
 
-#: Deepest nesting a payload may have; deeper (or cyclic) payloads are refused.
+#: Deepest nesting a payload or a result may have; deeper (or cyclic) ones are refused.
 MAX_DEPTH = 500
+
+
+def _maybe_deep(text: str) -> bool:
+    """Whether JSON ``text`` could be nested more than ``MAX_DEPTH`` levels: only with
+    more opening brackets than that (brackets inside strings only add to the count),
+    so short text never is and needs no walk."""
+    return len(text) > 2 * MAX_DEPTH and text.count("[") + text.count("{") > MAX_DEPTH
 
 
 def _check_json(value: Any, where: str) -> None:
@@ -307,8 +316,11 @@ def _to_json(value: list[Any] | tuple[Any, ...] | dict[str, Any], where: str) ->
     except (TypeError, ValueError, RecursionError):
         pass
     else:
-        # Lone surrogates are written as \\udXXX escapes: walk those too (pairs pass).
-        if "\\u" not in text or ("\\u0000" not in text and "\\ud" not in text):
+        # Lone surrogates are written as \\udXXX escapes: walk those too (pairs pass);
+        # and text that may be nested too deep (the encoder allows about 1,500 levels).
+        if ("\\u" not in text or ("\\u0000" not in text and "\\ud" not in text)) and not (
+            _maybe_deep(text)
+        ):
             braces = text.count("{")
             if braces == 0:
                 return text
@@ -322,15 +334,110 @@ def _to_json(value: list[Any] | tuple[Any, ...] | dict[str, Any], where: str) ->
     return _ENCODE(value)
 
 
-def result_json(value: Any) -> str:
+def returned(value: Any) -> tuple[Any, str]:
+    """A task's return value as Django's ``TaskResult`` keeps it (``normalize_json``)
+    and its JSON text for the result column (see :func:`result_json`). Raises
+    :class:`InvalidResult` saying what is wrong and where in the value."""
+    try:
+        normal = normalize_json(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise invalid_result(value, exc) from None
+    return normal, result_json(normal)
+
+
+def result_json(value: Any, *, max_bytes: int | None = None) -> str:
     """JSON text of a task's return value (already ``normalize_json``-ed: keys become
-    strings as ``json`` makes them). Raises ``ValueError`` (``InvalidJob`` for NUL and
-    lone surrogates) if jsonb could not store it, so the worker fails the job with that
-    reason instead of its completion hitting a DataError."""
-    text = _ENCODE(value)
-    if "\\u0000" in text or "\\ud" in text:
-        _check_json(json.loads(text), "return value")
+    strings as ``json`` makes them), checked against what jsonb stores: JSON types,
+    finite floats, at most ``MAX_DEPTH`` levels, no NUL or lone surrogate, integers
+    within numeric's digits, at most ``max_bytes`` (``PGQUEUE_MAX_RESULT_BYTES``, whose
+    bound keeps strings and containers under jsonb's own limits). Raises
+    :class:`InvalidResult` naming the problem, so the worker fails the job with that
+    reason instead of its completion hitting a database error. A small value is
+    encoded once and looked at no further."""
+    try:
+        text = _FAST_ENCODE(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise invalid_result(value, exc) from None
+    limit = max_bytes
+    if limit is None:
+        # No setting may be below MIN_RESULT_BYTES, so shorter text needs no settings
+        # lookup, which costs several times the encoding of a small value.
+        limit = settings.MAX_RESULT_BYTES if len(text) > MIN_RESULT_BYTES else MIN_RESULT_BYTES
+    if len(text) > limit:
+        raise InvalidResult(
+            f"the task's return value is {len(text)} bytes as JSON, over the limit of "
+            f"{limit} (PGQUEUE_MAX_RESULT_BYTES): store large results elsewhere and "
+            "return a key"
+        )
+    if (
+        ("\\u" in text and ("\\u0000" in text or "\\ud" in text))
+        or _maybe_deep(text)
+        or (len(text) > MAX_NUMERIC_DIGITS and _int_digit_limit() == MAX_NUMERIC_DIGITS)
+    ):
+        try:
+            _check_json(json.loads(text), "return value")
+        except InvalidJob as exc:
+            raise InvalidResult(f"the task's return value cannot be stored: {exc}") from None
     return text
+
+
+def invalid_result(value: Any, error: BaseException) -> InvalidResult:
+    """The error of a return value that ``normalize_json`` or the JSON encoder refused
+    (``error``): what is wrong and where in ``value``."""
+    problem = _result_problem(value)
+    if problem is None:  # not found by the walk: say what the encoder said
+        return InvalidResult(
+            "the task's return value must be JSON-serialisable: "
+            f"{type(error).__name__}: {str(error)[:200]}"
+        )
+    return InvalidResult(f"the task's return value must be JSON-serialisable: {problem}")
+
+
+def _type_name(value: Any) -> str:
+    cls = type(value)
+    name = cls.__qualname__
+    return name if cls.__module__ == "builtins" else f"{cls.__module__}.{name}"
+
+
+def _result_problem(value: Any) -> str | None:
+    """Where and why a return value is not JSON by ``normalize_json``'s rules (mappings,
+    sequences, UTF-8 bytes, str, int, float, bool, None) and the encoder's (keys of
+    those scalar types, finite floats, ints within the digit limit). Walked with a
+    stack, never recursion, so a value nested too deep (or containing itself) is
+    named instead of overflowing."""
+    stack: list[tuple[Any, str, int]] = [(value, "return value", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"{path} is nested more than {MAX_DEPTH} levels deep, or contains itself"
+        if item is None or isinstance(item, str | bool):
+            continue
+        if isinstance(item, int):
+            try:
+                _check_int(item, path)
+            except InvalidJob as exc:
+                return str(exc)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{path} is {item!r}: JSON has no NaN or Infinity"
+        elif isinstance(item, bytes):
+            try:
+                item.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"{path} is bytes that are not UTF-8 text"
+        elif isinstance(item, Mapping):
+            for key, v in item.items():
+                if not (key is None or isinstance(key, str | int | float | bytes)):
+                    return (
+                        f"{path} has a key {show(key)} of type {_type_name(key)}: JSON keys "
+                        "are strings"
+                    )
+                stack.append((v, f"{path}[{show(key, 40)}]", depth + 1))
+        elif isinstance(item, Sequence):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item))
+        else:
+            return f"{path} is of type {_type_name(item)}, which JSON cannot hold"
+    return None
 
 
 def payload(args: Any, kwargs: Any, *, max_bytes: int) -> tuple[str, str]:

@@ -125,3 +125,22 @@ def with_queue_and_priority(n: int) -> int:
 def with_own_attempts(n: int) -> int:
     """For the enqueue-path test: the task's own attempt limit."""
     return n
+
+
+@task()
+def returns_nested(levels: int) -> object:
+    """A return value nested ``levels`` lists deep (the limit is 500)."""
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@task()
+def returns_huge_int(digits: int) -> list[int]:
+    """An int of ``digits`` digits, with Python's int-to-text limit lifted in this
+    (worker) process: jsonb's numeric holds at most 131072 digits."""
+    import sys
+
+    sys.set_int_max_str_digits(0)
+    return [10 ** (digits - 1)]

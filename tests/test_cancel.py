@@ -222,7 +222,8 @@ def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(run_worker
     first_marker, second_marker = tmp_path / "first", tmp_path / "second"
     first = Job.objects.enqueue(cooperative, [str(first_marker), 60])
     second = Job.objects.enqueue(sleep_after_marking, [str(second_marker), 0])
-    heartbeat = logging.getLogger("django_pgqueue.worker.heartbeat")
+    # (The listener tells the task, on a NOTIFY; the heartbeat only if that never came.)
+    heartbeat = logging.getLogger("django_pgqueue.worker.state")
     runner = logging.getLogger("django_pgqueue.worker.runner")
     seen = Seen(f"job {second.id}: cancellation requested")
     skipped = Seen(f"job {second.id} cancelled before it started")
@@ -236,7 +237,7 @@ def test_worker__prefetched_job_cancelled_before_it_starts_never_runs(run_worker
         try:
             wait_for(first_marker.exists, timeout=30)
             assert Job.objects.cancel([second.id]).requested == [second.id]  # prefetched
-            assert seen.event.wait(20), "the heartbeat never passed the cancellation on"
+            assert seen.event.wait(20), "the worker never passed the cancellation on"
             Job.objects.cancel([first.id])
         finally:
             connections.close_all()
@@ -345,3 +346,26 @@ def test_operations__odd_id_arguments_are_refused_changing_nothing(
         getattr(Job.objects, operation)(ids)
     assert sorted(Job.objects.values_list("id", "status", "cancel_requested_at")) == before
     assert len(before) == len(pending) + len(dead)
+
+
+@pytest.mark.slow
+def test_process__cancel_reaches_a_running_task_within_a_second_despite_a_long_lease(
+    transactional_db, manage, tmp_path
+):
+    """cancel() NOTIFYs; the worker's listener sets the task's flag at once, long before
+    the next lease extension (a third of a 300 s lease). Counted cancelled, not done."""
+    from tests.tasks import cooperative
+
+    marker = tmp_path / "started"
+    job = Job.objects.enqueue(cooperative, [str(marker), 120])
+    worker = manage(*WORKER, "--lease-seconds", "300")
+    wait_for(marker.exists, timeout=30)
+    assert Job.objects.cancel([job.id]).requested == [job.id]
+    requested = time.monotonic()
+    wait_for(lambda: fresh(job).status == "cancelled", timeout=5, interval=0.02)
+    elapsed = time.monotonic() - requested
+    worker.signal(15)
+    assert worker.wait() == 0, worker.output()
+    assert fresh(job).result == "stopped"
+    assert elapsed < 1.5, f"cancel took {elapsed:.2f}s to reach the task"
+    assert "stopped: done=0 failed=0 cancelled=1" in worker.output()

@@ -249,13 +249,13 @@ def completion_threads(monkeypatch) -> list[tuple[str, int]]:
     from django_pgqueue.manager import JobManager
 
     seen: list[tuple[str, int]] = []
-    real = JobManager.complete_many
+    real = JobManager.complete_many_status
 
-    def spy(self: JobManager, completions: Any, *args: Any, **kwargs: Any) -> list[bool]:
+    def spy(self: JobManager, completions: Any, *args: Any, **kwargs: Any) -> list[str | None]:
         seen.append((threading.current_thread().name, len(completions)))
         return real(self, completions, *args, **kwargs)
 
-    monkeypatch.setattr(JobManager, "complete_many", spy)
+    monkeypatch.setattr(JobManager, "complete_many_status", spy)
     return seen
 
 
@@ -296,3 +296,112 @@ def test_worker__freed_slot_wakes_the_claim_loop_only_when_it_wants_slots():
     assert not state.wakeup.is_set()
     state.forget([])  # a completion written: the same rule
     assert not state.wakeup.is_set()
+
+
+def test_completer__batch_refused_for_one_row_writes_the_others_and_fails_that_one(
+    job_factory, caplog
+):
+    """A result jsonb refuses (here past validation: text it refuses, as a bug or a
+    limit we did not know would make) is a permanent error, not one retried for a
+    lease: the batch is split, the others are done once, the bad row is dead at once
+    with the database's reason (attempts left or not)."""
+    worker = Worker(worker_id="w-refused", lease_seconds=300)
+    batch = claimed_completions(worker, job_factory, 30)
+    for c in batch:
+        c.text = str(c.value)
+    bad = batch[17]
+    bad.text = '"\\u0000"'  # jsonb: unsupported Unicode escape sequence (SQLSTATE 22P05)
+    with caplog.at_level(logging.INFO, logger="django_pgqueue.worker"):
+        in_thread(lambda: worker._completer.flush(batch))  # fails on a 30 s join if retried
+    row = fresh(bad.job)
+    assert (row.status, row.attempts, row.max_attempts, row.result) == ("dead", 1, 5, None)
+    (error,) = row.errors
+    assert error["exception_class_path"] == "django_pgqueue.exceptions.InvalidResult"
+    assert "PostgreSQL refused the task's return value" in error["traceback"]
+    assert "unsupported Unicode escape sequence" in error["traceback"]
+    others = [fresh(c.job) for c in batch if c is not bad]
+    assert {(r.status, r.attempts) for r in others} == {("done", 1)}
+    assert [r.result for r in others] == [c.value for c in batch if c is not bad]
+    assert (worker.stats.done, worker.stats.failed, worker.stats.lost) == (29, 1, 0)
+    assert worker._held == {}
+    assert not [r for r in caplog.records if "retrying in" in r.getMessage()]
+
+
+def test_completer__refused_data_is_told_from_a_transient_error():
+    import psycopg.errors
+    from django.db import DataError, OperationalError
+
+    from django_pgqueue.worker.state import refused_data
+
+    def wrapped(django_class: type, error: Exception) -> Exception:
+        exc = django_class(str(error))
+        exc.__cause__ = error
+        return exc
+
+    too_long = psycopg.errors.ProgramLimitExceeded("jsonb strings cannot exceed 268435455 bytes")
+    assert refused_data(wrapped(OperationalError, too_long))  # SQLSTATE 54000
+    assert refused_data(wrapped(DataError, psycopg.errors.NumericValueOutOfRange("overflow")))
+    assert not refused_data(wrapped(OperationalError, psycopg.errors.AdminShutdown("bye")))
+    assert not refused_data(OperationalError("connection lost"))
+
+
+def test_completer__job_cancelled_after_its_last_lease_extension_is_reported_cancelled(
+    job_factory, caplog
+):
+    """The row ends 'cancelled' (result kept): the worker logs, signals (FAILED) and
+    counts it as cancelled, not done."""
+    from django_pgqueue.taskapi import task_finished
+
+    worker = Worker(worker_id="w-late-cancel")
+    batch = claimed_completions(worker, job_factory, 3)
+    late = batch[1].job
+    assert Job.objects.cancel([late.id]).requested == [late.id]  # after the task returned
+    finished: list[tuple[str, str]] = []
+
+    def receiver(sender: object, task_result: Any, **kwargs: object) -> None:
+        finished.append((task_result.id, task_result.status))
+
+    task_finished.connect(receiver)
+    try:
+        with caplog.at_level(logging.INFO, logger="django_pgqueue.worker"):
+            in_thread(lambda: worker._completer.flush(batch))
+    finally:
+        task_finished.disconnect(receiver)
+    row = fresh(late)
+    assert (row.status, row.result) == ("cancelled", sum(late.args))
+    assert (worker.stats.done, worker.stats.cancelled, worker.stats.failed) == (2, 1, 0)
+    assert sorted(finished) == sorted(
+        [(str(c.job.id), "FAILED" if c.job is late else "SUCCESSFUL") for c in batch]
+    )
+    lines = {r.job_id: r.getMessage() for r in caplog.records if hasattr(r, "job_id")}
+    assert f"job {late.id} testproject.demo.tasks.add cancelled after" in lines[late.id]
+    assert " done in " in lines[batch[0].job.id]
+
+
+@pytest.mark.slow
+def test_process__a_result_jsonb_cannot_hold_fails_its_job_alone(
+    job_factory, manage: Callable[..., ManagedProcess]
+):
+    """One job of a burst returns an int of more digits than jsonb's numeric holds (its
+    worker lifted Python's own limit): that job is dead on its first attempt with the
+    reason; the 29 others of its batches ran once and are done (none waits out a lease
+    or runs twice)."""
+    ids = [
+        Job.objects.enqueue("testproject.demo.fault_tasks.ledger_plain", [n, 20]).id
+        for n in range(29)
+    ]
+    bad = Job.objects.enqueue("tests.tasks.returns_huge_int", [140_000], max_attempts=5)
+    worker = manage(
+        "pgqueue_worker", "--burst", "--concurrency", "4", "--poll-interval", "0.1",
+        "--lease-seconds", "30",
+    )  # fmt: skip
+    assert worker.wait(60) == 0, worker.output()
+    row = fresh(bad)
+    assert (row.status, row.attempts) == ("dead", 1), worker.output()
+    assert "return value[0] is an int of more than 131072 digits" in row.errors[0]["traceback"]
+    rows = Job.objects.filter(pk__in=ids)
+    assert sorted((r.status, r.attempts, r.result) for r in rows) == [
+        ("done", 1, n) for n in range(29)
+    ]
+    runs = Execution.objects.filter(job_id__in=ids).values_list("job_id", flat=True)
+    assert sorted(runs) == sorted(ids)  # each ran once

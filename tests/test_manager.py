@@ -833,7 +833,7 @@ def test_complete__same_worker_run_before_a_requeue_is_fenced_out(job_factory, n
 def test_complete__rejects_a_non_json_result_without_writing(job_factory):
     job_factory()
     job = claim_one()
-    with pytest.raises(ValueError, match="Out of range float values"):
+    with pytest.raises(InvalidJob, match="return value is nan: JSON has no NaN"):
         Job.objects.complete(job, "w1", result=float("nan"))
     assert fresh(job).status == "running"
 
@@ -1111,3 +1111,98 @@ def test_enqueue__returned_job_matches_the_stored_row_field_by_field(job_factory
     stored = Job.objects.get(pk=job.pk)
     for field in Job._meta.concrete_fields:
         assert getattr(job, field.attname) == getattr(stored, field.attname), field.attname
+
+
+def nested(levels: int, leaf: object = 1) -> object:
+    """``leaf`` inside ``levels`` lists."""
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("levels", [500, 501, 1200, 1489])
+@pytest.mark.parametrize("where", ["args", "kwargs", "bulk"])
+def test_enqueue__refuses_more_than_500_levels_of_nesting(levels, where):
+    """The documented limit, on the encoder's fast path too (it takes ~1,500 levels)."""
+    value = nested(levels)  # the leaf is inside levels + 1 containers with args' list
+    args, kwargs = ([value], None) if where != "kwargs" else ([], {"v": value})
+    with pytest.raises(InvalidJob, match="nested more than 500 levels deep"):
+        if where == "bulk":
+            Job.objects.bulk_enqueue([{"task": tasks.add, "args": args}])
+        else:
+            Job.objects.enqueue(tasks.add, args, kwargs)
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_enqueue__accepts_500_levels_and_many_brackets_side_by_side():
+    deepest = Job.objects.enqueue(tasks.add, [nested(499)])
+    wide = Job.objects.enqueue(tasks.add, [[[] for _ in range(2000)], "[[[{{{" * 200])
+    assert Job.objects.get(pk=deepest.pk).args == [nested(499)]
+    assert len(Job.objects.get(pk=wide.pk).args[0]) == 2000
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (nested(501), "return value is nested more than 500 levels deep"),
+        ("x" * 101, "is 103 bytes as JSON, over the limit of 100 (PGQUEUE_MAX_RESULT_BYTES)"),
+        ({"a": ["ok", "b\x00"]}, "return value['a'][1] contains a NUL"),
+        ({1, 2}, "return value is of type set, which JSON cannot hold"),
+        ([1.0, float("inf")], "return value[1] is inf: JSON has no NaN or Infinity"),
+    ],
+    ids=["deep", "too_big", "nul", "set", "inf"],
+)
+def test_result_json__refuses_what_jsonb_would_refuse(value, message):
+    from django_pgqueue.exceptions import InvalidResult
+    from django_pgqueue.validation import result_json
+
+    with pytest.raises(InvalidResult, match=re.escape(message)):
+        result_json(value, max_bytes=100 if isinstance(value, str) else 10_000)
+
+
+def test_result_json__refuses_an_int_numeric_cannot_hold_when_python_would_write_it():
+    """With Python's int-to-text limit lifted, an int of more digits than jsonb's numeric
+    holds is still refused (the database would answer "value overflows numeric format")."""
+    from django_pgqueue.exceptions import InvalidResult
+    from django_pgqueue.validation import result_json
+
+    previous = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        with pytest.raises(InvalidResult, match=r"return value\[0\] is an int of more than"):
+            result_json([10**140_000], max_bytes=1_000_000)
+        assert result_json([10**5000], max_bytes=1_000_000).startswith("[1000")
+    finally:
+        sys.set_int_max_str_digits(previous)
+
+
+def test_result_json__keeps_common_values_as_json_writes_them():
+    from django_pgqueue.validation import result_json
+
+    value = {"n": 1, "s": "é😀", "l": [None, True, 2.5], "1": {}}
+    assert result_json(value) == '{"n":1,"s":"\\u00e9\\ud83d\\ude00","l":[null,true,2.5],"1":{}}'
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel__a_running_job_is_announced_on_the_channel(job_factory, other_connection):
+    """One NOTIFY per CANCEL_NOTIFY_IDS running ids, after the commit, with a payload no
+    queue name has; a pending job needs none (it is cancelled in place)."""
+    from django_pgqueue.manager import CANCEL_NOTIFY_IDS, CANCEL_NOTIFY_PREFIX
+
+    listener = other_connection(autocommit=True)
+    listener.execute("LISTEN pgqueue_job")
+    Job.objects.bulk_enqueue([{"task": tasks.add, "args": [1, 2]}] * (CANCEL_NOTIFY_IDS + 5))
+    running = sorted(j.id for j in Job.objects.claim("w1", limit=CANCEL_NOTIFY_IDS + 5))
+    pending = job_factory()
+    list(listener.notifies(timeout=0.2))  # the enqueues' wake-ups
+    with transaction.atomic():
+        assert Job.objects.cancel([*running, pending.id]).requested == running
+        assert list(listener.notifies(timeout=0.2)) == []  # not before the commit
+    payloads = [n.payload for n in listener.notifies(timeout=1.0, stop_after=2)]
+    assert all(p.startswith(CANCEL_NOTIFY_PREFIX) for p in payloads)
+    named = [int(i) for p in payloads for i in p[len(CANCEL_NOTIFY_PREFIX) :].split(",")]
+    assert sorted(named) == running
+    assert len(payloads) == 2 and max(len(p) for p in payloads) < 8000

@@ -133,6 +133,7 @@ def task_results(monkeypatch) -> list[str]:
         return real(job, task)
 
     monkeypatch.setattr(runner, "to_task_result", counting)
+    monkeypatch.setattr(outcomes, "to_task_result", counting)  # a failure's, if needed
     return built
 
 

@@ -69,7 +69,7 @@ def test_sql__table_name_matches_model(name):
     # CTE names and set-returning functions are not tables; everything else is ours.
     ctes = set(re.findall(r"\b([a-z_]+) AS \(", getattr(sql, name)))
     tables -= ctes | {"unnest", "jsonb_array_elements", "generate_series"}
-    if name in ("JOB_NOTIFY", "JOB_NOTIFY_MANY", "JOB_BULK_CLOCK"):
+    if name in ("JOB_NOTIFY", "JOB_NOTIFY_CANCEL", "JOB_NOTIFY_MANY", "JOB_BULK_CLOCK"):
         assert tables == set()
     elif name == "JOB_BULK_IDS":  # the table's id sequence, no table read
         assert tables == set()

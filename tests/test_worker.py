@@ -90,12 +90,43 @@ def test_worker__job_whose_task_is_not_importable_is_dead_at_once(
     assert worker.stats.failed == 1
 
 
-def test_worker__non_json_return_value_fails_the_job(job_factory, run_worker):
-    job = job_factory(task=returns_nan, args=[], max_attempts=1)
-    run_worker()
+@task()
+def returns_set() -> set[int]:
+    return {1, 2}
+
+
+@task()
+def returns_nested(kind: str) -> object:
+    """A JSON-looking value with something else deep inside."""
+    inner = {"set": {3}, "object": object(), "key": {(1, 2): "tuple key"}}[kind]
+    return {"rows": [1, {"cell": inner}]}
+
+
+@pytest.mark.parametrize(
+    ("job_task", "args", "reason"),
+    [
+        (returns_set, [], "return value is of type set, which JSON cannot hold"),
+        (returns_nan, [], "return value is nan: JSON has no NaN or Infinity"),
+        (returns_nested, ["set"], "return value['rows'][1]['cell'] is of type set"),
+        (returns_nested, ["object"], "return value['rows'][1]['cell'] is of type object"),
+        (returns_nested, ["key"], "return value['rows'][1]['cell'] has a key (1, 2) of type"),
+    ],
+    ids=["set", "nan", "nested_set", "nested_object", "tuple_key"],
+)
+def test_worker__non_json_return_value_is_dead_at_once_with_where(
+    job_factory, run_worker, job_task, args, reason
+):
+    """Never retried (the task would return the same), and the error says the return
+    value must be JSON, naming the type and where in the value."""
+    job = job_factory(task=job_task, args=args, max_attempts=5)
+    worker = run_worker()
     row = fresh(job)
-    assert (row.status, row.result) == ("dead", None)
-    assert row.errors[0]["exception_class_path"] == "builtins.ValueError"
+    assert (row.status, row.result, row.attempts) == ("dead", None, 1)  # ran once
+    assert (worker.stats.failed, worker.stats.done) == (1, 0)
+    (error,) = row.errors
+    assert error["exception_class_path"] == "django_pgqueue.exceptions.InvalidResult"
+    assert "the task's return value must be JSON-serialisable: " in error["traceback"]
+    assert reason in error["traceback"]
 
 
 @task()
@@ -114,7 +145,7 @@ def test_worker__result_jsonb_cannot_store_fails_the_job_at_once(job_factory, ru
     worker = run_worker(lease_seconds=30, timeout=10)
     row = fresh(job)
     assert (row.status, worker.stats.failed) == ("dead", 1)
-    assert row.errors[0]["exception_class_path"] == "django_pgqueue.exceptions.InvalidJob"
+    assert row.errors[0]["exception_class_path"] == "django_pgqueue.exceptions.InvalidResult"
     assert "return value contains a NUL" in row.errors[0]["traceback"]
 
 
@@ -405,7 +436,7 @@ def test_worker__retried_attempt_is_one_line_and_no_task_finished(
     assert "second line of the message" in row.errors[0]["traceback"]  # the traceback is kept
     assert [r for r in logs.records if r.exc_info] == []
     (line,) = [r for r in logs.records if "first attempt fails" in r.getMessage()]
-    assert (line.name, line.levelno) == ("django_pgqueue.worker.runner", logging.WARNING)
+    assert (line.name, line.levelno) == ("django_pgqueue.worker.outcomes", logging.WARNING)
     assert line.getMessage() == (
         f"job {job.id} tests.tasks.fails_first_attempt failed after "
         f"{line.args[2]:.3f}s (attempt 1/5), will retry: ValueError: first attempt fails"
@@ -425,7 +456,7 @@ def test_worker__final_failure_has_one_traceback_and_one_task_finished(
     # has exc_info (None, None, None), which prints no traceback.)
     with_traceback = [r for r in logs.records if r.exc_info and r.exc_info[0]]
     assert [(r.name, r.levelno) for r in with_traceback] == [
-        ("django_pgqueue.worker.runner", logging.ERROR)
+        ("django_pgqueue.worker.outcomes", logging.ERROR)
     ]
     assert with_traceback[0].getMessage().endswith("(attempt 2/2) -> dead")
     assert finished == [(str(job.id), "FAILED")]
@@ -450,3 +481,44 @@ def test_worker__burst_leaves_a_retry_due_later_and_exits(job_factory, run_worke
     worker = run_worker(timeout=20)
     assert (fresh(job).status, fresh(job).attempts) == ("scheduled", 1)
     assert worker.stats.failed == 1
+
+
+@pytest.mark.parametrize("levels", [501, 1200])
+def test_worker__too_deep_return_value_is_dead_at_once(job_factory, run_worker, levels):
+    """Past the documented 500 levels: refused by validation (501), or where Django's
+    normalize_json overflows the stack (1,200), a clean failure, not an internal error
+    that leaves the job running until its lease expires."""
+    job = job_factory(task=test_tasks.returns_nested, args=[levels], max_attempts=5)
+    worker = run_worker(lease_seconds=30, timeout=20)
+    row = fresh(job)
+    assert (row.status, row.attempts, worker.stats.failed) == ("dead", 1, 1)
+    (error,) = row.errors
+    assert error["exception_class_path"] == "django_pgqueue.exceptions.InvalidResult"
+    assert "nested more than 500 levels deep" in error["traceback"]
+
+
+def test_worker__job_with_args_stored_too_deep_is_dead_at_once(job_factory, run_worker):
+    """A row written before the depth was enforced (or around enqueue): its TaskResult
+    cannot be built; the job fails cleanly with the reason instead of staying running."""
+    from django.db import connection
+
+    from django_pgqueue.taskapi import task_finished
+
+    job = job_factory(args=[1, 2], max_attempts=5)
+    text = "[" * 1200 + "1" + "]" * 1200
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pgqueue_job SET args = %s::jsonb WHERE id = %s", [text, job.id])
+    seen: list[str] = []
+
+    def receiver(sender: object, task_result: object, **kwargs: object) -> None:
+        seen.append(str(task_result))  # wants a TaskResult
+
+    task_finished.connect(receiver)
+    try:
+        worker = run_worker(lease_seconds=30, timeout=20)
+    finally:
+        task_finished.disconnect(receiver)
+    row = fresh(job)
+    assert (row.status, row.attempts, worker.stats.failed) == ("dead", 1, 1)
+    assert row.errors[0]["exception_class_path"] == "django_pgqueue.exceptions.InvalidJob"
+    assert "args or kwargs are nested more than 500 levels deep" in row.errors[0]["traceback"]

@@ -18,7 +18,14 @@ large part of an idle worker's pickup-to-done latency.
 
 Transactional tasks and failures are still recorded inline by the runner thread. Each
 recorded job is reported (log line, ``task_finished``) through the worker's
-:class:`~django_pgqueue.worker.outcomes.Reporter`.
+:class:`~django_pgqueue.worker.outcomes.Reporter`, by the status the write returned: a
+job whose cancellation was requested after its last lease extension ends
+``cancelled``, and is reported and counted so.
+
+A batch the database refuses for its data (a result jsonb cannot hold, which the
+runner's validation should have caught) is not retried: it is split in halves, each
+written on its own, down to the one row refused, whose attempt fails for good with the
+database's reason, while the others are done.
 """
 
 from __future__ import annotations
@@ -32,13 +39,14 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import validation
+from ..exceptions import InvalidResult
 from ..models import Job
 from ..reconnect import close_connection
-from ..taskapi import TaskResult
+from ..taskapi import Task, TaskResult
 from ..tasks import CurrentJob
 from .connections import configure_session
 from .outcomes import Reporter
-from .state import WorkerPart, WorkerState
+from .state import DataRefused, WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +68,8 @@ class Completion:
     current: CurrentJob | None
     #: ``value``'s JSON text, made when the runner validated it (None: encode here).
     text: str | None = None
+    #: The job's task, to build a ``TaskResult`` if a failure's signal needs one.
+    task: Task | None = None
 
 
 class Completer(WorkerPart):
@@ -168,23 +178,30 @@ class Completer(WorkerPart):
     def flush(self, batch: list[Completion], *, role: str = "completer") -> None:
         """Write ``batch`` with one fenced statement and report each job's outcome;
         through database errors retry for about one lease, then give up (the leases
-        expire and the sweeper recovers the jobs: never done without the fenced write)."""
+        expire and the sweeper recovers the jobs: never done without the fenced write).
+        A batch refused for its data is split (see ``_split``)."""
         results = [
             (c.job, validation.result_json(c.value) if c.text is None else c.text) for c in batch
         ]
 
-        def write() -> list[bool]:
+        def write() -> list[str | None]:
             configure_session(self.alias, role, self.worker_id)  # the thread's label
-            return self.jobs.complete_many(results, self.worker_id, encoded=True)
+            return self.jobs.complete_many_status(results, self.worker_id, encoded=True)
 
-        _, recorded = self.write_retrying(write, jobs=[c.job for c in batch], outcome="complete")
+        try:
+            _, statuses = self.write_retrying(
+                write, jobs=[c.job for c in batch], outcome="complete"
+            )
+        except DataRefused as exc:
+            self._split(batch, exc, role=role)
+            return
         # Free the slots first: the claim loop may go on while the receivers run.
         self.state.forget(c.job for c in batch)
-        if recorded is None:
+        if statuses is None:
             return  # given up
         self.flushes += 1
-        for c, ok in zip(batch, recorded, strict=True):
-            if ok:
+        for c, status in zip(batch, statuses, strict=True):
+            if status == "done":
                 self.stats.count("done")
                 self.reporter.done(
                     c.job,
@@ -194,5 +211,26 @@ class Completer(WorkerPart):
                     transactional=False,
                     current=c.current,
                 )
+            elif status == "cancelled":  # requested after the last lease extension
+                self.stats.count("cancelled")
+                self.reporter.cancelled(c.job, c.task, c.task_result, c.elapsed, current=c.current)
             else:
                 self.report_lost(c.job, "complete")
+
+    def _split(self, batch: list[Completion], refused: DataRefused, *, role: str) -> None:
+        """A batch the database refused for its data: write each half on its own, down
+        to the refused row, whose attempt fails for good (dead, or cancelled if that
+        was requested) with the database's reason: its value can never be stored."""
+        if len(batch) > 1:
+            half = len(batch) // 2
+            self.flush(batch[:half], role=role)
+            self.flush(batch[half:], role=role)
+            return
+        (c,) = batch
+        error = InvalidResult(f"PostgreSQL refused the task's return value: {refused}")
+        try:
+            status = self.record_failure(c.job, error, retry=False)
+        finally:
+            self.state.forget([c.job])
+        if status is not None:
+            self.reporter.failed(c.job, c.task, c.task_result, error, status, c.elapsed)

@@ -106,7 +106,9 @@ class Heartbeat(WorkerPart):
         self.ok_at = now
         for job in held:
             if job.id in owned.cancel_requested:
-                self._request_cancel(job)
+                # Usually told already by the listener (a NOTIFY from cancel()); this
+                # is the fallback when that never came (no LISTEN connection).
+                self.request_cancel(job.id, job)
             if job.id not in owned:
                 with self.lock:
                     entry = self.state.entry(job)
@@ -125,17 +127,3 @@ class Heartbeat(WorkerPart):
                         "worker_id": self.worker_id,
                     },
                 )
-
-    def _request_cancel(self, job: Job) -> None:
-        """Tell the running task (``current_job().cancel_requested``; an async task's
-        coroutine is cancelled by the runner) that its job was cancelled."""
-        with self.lock:
-            entry = self.state.entry(job)
-            if entry is None or entry.cancel.is_set():
-                return
-            entry.cancel.set()
-        logger.info(
-            "job %s: cancellation requested; telling the task to stop",
-            job.id,
-            extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
-        )

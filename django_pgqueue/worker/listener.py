@@ -5,6 +5,11 @@ or ``OPTIONS["LISTEN_DATABASE"]`` when the jobs database is behind a transaction
 
 NOTIFY is only a latency hint. If this connection dies, the poll interval still
 guarantees pickup, and after every reconnect the claim loop is woken to poll at once.
+
+The same channel carries ``Job.objects.cancel()``'s notifications of running jobs
+(``manager.CANCEL_NOTIFY_PREFIX`` and job ids): a held one's task is told at once. A
+cancel missed here (the connection was down) still reaches the task at the next lease
+extension, a third of a lease later at most.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from psycopg import sql as pgsql
 from .. import sql
 from ..conf import settings
 from ..exceptions import first_line
+from ..manager import CANCEL_NOTIFY_PREFIX
 from ..reconnect import Retry
 from .state import WorkerPart, WorkerState
 
@@ -26,8 +32,9 @@ logger = logging.getLogger(__name__)
 
 
 class Listener(WorkerPart):
-    """Sets ``wakeup`` on a notification for one of ``queues`` (None: any queue), until
-    ``done`` is set. Its connection is labelled ``pgqueue listen <worker id>``."""
+    """Sets ``wakeup`` on a notification for one of ``queues`` (None: any queue), and
+    the cancel flag of a held job named by a cancel notification, until ``done`` is
+    set. Its connection is labelled ``pgqueue listen <worker id>``."""
 
     def __init__(
         self, state: WorkerState, *, queues: list[str] | None, params: dict[str, Any]
@@ -60,7 +67,9 @@ class Listener(WorkerPart):
                         # Short waits so the thread (and its connection) ends soon after
                         # shutdown; it would otherwise outlive run() by up to a wait.
                         for notify in conn.notifies(timeout=0.25):
-                            if self.queues is None or notify.payload in self.queues:
+                            if notify.payload.startswith(CANCEL_NOTIFY_PREFIX):
+                                self._cancel(notify.payload)
+                            elif self.queues is None or notify.payload in self.queues:
                                 self.wakeup.set()
                         if time.monotonic() - checked >= 2.0:
                             # An idle socket can die silently; a cheap query proves it alive.
@@ -75,3 +84,9 @@ class Listener(WorkerPart):
                     extra={"action": "listen", "worker_id": self.worker_id},
                 )
                 retry.wait()
+
+    def _cancel(self, payload: str) -> None:
+        """Set the cancel flag of each held job the payload names (others: not ours)."""
+        for part in payload[len(CANCEL_NOTIFY_PREFIX) :].split(","):
+            if part.isascii() and part.isdigit() and int(part) in self.held:
+                self.request_cancel(int(part))

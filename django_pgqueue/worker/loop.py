@@ -211,10 +211,11 @@ class Worker:
             presence.unregister(self.worker_id)
             close_connection(self.alias)
         logger.info(
-            "worker %s stopped: done=%d failed=%d lost=%d released=%d",
+            "worker %s stopped: done=%d failed=%d cancelled=%d lost=%d released=%d",
             self.worker_id,
             self.stats.done,
             self.stats.failed,
+            self.stats.cancelled,
             self.stats.lost,
             self.stats.released,
             extra={"action": "exit", "worker_id": self.worker_id},

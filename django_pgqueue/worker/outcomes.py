@@ -23,8 +23,17 @@ import time
 
 from django.dispatch import Signal
 
+from ..exceptions import exception_line
+from ..framework import to_task_result
 from ..models import Job
-from ..taskapi import FRAMEWORK, LOG_RECEIVERS, TaskResult, TaskResultStatus, task_finished
+from ..taskapi import (
+    FRAMEWORK,
+    LOG_RECEIVERS,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    task_finished,
+)
 from ..tasks import CurrentJob, _current
 
 logger = logging.getLogger(__name__)
@@ -60,7 +69,10 @@ def would_log(log: logging.Logger, level: int) -> bool:
 
 class Reporter:
     """Sends Django's ``task_started``/``task_finished`` with ``sender`` (the backend
-    class, as Django's own backends send them) and logs the "done" line."""
+    class, as Django's own backends send them) and logs each recorded outcome: done,
+    cancelled, failed. The line and the signal follow the status the write returned,
+    so a job whose cancellation landed after its task returned is reported cancelled
+    (``task_finished`` FAILED, as ``TaskResult`` maps cancelled), not done."""
 
     def __init__(self, *, sender: type, worker_id: str) -> None:
         self.sender = sender
@@ -146,3 +158,93 @@ class Reporter:
         finally:
             if token is not None:
                 _current.reset(token)
+
+    def cancelled(
+        self,
+        job: Job,
+        task: Task | None,
+        task_result: TaskResult | None,
+        elapsed: float,
+        *,
+        current: CurrentJob | None = None,
+    ) -> None:
+        """Report a job whose recorded outcome is ``cancelled`` although its task
+        returned (its result is kept): the line, then ``task_finished`` FAILED."""
+        logger.info(
+            "job %s %s cancelled after %.3fs (the task returned; its cancellation was "
+            "requested while it ran)",
+            job.id,
+            job.task,
+            elapsed,
+            extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
+        )
+        token = None if current is None else _current.set(current)
+        try:
+            self.finished_failed(job, task, task_result)
+        finally:
+            if token is not None:
+                _current.reset(token)
+
+    def failed(
+        self,
+        job: Job,
+        task: Task | None,
+        task_result: TaskResult | None,
+        exc: BaseException,
+        status: str,
+        elapsed: float,
+    ) -> None:
+        """Log a recorded failure and, if it ended the job, send ``task_finished``.
+
+        An attempt that will be retried (``scheduled``) is one warning line with the
+        exception's first line (its traceback is in the job's errors) and no signal:
+        the job is not finished, as Django's ``TaskResult`` of it still says (READY).
+        The final failure (``dead``) is logged at error level with its traceback, a
+        cancellation at info level; then ``task_finished`` is sent with status FAILED,
+        once per job."""
+        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
+        if status == "scheduled":
+            logger.warning(
+                "job %s %s failed after %.3fs (attempt %d/%d), will retry: %s",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                job.max_attempts,
+                exception_line(exc),
+                extra={"action": "retry", **log_extra},
+            )
+            return
+        if status == "cancelled":
+            logger.info(
+                "job %s %s cancelled after %.3fs (%s)",
+                job.id,
+                job.task,
+                elapsed,
+                exception_line(exc),
+                extra={"action": "cancel", **log_extra},
+            )
+        else:
+            logger.error(
+                "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
+                job.id,
+                job.task,
+                elapsed,
+                job.attempts,
+                job.max_attempts,
+                status,
+                exc_info=exc,
+                extra={"action": "fail", **log_extra},
+            )
+        self.finished_failed(job, task, task_result)
+
+    def finished_failed(self, job: Job, task: Task | None, task_result: TaskResult | None) -> None:
+        """Send ``task_finished`` with status FAILED, if it would do anything (asked at
+        error level: Django's own receiver logs a failure at that level). Without a
+        ``TaskResult`` or the ``task`` to build one, nothing is sent."""
+        if task_result is None:
+            if task is None or not self.wants(task_finished, logging.ERROR):
+                return
+            task_result = to_task_result(job, task)
+        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+        self.signal(task_finished, task_result)

@@ -22,7 +22,16 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
 from .. import tracing, validation
-from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak, exception_line
+from ..exceptions import (
+    InvalidJob,
+    InvalidResult,
+    JobCancelled,
+    LeaseLost,
+    TaskNotFound,
+    TransactionLeak,
+    exception_line,
+    first_line,
+)
 from ..framework import TaskGone, load_task, to_task_result
 from ..models import Job
 from ..reconnect import close_connection
@@ -31,7 +40,6 @@ from ..taskapi import (
     TaskContext,
     TaskResult,
     TaskResultStatus,
-    normalize_json,
     task_finished,
     task_started,
 )
@@ -45,7 +53,7 @@ from .connections import (
     watch_session,
 )
 from .outcomes import Reporter
-from .state import WorkerPart, WorkerState
+from .state import DataRefused, WorkerPart, WorkerState, refused_data
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +168,7 @@ class JobRunner(WorkerPart):
                 outcome="cancel",
             )
             if written:
+                self.stats.count("cancelled")
                 logger.info(
                     "job %s cancelled before it started; not running it",
                     job.id,
@@ -209,10 +218,10 @@ class JobRunner(WorkerPart):
         self, job: Job, task: Task, task_result: TaskResult | None, cancel: CancelFlag
     ) -> tuple[object, str]:
         """Call the task; return its JSON-safe value and that value's JSON text (a bad
-        value raises here; the text is what the batched completion stores, so it is
-        not encoded twice). A coroutine task is cancelled (``asyncio.CancelledError``
-        inside it) once ``cancel`` is set. ``task_result`` is built whenever the task
-        takes a context."""
+        value raises ``InvalidResult`` here, which fails the job for good; the text is
+        what the batched completion stores, so it is not encoded twice). A coroutine
+        task is cancelled (``asyncio.CancelledError`` inside it) once ``cancel`` is set.
+        ``task_result`` is built whenever the task takes a context."""
         args: list[Any] = list(job.args)
         if task.takes_context:
             assert task_result is not None
@@ -221,8 +230,7 @@ class JobRunner(WorkerPart):
             value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
             value = task.call(*args, **job.kwargs)
-        value = normalize_json(value)
-        return value, validation.result_json(value)  # a bad value fails the job here
+        return validation.returned(value)  # a bad value fails the job here
 
     def _run(self, job: Job, task: Task, *, transactional: bool, cancel: CancelFlag) -> bool:
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
@@ -232,7 +240,17 @@ class JobRunner(WorkerPart):
         task_result = None
         started_wanted = self.reporter.wants(task_started)
         if task.takes_context or started_wanted or self.reporter.wants(task_finished):
-            task_result = to_task_result(job, task)
+            try:
+                task_result = to_task_result(job, task)
+            except RecursionError:  # args stored before the depth was enforced
+                error = InvalidJob(
+                    f"job {job.id}'s args or kwargs are nested more than "
+                    f"{validation.MAX_DEPTH} levels deep"
+                )
+                status = self._record_failure(job, error, retry=False)
+                if status is not None:  # (no TaskResult: building one is what overflowed)
+                    self.reporter.failed(job, None, None, error, status, 0.0)
+                return False
             object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
             if started_wanted:
                 self.reporter.signal(task_started, task_result)
@@ -250,7 +268,14 @@ class JobRunner(WorkerPart):
                     if cancel.is_set():
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     self._mark_recording(job)
-                    status = self.jobs.complete_status(job, self.worker_id, result=value)
+                    try:
+                        status = self.jobs.complete_status(job, self.worker_id, result=value)
+                    except DatabaseError as exc:
+                        if refused_data(exc):  # never storable: fail for good, below
+                            raise InvalidResult(
+                                f"PostgreSQL refused the task's return value: {first_line(exc)}"
+                            ) from exc
+                        raise
                     if status is None:
                         raise LeaseLost(
                             f"job {job.id}: lease lost before completion; "
@@ -314,7 +339,8 @@ class JobRunner(WorkerPart):
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
             tracing.outcome(tracing.FAILED, exc)
-            status = self._record_failure(job, exc)
+            # A return value that cannot be stored would be the same on every attempt.
+            status = self._record_failure(job, exc, retry=not isinstance(exc, InvalidResult))
             if status is None:
                 return False
             failure = (exc, status, elapsed)
@@ -322,7 +348,7 @@ class JobRunner(WorkerPart):
             # Reported here, outside the except block: Django's own task_finished
             # receiver logs the traceback of the exception being handled, if any, and
             # ours already holds it (once, for the final failure only).
-            self._report_failure(job, task, task_result, *failure)
+            self.reporter.failed(job, task, task_result, *failure)
             return False
         elapsed = time.perf_counter() - started
         tracing.outcome(tracing.SUCCEEDED)
@@ -340,79 +366,12 @@ class JobRunner(WorkerPart):
         # extended) until then.
         last = not self.state.mark_completing(job)
         self.completer.submit(
-            Completion(job, value, elapsed, task_result, _current.get(), text), last=last
+            Completion(job, value, elapsed, task_result, _current.get(), text, task), last=last
         )
         return True
 
-    def _report_failure(
-        self,
-        job: Job,
-        task: Task,
-        task_result: TaskResult | None,
-        exc: BaseException,
-        status: str,
-        elapsed: float,
-    ) -> None:
-        """Log a recorded failure and, if it ended the job, send ``task_finished``.
-
-        An attempt that will be retried (``scheduled``) is one warning line with the
-        exception's first line (its traceback is in the job's errors) and no signal:
-        the job is not finished, as Django's ``TaskResult`` of it still says (READY).
-        The final failure (``dead``) is logged at error level with its traceback, then
-        ``task_finished`` is sent with status FAILED, once per job."""
-        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        if status == "scheduled":
-            logger.warning(
-                "job %s %s failed after %.3fs (attempt %d/%d), will retry: %s",
-                job.id,
-                job.task,
-                elapsed,
-                job.attempts,
-                job.max_attempts,
-                exception_line(exc),
-                extra={"action": "retry", **log_extra},
-            )
-            return
-        if status == "cancelled":
-            logger.info(
-                "job %s %s cancelled after %.3fs (%s)",
-                job.id,
-                job.task,
-                elapsed,
-                exception_line(exc),
-                extra={"action": "cancel", **log_extra},
-            )
-        else:
-            logger.error(
-                "job %s %s failed after %.3fs (attempt %d/%d) -> %s",
-                job.id,
-                job.task,
-                elapsed,
-                job.attempts,
-                job.max_attempts,
-                status,
-                exc_info=exc,
-                extra={"action": "fail", **log_extra},
-            )
-        self._finished_failed(job, task, task_result)
-
-    def _finished_failed(self, job: Job, task: Task, task_result: TaskResult | None) -> None:
-        """Send ``task_finished`` with status FAILED, if it would do anything (logged at
-        error level, Django's own receiver logs more often than a success's line)."""
-        if task_result is None:
-            if not self.reporter.wants(task_finished, logging.ERROR):
-                return
-            task_result = to_task_result(job, task)
-        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-        self.reporter.signal(task_finished, task_result)
-
     def _mark_recording(self, job: Job) -> None:
-        """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
-        ``running`` now for that reason (a missed extension is not a lost lease)."""
-        with self.lock:
-            entry = self.state.entry(job)
-            if entry is not None:
-                entry.recording = True
+        self.mark_recording(job)  # see WorkerPart.mark_recording
 
     def _discard_leftovers(self, job: Job, raw: object, outcome: str) -> None:
         """Discard this thread's connection if the task left anything on it (see
@@ -442,16 +401,24 @@ class JobRunner(WorkerPart):
         """Write the outcome of a task that returned after its job's cancellation was
         requested: the fenced completion ends it ``cancelled`` (result kept)."""
         self._mark_recording(job)
-        written, status = self.write_retrying(
-            lambda: self.jobs.complete_status(job, self.worker_id, result=value),
-            jobs=[job],
-            outcome="cancel",
-        )
+        try:
+            written, status = self.write_retrying(
+                lambda: self.jobs.complete_status(job, self.worker_id, result=value),
+                jobs=[job],
+                outcome="cancel",
+            )
+        except DataRefused as exc:
+            error = InvalidResult(f"PostgreSQL refused the task's return value: {exc}")
+            failed = self._record_failure(job, error, retry=False)
+            if failed is not None:
+                self.reporter.failed(job, task, task_result, error, failed, elapsed)
+            return
         if not written:
             return
         if status is None:
             self.report_lost(job, "cancel")
             return
+        self.stats.count("cancelled" if status == "cancelled" else "done")
         logger.info(
             "job %s %s %s after %.3fs (the task stopped)",
             job.id,
@@ -460,7 +427,7 @@ class JobRunner(WorkerPart):
             elapsed,
             extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
         )
-        self._finished_failed(job, task, task_result)
+        self.reporter.finished_failed(job, task, task_result)
 
     def _prepare_session(self) -> Any:
         """Label this thread's connection and read its clean-session baseline before the
@@ -476,19 +443,4 @@ class JobRunner(WorkerPart):
             return watch_session(self.alias)
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
-        """Write a failed attempt, fenced; return the job's new status, or None if it
-        was not recorded (lease lost, or database errors for about one lease: then the
-        lease expires and the sweeper recovers the job)."""
-        self._mark_recording(job)
-        written, status = self.write_retrying(
-            lambda: self.jobs.fail(job, self.worker_id, error, retry=retry),
-            jobs=[job],
-            outcome="fail",
-        )
-        if not written:
-            return None
-        if status is None:
-            self.report_lost(job, "fail")
-        else:
-            self.stats.count("failed")
-        return status
+        return self.record_failure(job, error, retry=retry)  # see WorkerPart.record_failure

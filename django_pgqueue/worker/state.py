@@ -4,7 +4,9 @@ The claim loop, the runner threads, the completer, the heartbeat and the listene
 get the same :class:`WorkerState` instead of the same half-dozen arguments, and see it
 under short attribute names through :class:`WorkerPart`. "Is this still my claim?" is
 asked in one place, :meth:`WorkerState.entry`; the retry-until-the-lease-runs-out loop
-of every outcome write is one method, :meth:`WorkerPart.write_retrying`.
+of every outcome write is one method, :meth:`WorkerPart.write_retrying`, which retries
+a database error as transient except one that refuses the data the write carries
+(:class:`DataRefused`): that one would fail again however often it was tried.
 """
 
 from __future__ import annotations
@@ -26,6 +28,29 @@ from ..tasks import CancelFlag
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: SQLSTATE classes of a statement refused for the data it carries, the same however
+#: often it is tried: 22, a data exception (a value jsonb or numeric cannot hold), and
+#: 54, a program limit exceeded (a jsonb string or container too large, too deep).
+REFUSED_DATA_CLASSES = ("22", "54")
+
+
+def refused_data(exc: BaseException) -> bool:
+    """Whether a database error refused the statement's data (see ``REFUSED_DATA_CLASSES``)."""
+    for error in (exc, exc.__cause__):
+        state = getattr(error, "sqlstate", None)
+        if isinstance(state, str) and state[:2] in REFUSED_DATA_CLASSES:
+            return True
+    return False
+
+
+class DataRefused(Exception):  # noqa: N818 - names the event
+    """An outcome write the database refused for its data (see ``refused_data``): not
+    retried, since it would fail the same way; the caller records why instead."""
+
+    def __init__(self, error: DatabaseError) -> None:
+        super().__init__(first_line(error))
+        self.error = error
 
 
 @dataclass
@@ -59,6 +84,8 @@ class WorkerStats:
     claimed: int = 0
     done: int = 0
     failed: int = 0
+    #: Jobs that ended ``cancelled`` here (never counted in ``done`` or ``failed``).
+    cancelled: int = 0
     lost: int = 0
     released: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -170,13 +197,16 @@ class WorkerPart:
         thread's connection; through database errors, reconnect and retry with backoff
         for about one lease, or until the worker's threads are told to end. Return
         (True, what ``write`` returned), or (False, None) after giving up: the jobs'
-        leases then expire and the sweeper recovers them (never recorded unfenced)."""
+        leases then expire and the sweeper recovers them (never recorded unfenced).
+        An error that refused the write's data raises :class:`DataRefused` at once."""
         retry = Retry(self.alias, stop=self.done, deadline=self.lease_seconds)
         extra = {"action": outcome, "worker_id": self.worker_id}
         while True:
             try:
                 return True, write()
             except DatabaseError as exc:
+                if refused_data(exc):
+                    raise DataRefused(exc) from exc
                 delay = retry.failed()
                 close_connection(self.alias)
                 if retry.expired() or self.done.is_set():
@@ -200,6 +230,48 @@ class WorkerPart:
                     )
                 # Wakes early at shutdown's end, so a give-up is not held up by a sleep.
                 retry.wait()
+
+    def mark_recording(self, job: Job) -> None:
+        """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
+        ``running`` now for that reason (a missed extension is not a lost lease)."""
+        with self.lock:
+            entry = self.state.entry(job)
+            if entry is not None:
+                entry.recording = True
+
+    def record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
+        """Write a failed attempt, fenced, and count it (``cancelled`` if the job ended
+        so); return the job's new status, or None if it was not recorded (lease lost,
+        or database errors for about one lease: then the lease expires and the
+        sweeper recovers the job)."""
+        self.mark_recording(job)
+        written, status = self.write_retrying(
+            lambda: self.jobs.fail(job, self.worker_id, error, retry=retry),
+            jobs=[job],
+            outcome="fail",
+        )
+        if not written:
+            return None
+        if status is None:
+            self.report_lost(job, "fail")
+        else:
+            self.stats.count("cancelled" if status == "cancelled" else "failed")
+        return status
+
+    def request_cancel(self, job_id: int, job: Job | None = None) -> None:
+        """Tell the task of held job ``job_id`` (of this very claim, if ``job`` is given)
+        that its job was cancelled: ``current_job().cancel_requested``, and an async
+        task's coroutine is cancelled by the runner. Once per job."""
+        with self.lock:
+            entry = self.held.get(job_id) if job is None else self.state.entry(job)
+            if entry is None or entry.cancel.is_set():
+                return
+            entry.cancel.set()
+        logger.info(
+            "job %s: cancellation requested; telling the task to stop",
+            job_id,
+            extra={"action": "cancel", "job_id": job_id, "worker_id": self.worker_id},
+        )
 
     def report_lost(self, job: Job, outcome: str) -> None:
         """Count and log an outcome the fence refused: the lease was taken back."""
