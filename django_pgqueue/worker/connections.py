@@ -163,7 +163,7 @@ def reset_server_session(raw: Any) -> None:
 
 # Cursor classes that count their creations on their connection, by the class they wrap.
 _COUNTING: dict[type, type] = {}
-# Runner threads, whose new connections get a baseline as they open (watch_sessions).
+# A runner thread's connections (_wrappers): those it opens get a baseline as they open.
 _runner = threading.local()
 
 
@@ -207,11 +207,15 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     """A connection a task opens on a runner thread (to any database): its baseline is
     read before the task's first statement on it. A failure leaves it without one: it
     is then discarded after the job, without blaming the task."""
-    if getattr(_runner, "watching", False) and connection.connection is not None:
-        try:
-            _watch(connection.connection)
-        except psycopg.Error:
-            connection.connection._pgqueue_baseline = None
+    known = getattr(_runner, "wrappers", None)
+    if known is None or connection.connection is None:
+        return
+    if all(wrapper is not connection for wrapper in known):
+        known.append(connection)
+    try:
+        _watch(connection.connection)
+    except psycopg.Error:
+        connection.connection._pgqueue_baseline = None
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="django_pgqueue.watch")
@@ -224,10 +228,12 @@ def watch_session(alias: str) -> Any:
     connection of ``alias`` (connected and labelled by the caller), whose failing
     baseline read raises ``DatabaseError``; another database's connection that fails
     it is dropped (the task reconnects if it needs it)."""
-    _runner.watching = True
-    for wrapper in connections.all(initialized_only=True):
+    for wrapper in _wrappers():
         raw = wrapper.connection
         if raw is None or raw.closed:
+            continue
+        if getattr(raw, "_pgqueue_baseline", None) is not None:
+            raw._pgqueue_cursors = 0  # the common case: nothing to read
             continue
         try:
             with wrapper.wrap_database_errors:
@@ -239,22 +245,32 @@ def watch_session(alias: str) -> Any:
     return connections[alias].connection
 
 
+def _wrappers() -> list[Any]:
+    """This runner thread's Django connections: those it had when it first watched,
+    then each one it opens (``connection_created``). Kept per thread, as looking them
+    up in Django's per-context connection handler every job costs more than the checks."""
+    known = getattr(_runner, "wrappers", None)
+    if known is None:
+        known = _runner.wrappers = list(connections.all(initialized_only=True))
+    return known
+
+
 def session_leftovers(*, skip: str | None = None) -> dict[str, list[str]]:
     """What the task that just ran left on this thread's connections, by database alias
     and then by name (empty: nothing); ``skip`` is an alias not to look at (the jobs
     database inside a transactional task's own transaction). See :func:`leftovers`."""
     found: dict[str, list[str]] = {}
-    for wrapper in connections.all(initialized_only=True):
+    for wrapper in _wrappers():
         if wrapper.alias != skip:
-            left = leftovers(wrapper.alias)
+            left = leftovers(wrapper)
             if left:
                 found[wrapper.alias] = left
     return found
 
 
-def leftovers(alias: str) -> list[str]:
-    """What the task that just ran left on this thread's connection to ``alias``, by
-    name (empty: nothing).
+def leftovers(wrapper: Any) -> list[str]:
+    """What the task that just ran left on this thread's Django connection ``wrapper``,
+    by name (empty: nothing).
 
     Free checks first, on the client: Django's transaction state and the driver's own
     (``transaction_status``, ``autocommit``), which see a raw ``BEGIN`` or
@@ -268,7 +284,7 @@ def leftovers(alias: str) -> list[str]:
     rather than blamed. A connection without a baseline (its read failed), or whose
     check fails (a terminated backend, a ``statement_timeout`` too short for it), cannot
     be compared: it is discarded here, without blaming the task."""
-    wrapper = connections[alias]
+    alias = wrapper.alias
     current = wrapper.connection
     found: list[str] = []
     if wrapper.in_atomic_block:
