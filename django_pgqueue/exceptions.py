@@ -37,12 +37,14 @@ class TaskNotFound(PgQueueError):  # noqa: N818
 
 
 class TransactionLeak(PgQueueError):  # noqa: N818 - names the event
-    """An ordinary task returned with a transaction still open on the jobs database
-    (Django's or one the driver reports: a raw ``BEGIN``, autocommit turned off), or
-    with session state left on its connection (a session ``SET``, ``SET ROLE``, an
-    advisory lock, an open cursor, ``PREPARE``, ``LISTEN``, a temporary table). The
-    worker discarded the connection, which rolls the transaction back and drops the
-    state, and the attempt failed; the message names what was left."""
+    """A task returned with a transaction still open on a connection it used (to the
+    jobs database or any other; Django's or one the driver reports: a raw ``BEGIN``,
+    autocommit turned off), or with session state left on it (``SET ROLE``, a session
+    ``SET`` of a setting that changes what SQL means, an advisory lock, an open cursor,
+    ``PREPARE``, ``LISTEN``, a temporary table). The worker discarded the connection
+    (resetting the server session first behind a pooler), which rolls the transaction
+    back and drops the state, and the attempt failed; the message names what was left
+    and on which database."""
 
 
 class UnsupportedServerError(PgQueueError):

@@ -1053,14 +1053,25 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('synchronous_commit', 'off', true)
 """
 
+# A runner connection's own session settings before its first job (the worker's label,
+# Django's TimeZone), by name: what SESSION_RESTORE_SETTINGS puts back after
+# SESSION_RESET_SETTINGS. Read once per connection (pg_settings is too dear per job).
+# No table.
+SESSION_GET_SETTINGS = """
+SELECT coalesce(array_agg(name ORDER BY name), '{}') AS names,
+       coalesce(array_agg(setting ORDER BY name), '{}') AS "values"
+FROM pg_settings
+WHERE source = 'session'
+"""
+
 # What a task can leave behind on a runner connection beyond its transaction: the
 # roles, the session settings that change what later jobs' SQL means or how it runs,
 # and the session-level objects (advisory locks, open cursors, prepared statements,
 # LISTEN, temporary tables). The runner reads it once per connection as a baseline and
 # again after each job that opened a cursor, and discards the connection if they differ.
-# Session-local views only, except pg_locks (filtered on this backend). pg_settings is
-# not read (about 0.4 ms per call), so a setting outside this list, or a custom one
-# (app.tenant), is not seen. psycopg's own prepared statements (_pg3_*) are not leaks.
+# Session-local views only, except pg_locks (filtered on this backend). Other settings
+# are reset, not compared (SESSION_RESET_SETTINGS). Only SQL PREPAREs count: psycopg's
+# own prepared statements (protocol-level, from_sql false) are not leaks.
 SESSION_GET_STATE = """
 SELECT current_user AS "role",
        session_user AS "session authorization",
@@ -1079,8 +1090,7 @@ SELECT current_user AS "role",
        EXISTS (SELECT FROM pg_locks
                WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS "advisory locks",
        EXISTS (SELECT FROM pg_cursors WHERE name <> '') AS "open cursors",
-       EXISTS (SELECT FROM pg_prepared_statements WHERE name NOT LIKE '\\_pg3\\_%%')
-           AS "prepared statements",
+       EXISTS (SELECT FROM pg_prepared_statements WHERE from_sql) AS "prepared statements",
        EXISTS (SELECT FROM pg_listening_channels()) AS "LISTEN",
        CASE WHEN pg_my_temp_schema() = 0 THEN false
             ELSE EXISTS (SELECT FROM pg_class WHERE relnamespace = pg_my_temp_schema())
@@ -1098,6 +1108,42 @@ LISTEN {channel}
 # listener only waits for notifications, and a cheap query raises if it did. No table.
 SESSION_PING = """
 SELECT 1
+"""
+
+# Reset a server session before its client connection is thrown away, on a database
+# behind a transaction pooler: closing the client resets nothing there, and the pooler
+# hands the server connection on. DISCARD ALL's parts one by one (DISCARD ALL itself is
+# refused in a multi-statement string): one string is one round trip and one implicit
+# transaction, hence one server connection. setseed undoes a task's too. No table.
+SESSION_RESET = """
+SET SESSION AUTHORIZATION DEFAULT;
+RESET ALL;
+CLOSE ALL;
+UNLISTEN *;
+SELECT pg_advisory_unlock_all();
+DISCARD PLANS;
+DISCARD SEQUENCES;
+DISCARD TEMP;
+DEALLOCATE ALL;
+SELECT setseed(('x' || left(gen_random_uuid()::text, 8))::bit(32)::int / 2147483648.0)
+"""
+
+# After a job that ran SQL on a runner connection: every setting back to its value at
+# connection start (RESET ALL leaves the role alone, which SESSION_GET_STATE compares);
+# SESSION_RESTORE_SETTINGS then puts back the connection's own. One statement
+# instead of reading pg_settings after every job. No table.
+SESSION_RESET_SETTINGS = """
+RESET ALL
+"""
+
+# The connection's own session settings back (SESSION_GET_SETTINGS, read before its
+# first job) after SESSION_RESET_SETTINGS, and random() reseeded from a strong source:
+# a task's setseed() cannot be read back, so it is undone whatever it was. Pipelined
+# with the check and the reset: one round trip. No table.
+SESSION_RESTORE_SETTINGS = """
+SELECT (SELECT count(set_config(b.name, b.value, false))
+        FROM unnest(%(names)s::text[], %(values)s::text[]) AS b(name, value)) AS restored,
+       setseed(('x' || left(gen_random_uuid()::text, 8))::bit(32)::int / 2147483648.0)
 """
 
 # Forget a worker that exits cleanly (the last thing it does). Primary-key lookup.

@@ -22,6 +22,8 @@ from django_pgqueue.databases import backend_database, default_database, listen_
 from django_pgqueue.models import Job
 from django_pgqueue.sweeper import Sweeper
 from django_pgqueue.taskapi import task_backends
+from testproject.demo import fault_tasks
+from testproject.demo.models import Execution
 from testproject.demo.tasks import add
 
 from .conftest import ManagedProcess, wait_for
@@ -195,6 +197,36 @@ def test_worker__backend_runs_only_its_databases_jobs(
     worker = manage("pgqueue_worker", "--burst")
     assert worker.wait(60) == 0, worker.output()
     assert ids("default", status="done") == firsts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["raw_begin", "begin", "read_only"])
+def test_worker__leak_on_another_database_fails_the_job_and_hides_no_later_write(
+    manage: Callable[..., ManagedProcess], kind: str
+) -> None:
+    """Defect: a worker of the "second" backend checked only the jobs database's
+    connection, so a task that left a transaction open on "default" (where its writes
+    go) passed, and the 20 later jobs ended done with their rows never committed (lost
+    when the worker exited 0). Now the leaking job fails with TransactionLeak naming
+    "default", that connection is discarded, and every later job's row is committed."""
+    second = "second"
+    leaking = fault_tasks.leak.using(backend=second, priority=5).enqueue(kind=kind)
+    later = [fault_tasks.ledger_plain.using(backend=second).enqueue(n) for n in range(20)]
+    worker = manage(
+        "pgqueue_worker", "--backend", second, "--burst", "--concurrency", "1",
+        "--batch-size", "1", env={"PGQUEUE_RETRY_BACKOFF_BASE": "60"},
+    )  # fmt: skip
+    assert worker.wait(120) == 0, worker.output()
+    jobs = Job.objects.using(second)
+    assert {jobs.get(pk=j.id).status for j in later} == {"done"}
+    ran = set(Execution.objects.values_list("job_id", flat=True).filter(kind="plain"))
+    assert {int(j.id) for j in later} <= ran  # committed, seen from another connection
+    failed = jobs.get(pk=leaking.id)
+    assert failed.status == "scheduled"
+    error = failed.errors[-1]
+    assert error["exception_class_path"].endswith("TransactionLeak")
+    assert "database 'default'" in error["traceback"]
+    assert not Execution.objects.filter(kind="leaked").exists()
 
 
 @pytest.mark.slow

@@ -210,6 +210,53 @@ def test_worker__through_pgbouncer_leaves_no_session_settings(
     assert_nothing_prepared(worker)
 
 
+LEAK_READ_ONLY = """
+from testproject.demo.fault_tasks import leak
+leak.using(priority=5).enqueue(kind="read_only")
+"""
+
+ENQUEUE_AFTER = """
+from testproject.demo.tasks import add
+for n in range(20):
+    add.enqueue(n, n)
+print("enqueued", 20)
+"""
+
+
+def test_worker__leaked_session_setting_is_reset_on_the_server_behind_pgbouncer(
+    pooled: Callable[..., ManagedProcess], bouncer: PrivateBouncer
+) -> None:
+    """Defect: a task's ``SET default_transaction_read_only = on`` was caught
+    (TransactionLeak) and its client connection closed, but closing resets nothing on
+    a pooler: the server connection kept the setting, and the application's next
+    enqueues through the pooler failed "read-only transaction". Now the worker resets
+    the server session before it lets the connection go: the enqueues succeed and
+    every server connection of the pool has the server's own value."""
+    run_python(pooled, LEAK_READ_ONLY)
+    worker = pooled(
+        "pgqueue_worker", "--burst", "--concurrency", "1", "--batch-size", "1",
+        env={"PGQUEUE_RETRY_BACKOFF_BASE": "60"},
+    )  # fmt: skip
+    assert worker.wait(120) == 0, worker.output()
+    with connect_test_db(autocommit=True) as conn:
+        (error,) = conn.execute(
+            "SELECT errors -> -1 ->> 'exception_class_path' FROM pgqueue_job"
+        ).fetchone()
+    assert error.endswith("TransactionLeak")
+    assert "enqueued 20" in run_python(pooled, ENQUEUE_AFTER)
+    url = bouncer.url(connection.settings_dict["NAME"])
+    held = [psycopg.connect(url) for _ in range(POOL_SIZE)]
+    try:
+        show = "SELECT current_setting('default_transaction_read_only'), pg_backend_pid()"
+        seen = [conn.execute(show).fetchone() for conn in held]
+    finally:
+        for conn in held:
+            conn.close()
+    assert len({pid for _, pid in seen}) == POOL_SIZE
+    assert {value for value, _ in seen} == {"off"}
+    assert statuses() == {"pending": 20, "scheduled": 1}
+
+
 def test_listener__listen_database_wakes_a_worker_behind_pgbouncer(
     pooled: Callable[..., ManagedProcess],
 ) -> None:

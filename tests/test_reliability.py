@@ -303,6 +303,50 @@ def test_runner__transactional_task_leaving_session_state_has_its_connection_dis
     assert ("the connection was discarded" in caplog.text) == (status == "done")
 
 
+#: Session changes the worker resets (fault_tasks.SESSION_CHANGES), and a PREPARE under
+#: psycopg's own prefix, which it fails as a leak.
+SESSION_ITEMS = [*fault_tasks.SESSION_CHANGES, "_pg3_prepare"]
+
+
+@pytest.mark.parametrize("item", SESSION_ITEMS)
+def test_runner__session_change_does_not_reach_the_next_job(item: str) -> None:
+    """Defect: settings outside the compared list (extra_float_digits made the next job
+    read 1.23456789 as 1.0, client_encoding LATIN1 made it fail, work_mem, a custom
+    setting, ...), setseed() and a PREPARE named like psycopg's own (_pg3_*) passed the
+    check and reached the next job on that connection. Now a setting is reset to the
+    connection's own, the generator reseeded, and the PREPARE fails the attempt."""
+    if item == "_pg3_prepare":
+        changing = Job.objects.enqueue(
+            fault_tasks.change_session, ["PREPARE _pg3_leak AS SELECT 1"], priority=5
+        )
+    else:
+        sql_text = fault_tasks.SESSION_CHANGES[item]
+        changing = Job.objects.enqueue(fault_tasks.change_session, [sql_text], priority=5)
+    name = "work_mem" if item == "_pg3_prepare" else item
+    before = Job.objects.enqueue(fault_tasks.session_sample, [name], priority=6)
+    after = Job.objects.enqueue(fault_tasks.session_sample, [name], priority=4)
+    Worker(burst=True, worker_id="w-leak", concurrency=1, batch_size=1).run()
+    changed = job(changing.id)
+    seen, clean = job(after.id).result, job(before.id).result
+    assert job(after.id).status == "done", job(after.id).errors
+    assert (seen["float"], seen["text"], seen["prepared"]) == (1.23456789, "naïve", 0)
+    if item == "_pg3_prepare":
+        assert changed.status == "scheduled"
+        assert "prepared statements" in changed.errors[-1]["traceback"]
+        return
+    assert changed.status == "done", changed.errors
+    if item == "random":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT setseed(0.5)")
+            cursor.execute("SELECT random()")
+            (seeded,) = cursor.fetchone()
+        assert seen["random"] != seeded
+    elif item == "app.tenant":
+        assert seen["setting"] in (None, "")  # as after RESET: defined, empty
+    else:
+        assert seen["setting"] == clean["setting"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["begin", "raw_begin", "autocommit_off"])
 def test_worker__leaked_raw_transaction_holds_no_lock_and_hides_no_later_write(

@@ -2,18 +2,22 @@
 
 Every worker thread (claim, heartbeat, runners, completer) uses its own Django
 connection to the jobs database. These helpers label it, recycle it between jobs, drop
-it after an error, throw it away when a task left a transaction or session state on
-it, and pace reconnect loops.
+it after an error, and, on a runner thread, watch every connection a task uses (the
+jobs database's and any other): what a task left on one is reset, or the connection is
+thrown away (reset on the server first behind a transaction pooler).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connections, transaction
+from django.db.backends.signals import connection_created
 from psycopg import pq
 
 from .. import db, sql
@@ -47,6 +51,8 @@ def configure_session(
     if role == "claim" and not pooled:
         configure_claim_session(alias)
     wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
+    # The label is part of a clean session now: a baseline read before it is stale.
+    wrapper.connection._pgqueue_baseline = None
 
 
 def label_session(
@@ -74,16 +80,6 @@ def configure_claim_session(alias: str) -> None:
     # Claims on this very connection may be prepared (generic plans: see the
     # statement); a new connection starts without the mark, as without the set-up.
     connections[alias].connection._pgqueue_claims_prepared = True
-
-
-def session_state(alias: str) -> dict[str, Any]:
-    """What this thread's connection carries beyond its transaction: roles, the
-    settings that change later statements, and session-level objects held (see
-    ``sql.SESSION_GET_STATE``), by name."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql.SESSION_GET_STATE, {})
-        names = [column.name for column in cursor.description or ()]
-        return dict(zip(names, cursor.fetchone() or (), strict=True))
 
 
 @contextmanager
@@ -133,11 +129,18 @@ def recycle_connections() -> None:
 def discard_connection(alias: str) -> None:
     """Throw away this thread's connection even if a task left an ``atomic`` block open
     on it: the server rolls the transaction back when the socket closes, and the next
-    query starts on a fresh connection with clean transaction state."""
+    query starts on a fresh connection with clean transaction state.
+
+    Behind a transaction pooler closing the client resets nothing on the server
+    connection, which the pooler hands to its next client: there the transaction is
+    rolled back and the session reset (``sql.SESSION_RESET``) first."""
     wrapper = connections[alias]
     try:
-        if wrapper.connection is not None:
-            wrapper.connection.close()
+        raw = wrapper.connection
+        if raw is not None:
+            if is_pooled(alias) and not raw.closed and not raw.broken:
+                reset_server_session(raw)
+            raw.close()
     except Exception:  # noqa: BLE001, S110 - it is being thrown away
         pass
     # Django refuses to forget a connection inside atomic(); reset its bookkeeping.
@@ -150,8 +153,18 @@ def discard_connection(alias: str) -> None:
     wrapper.run_on_commit = []
 
 
+def reset_server_session(raw: Any) -> None:
+    """Roll back whatever transaction ``raw`` (a psycopg connection) has open, then reset
+    everything its server session holds (``sql.SESSION_RESET``), in one round trip."""
+    raw.rollback()  # a raw BEGIN or the driver's autocommit off: ROLLBACK either way
+    raw.autocommit = True
+    raw.execute(sql.SESSION_RESET, prepare=False)  # no parameters: one simple query
+
+
 # Cursor classes that count their creations on their connection, by the class they wrap.
 _COUNTING: dict[type, type] = {}
+# A runner thread's connections (_wrappers): those it opens get a baseline as they open.
+_runner = threading.local()
 
 
 def _counting(base: type[Any]) -> type:
@@ -170,33 +183,108 @@ def _counting(base: type[Any]) -> type:
     return cls
 
 
-def watch_session(alias: str) -> Any:
-    """Before a task runs on this thread's (connected, labelled) connection: remember,
-    once per physical connection, what a clean session looks like, and start counting
-    cursors. Return the psycopg connection, for :func:`session_leftovers`."""
-    raw = connections[alias].connection
+def _watch(raw: Any) -> None:
+    """Count ``raw``'s cursors from now on and, once per physical connection (and again
+    after :func:`configure_session` labelled it), read what its clean session is."""
     if getattr(raw, "_pgqueue_baseline", None) is None:
-        raw.cursor_factory = _counting(raw.cursor_factory)
-        raw.server_cursor_factory = _counting(raw.server_cursor_factory)
-        raw._pgqueue_baseline = session_state(alias)
+        if not getattr(raw, "_pgqueue_counted", False):
+            raw.cursor_factory = _counting(raw.cursor_factory)
+            raw.server_cursor_factory = _counting(raw.server_cursor_factory)
+            raw._pgqueue_counted = True
+        raw._pgqueue_baseline = _fetch(raw, sql.SESSION_GET_STATE)
+        raw._pgqueue_settings = _fetch(raw, sql.SESSION_GET_SETTINGS)
     raw._pgqueue_cursors = 0
-    return raw
 
 
-def session_leftovers(alias: str, raw: Any) -> list[str]:
-    """What the task that just ran left on this thread's connection, by name (empty:
-    nothing). ``raw`` is what :func:`watch_session` returned before it ran.
+def _fetch(raw: Any, query: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One row of ``query`` on the psycopg connection ``raw``, by column name."""
+    cursor = raw.execute(query, params or {})
+    names = [column.name for column in cursor.description or ()]
+    return dict(zip(names, cursor.fetchone() or (), strict=True))
+
+
+def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """A connection a task opens on a runner thread (to any database): its baseline is
+    read before the task's first statement on it. A failure leaves it without one: it
+    is then discarded after the job, without blaming the task."""
+    known = getattr(_runner, "wrappers", None)
+    if known is None or connection.connection is None:
+        return
+    if all(wrapper is not connection for wrapper in known):
+        known.append(connection)
+    try:
+        _watch(connection.connection)
+    except psycopg.Error:
+        connection.connection._pgqueue_baseline = None
+
+
+connection_created.connect(_on_connection_created, dispatch_uid="django_pgqueue.watch")
+
+
+def watch_session(alias: str) -> Any:
+    """Before a task runs on this (runner) thread: start counting cursors on every
+    connection the thread has open, reading each one's clean-session baseline once, and
+    have the connections the task opens get theirs as they open. Return the psycopg
+    connection of ``alias`` (connected and labelled by the caller), whose failing
+    baseline read raises ``DatabaseError``; another database's connection that fails
+    it is dropped (the task reconnects if it needs it)."""
+    for wrapper in _wrappers():
+        raw = wrapper.connection
+        if raw is None or raw.closed:
+            continue
+        if getattr(raw, "_pgqueue_baseline", None) is not None:
+            raw._pgqueue_cursors = 0  # the common case: nothing to read
+            continue
+        try:
+            with wrapper.wrap_database_errors:
+                _watch(raw)
+        except DatabaseError:
+            if wrapper.alias == alias:
+                raise
+            discard_connection(wrapper.alias)
+    return connections[alias].connection
+
+
+def _wrappers() -> list[Any]:
+    """This runner thread's Django connections: those it had when it first watched,
+    then each one it opens (``connection_created``). Kept per thread, as looking them
+    up in Django's per-context connection handler every job costs more than the checks."""
+    known = getattr(_runner, "wrappers", None)
+    if known is None:
+        known = _runner.wrappers = list(connections.all(initialized_only=True))
+    return known
+
+
+def session_leftovers(*, skip: str | None = None) -> dict[str, list[str]]:
+    """What the task that just ran left on this thread's connections, by database alias
+    and then by name (empty: nothing); ``skip`` is an alias not to look at (the jobs
+    database inside a transactional task's own transaction). See :func:`leftovers`."""
+    found: dict[str, list[str]] = {}
+    for wrapper in _wrappers():
+        if wrapper.alias != skip:
+            left = leftovers(wrapper)
+            if left:
+                found[wrapper.alias] = left
+    return found
+
+
+def leftovers(wrapper: Any) -> list[str]:
+    """What the task that just ran left on this thread's Django connection ``wrapper``,
+    by name (empty: nothing).
 
     Free checks first, on the client: Django's transaction state and the driver's own
     (``transaction_status``, ``autocommit``), which see a raw ``BEGIN`` or
     ``connection.connection.autocommit = False`` that Django does not. Then, only if
-    the task opened a cursor on the connection, one statement (``sql.SESSION_GET_STATE``)
-    compared to the connection's baseline: roles, settings, advisory locks, cursors,
-    prepared statements, LISTEN, temporary tables. A connection the task replaced (it
-    closed Django's and queried again), or one whose check fails (a terminated backend,
-    a ``statement_timeout`` too short for the check), cannot be compared: it is
-    discarded here, without blaming the task, so the next job still starts clean."""
-    wrapper = connections[alias]
+    the task opened a cursor on the connection, one round trip (a pipeline): the
+    session's state (``sql.SESSION_GET_STATE``: roles, the settings that change what
+    SQL means, advisory locks, cursors, SQL prepared statements, LISTEN, temporary
+    tables) compared to the connection's baseline, then every setting reset and the
+    connection's own put back (``sql.SESSION_RESET_SETTINGS``,
+    ``sql.SESSION_RESTORE_SETTINGS``): a ``SET work_mem`` or a ``setseed()`` is undone
+    rather than blamed. A connection without a baseline (its read failed), or whose
+    check fails (a terminated backend, a ``statement_timeout`` too short for it), cannot
+    be compared: it is discarded here, without blaming the task."""
+    alias = wrapper.alias
     current = wrapper.connection
     found: list[str] = []
     if wrapper.in_atomic_block:
@@ -212,19 +300,33 @@ def session_leftovers(alias: str, raw: Any) -> list[str]:
         found.append("autocommit off (driver)")
     if found:
         return found
-    if current is not raw:
-        discard_connection(alias)  # no baseline to compare it with
+    baseline = getattr(current, "_pgqueue_baseline", None)
+    if baseline is None:
+        discard_connection(alias)  # nothing to compare it with
         return found
-    if not getattr(raw, "_pgqueue_cursors", 0) or not settings.CHECK_SESSION_STATE:
+    if not getattr(current, "_pgqueue_cursors", 0) or not settings.CHECK_SESSION_STATE:
         return found
     try:
-        state = session_state(alias)
-    except DatabaseError:
+        state = check_and_reset(current)
+    except (psycopg.Error, DatabaseError):
         discard_connection(alias)
         return found
-    baseline = raw._pgqueue_baseline
+    current._pgqueue_cursors = 0
     return [
         f"SET {name}" if isinstance(value, str) else str(name)
         for name, value in state.items()
         if value != baseline.get(name)
     ]
+
+
+def check_and_reset(raw: Any) -> dict[str, Any]:
+    """Read the session state of ``raw`` (``sql.SESSION_GET_STATE``), then reset every
+    setting to the connection's own, in one pipelined round trip (one implicit
+    transaction: one server connection behind a pooler). Return the state read."""
+    own = raw._pgqueue_settings
+    with raw.pipeline():
+        state = raw.execute(sql.SESSION_GET_STATE, {})
+        raw.execute(sql.SESSION_RESET_SETTINGS)
+        raw.execute(sql.SESSION_RESTORE_SETTINGS, {"names": own["names"], "values": own["values"]})
+    names = [column.name for column in state.description or ()]
+    return dict(zip(names, state.fetchone() or (), strict=True))

@@ -4,9 +4,9 @@ Every outcome is written fenced on (owner, attempt), so a worker that lost the l
 changes nothing and says so in the log. A ``transactional`` task (see ``tasks.py``) runs
 in one transaction with its fenced completion, so its effects commit exactly once; any
 other task runs in autocommit, and one that returns with a transaction still open, or
-with session state left on its connection (see ``connections.session_leftovers``),
-fails with :class:`~django_pgqueue.exceptions.TransactionLeak` and has its connection
-discarded.
+with session state left, on any connection it used (the jobs database's or another's;
+see ``connections.session_leftovers``), fails with
+:class:`~django_pgqueue.exceptions.TransactionLeak` and has that connection discarded.
 """
 
 from __future__ import annotations
@@ -79,6 +79,14 @@ async def cancellable(
             job.cancel()
             break
     return await job
+
+
+def describe_leftovers(leftovers: dict[str, list[str]]) -> str:
+    """``"SET work_mem on its connection to database 'default'"``, one part per database."""
+    return "; ".join(
+        f"{', '.join(left)} on its connection to database {alias!r}"
+        for alias, left in leftovers.items()
+    )
 
 
 class JobRunner(WorkerPart):
@@ -265,6 +273,8 @@ class JobRunner(WorkerPart):
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
                     value, _ = self._call(job, task, task_result, cancel)
+                    # A leak on another database fails the job before its commit.
+                    self._fail_on_leftovers(skip=self.alias)
                     if cancel.is_set():
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     self._mark_recording(job)
@@ -289,16 +299,9 @@ class JobRunner(WorkerPart):
                 self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
                 value, text = self._call(job, task, task_result, cancel)
-                leftovers = session_leftovers(self.alias, raw)
-                if leftovers:
-                    # Before anything is recorded: the completion must not join a
-                    # leaked transaction, and later jobs must get a clean session.
-                    discard_connection(self.alias)
-                    raise TransactionLeak(
-                        f"the task left {', '.join(leftovers)} on its database "
-                        "connection; the worker discarded the connection (rolling back "
-                        "any open transaction) and failed the attempt"
-                    )
+                # Before anything is recorded: the completion must not join a leaked
+                # transaction, and later jobs must get a clean session.
+                self._fail_on_leftovers()
         except LeaseLost:
             tracing.outcome(tracing.LOST)
             self._discard_leftovers(job, raw, "lease lost")
@@ -320,9 +323,11 @@ class JobRunner(WorkerPart):
                 and not isinstance(exc, DatabaseError)
                 and not connections[self.alias].in_atomic_block
             )
-            if raw is not None and not isinstance(exc, TransactionLeak):
+            if raw is not None:
                 # A task that leaked a transaction and then raised: its failure must
                 # not be written into that transaction (nor wait behind its locks).
+                # (After a TransactionLeak, what is left unchecked: the jobs database
+                # skipped inside a transactional task's own transaction.)
                 self._discard_leftovers(job, raw, "done" if committed else "failed")
             if committed:
                 # Committed: only an on_commit callback raised after the commit.
@@ -336,8 +341,9 @@ class JobRunner(WorkerPart):
                     extra={"action": "done", **log_extra},
                 )
                 return False
-            if connections[self.alias].in_atomic_block:
-                discard_connection(self.alias)  # a task that leaked atomic() and raised
+            for wrapper in connections.all(initialized_only=True):
+                if wrapper.in_atomic_block:  # a task that leaked atomic() and raised
+                    discard_connection(wrapper.alias)
             tracing.outcome(tracing.FAILED, exc)
             # A return value that cannot be stored would be the same on every attempt.
             status = self._record_failure(job, exc, retry=not isinstance(exc, InvalidResult))
@@ -373,20 +379,33 @@ class JobRunner(WorkerPart):
     def _mark_recording(self, job: Job) -> None:
         self.mark_recording(job)  # see WorkerPart.mark_recording
 
-    def _discard_leftovers(self, job: Job, raw: object, outcome: str) -> None:
-        """Discard this thread's connection if the task left anything on it (see
-        ``session_leftovers``), saying so: the job's own outcome stands."""
-        leftovers = session_leftovers(self.alias, raw)
+    def _fail_on_leftovers(self, *, skip: str | None = None) -> None:
+        """Raise :class:`TransactionLeak` naming what the task left on which database
+        (see ``session_leftovers``), once those connections are discarded."""
+        leftovers = session_leftovers(skip=skip)
         if not leftovers:
             return
-        discard_connection(self.alias)
+        for alias in leftovers:
+            discard_connection(alias)
+        raise TransactionLeak(
+            f"the task left {describe_leftovers(leftovers)}; the worker discarded the "
+            "connection (rolling back any open transaction) and failed the attempt"
+        )
+
+    def _discard_leftovers(self, job: Job, raw: object, outcome: str) -> None:
+        """Discard this thread's connections on which the task left anything (see
+        ``session_leftovers``), saying so: the job's own outcome stands."""
+        leftovers = session_leftovers()
+        if not leftovers:
+            return
+        for alias in leftovers:
+            discard_connection(alias)
         logger.warning(
-            "job %s %s: %s, but the task left %s on its database connection; the "
-            "connection was discarded",
+            "job %s %s: %s, but the task left %s; the connection was discarded",
             job.id,
             job.task,
             outcome,
-            ", ".join(leftovers),
+            describe_leftovers(leftovers),
             extra={"action": "leak", "job_id": job.id, "worker_id": self.worker_id},
         )
 

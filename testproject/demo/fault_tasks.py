@@ -98,6 +98,7 @@ LEAKS: dict[str, str] = {
     "prepare": "PREPARE pgqueue_leak AS SELECT 1",
     "listen": "LISTEN pgqueue_leak",
     "temp_table": "CREATE TEMPORARY TABLE pgqueue_leak (id int)",
+    "read_only": "SET default_transaction_read_only = on",
 }
 #: Every way ``leak`` knows.
 LEAK_KINDS: list[str] = [*LEAKS, *(f"raw_{k}" for k in LEAKS), "autocommit_off"]
@@ -160,6 +161,50 @@ def session_probe() -> dict[str, Any]:
     state["in_transaction"] = connection.connection.info.transaction_status != 0
     state["autocommit"] = connection.connection.autocommit
     return state
+
+
+#: Session changes a task can make that the worker resets before the next job, by the
+#: setting ``session_sample`` reads back (``random`` for the generator's seed).
+SESSION_CHANGES: dict[str, str] = {
+    "extra_float_digits": "SET extra_float_digits = -15",
+    "transform_null_equals": "SET transform_null_equals = on",
+    "client_encoding": "SET client_encoding = 'LATIN1'",
+    "application_name": "SET application_name = 'pgqueue leak'",
+    "IntervalStyle": "SET IntervalStyle = 'sql_standard'",
+    "random": "SELECT setseed(0.5)",
+    "work_mem": "SET work_mem = '123MB'",
+    "enable_indexscan": "SET enable_indexscan = off",
+    "array_nulls": "SET array_nulls = off",
+    "idle_session_timeout": "SET idle_session_timeout = '1h'",
+    "app.tenant": "SELECT set_config('app.tenant', 'acme', false)",
+}
+
+
+@task()
+def change_session(sql: str) -> None:
+    """Run ``sql`` (a session change) on this runner's connection and return."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+
+
+@task()
+def session_sample(name: str) -> dict[str, Any]:
+    """What the next job sees of the setting ``name`` (or of ``random()``), a float read
+    back and a non-ASCII text read back, and the SQL prepared statements it finds."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting(%s, true), random(), 1.23456789::float8, 'naïve',"
+            " (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)",
+            [name],
+        )
+        setting, rand, number, text, prepared = cursor.fetchone()
+    return {
+        "setting": setting,
+        "random": rand,
+        "float": number,
+        "text": text,
+        "prepared": prepared,
+    }
 
 
 @task()
