@@ -9,7 +9,7 @@ Use it as the backend of Django's Tasks framework::
 from importlib.metadata import PackageNotFoundError, version
 
 from .bulk import BulkResult, enqueue_many
-from .exceptions import InvalidJob, LeaseLost, PgQueueError
+from .exceptions import InvalidJob, LeaseLost, PgQueueError, Retry, Snooze, SnoozeLimitExceeded
 from .taskapi import task
 from .tasks import CurrentJob, PgQueueTask, current_job
 
@@ -20,6 +20,9 @@ __all__ = [
     "LeaseLost",
     "PgQueueError",
     "PgQueueTask",
+    "Retry",
+    "Snooze",
+    "SnoozeLimitExceeded",
     "current_job",
     "enqueue_many",
     "task",

@@ -21,8 +21,15 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
-from .. import tracing, validation
-from ..exceptions import JobCancelled, LeaseLost, TaskNotFound, TransactionLeak, exception_line
+from .. import lifecycle, tracing, validation
+from ..exceptions import (
+    JobCancelled,
+    LeaseLost,
+    Snooze,
+    TaskNotFound,
+    TransactionLeak,
+    exception_line,
+)
 from ..framework import TaskGone, load_task, to_task_result
 from ..models import Job
 from ..reconnect import close_connection
@@ -197,6 +204,9 @@ class JobRunner(WorkerPart):
                 transactional=transactional,
                 run_at=job.run_at,
                 cancel=held.cancel,
+                snoozes=job.snoozes,
+                claimed_at=job.last_attempted_at,
+                alias=self.alias,
             )
         )
         try:
@@ -313,6 +323,11 @@ class JobRunner(WorkerPart):
                 return False
             if connections[self.alias].in_atomic_block:
                 discard_connection(self.alias)  # a task that leaked atomic() and raised
+            if isinstance(exc, Snooze):
+                # Not a failure (lifecycle.py), unless the job snoozed too often.
+                exc = lifecycle.snooze(self, job, exc) or exc
+                if isinstance(exc, Snooze):
+                    return False
             tracing.outcome(tracing.FAILED, exc)
             status = self._record_failure(job, exc)
             if status is None:
