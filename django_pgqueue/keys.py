@@ -71,6 +71,18 @@ def enqueue(
 ) -> Job:
     """``Job.objects.enqueue`` with ``unique_for`` or ``debounce``; ``params`` are the
     validated parameters of ``sql.JOB_ENQUEUE``. Checked before anything is written."""
+    return store(manager, checked(params, unique_for, debounce, run_at_given=run_at_given))[0]
+
+
+def checked(
+    params: dict[str, Any],
+    unique_for: float | dt.timedelta | None,
+    debounce: float | dt.timedelta | None,
+    *,
+    run_at_given: bool,
+) -> dict[str, Any]:
+    """``params`` with the period checked and added (``InvalidJob`` naming what is
+    wrong); what :func:`store` takes."""
     if unique_for is not None and debounce is not None:
         raise InvalidJob("give unique_for or debounce, not both")
     what = "unique_for" if unique_for is not None else "debounce"
@@ -80,11 +92,19 @@ def enqueue(
     if debounce is not None:
         if run_at_given:
             raise InvalidJob("debounce sets the run time (now + debounce): give no run_at")
-        return _debounced(manager, {**params, "debounce": seconds})
-    return _unique(manager, {**params, "unique_for": seconds})
+        return {**params, "debounce": seconds}
+    return {**params, "unique_for": seconds}
 
 
-def _unique(manager: JobManager, params: dict[str, Any]) -> Job:
+def store(manager: JobManager, params: dict[str, Any]) -> tuple[Job, bool]:
+    """Enqueue with the period of ``params`` (made by :func:`checked`); the job, and
+    whether it is new (False: an existing job was returned, or moved by a debounce)."""
+    if "debounce" in params:
+        return _debounced(manager, params)
+    return _unique(manager, params)
+
+
+def _unique(manager: JobManager, params: dict[str, Any]) -> tuple[Job, bool]:
     alias = manager.db_alias
     for _ in range(ROUNDS):
         try:
@@ -95,14 +115,14 @@ def _unique(manager: JobManager, params: dict[str, Any]) -> Job:
         except _LiveHolder:
             live = manager.live_with_key(params["queue"], params["idempotency_key"])
             if live is not None:
-                return live
+                return live, False
             continue  # it ended meanwhile: open the window again
         found = manager.db_manager(alias).filter(pk=job_id).first()
-        return found if found is not None else _gone(manager, params, job_id)
+        return (found if found is not None else _gone(manager, params, job_id)), fresh
     raise RuntimeError("idempotency key kept changing hands; giving up")
 
 
-def _debounced(manager: JobManager, params: dict[str, Any]) -> Job:
+def _debounced(manager: JobManager, params: dict[str, Any]) -> tuple[Job, bool]:
     alias = manager.db_alias
     for _ in range(ROUNDS):
         # No row: the key's job started, or was made by a concurrent enqueue this
@@ -111,7 +131,7 @@ def _debounced(manager: JobManager, params: dict[str, Any]) -> Job:
         if row is not None:
             found = manager.db_manager(alias).filter(pk=row[0]).first()
             if found is not None:
-                return found
+                return found, row[1]
     raise RuntimeError("debounced job kept changing under the enqueue; giving up")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from . import db, sql, validation
@@ -28,7 +29,8 @@ from .exceptions import (
     delay_seconds,
     exception_line,
 )
-from .framework import load_task, to_task_result
+from .framework import to_task_result
+from .taskapi import Task
 
 if TYPE_CHECKING:
     from .models import Job
@@ -54,10 +56,13 @@ def retry_plan(job: Job, exc: BaseException, retry: bool) -> tuple[bool, float |
 
 
 def _task_backoff(job: Job, exc: BaseException) -> float | None:
-    """The delay ``@task(backoff=...)`` of ``job``'s task says for ``exc`` (None: none)."""
-    try:
-        task = load_task(job.task)
-    except Exception:  # noqa: BLE001 - a task that does not import has no backoff
+    """The delay ``@task(backoff=...)`` of ``job``'s task says for ``exc`` (None: none).
+
+    Only a task whose module is imported already (the worker imported it to run it) is
+    asked: a failure is never the place to import code, which may be what failed."""
+    module, _, name = job.task.rpartition(".")
+    task = getattr(sys.modules.get(module), name, None)
+    if not isinstance(task, Task):
         return None
     backoff = getattr(task, "backoff", None)
     if backoff is None:

@@ -194,6 +194,7 @@ class JobManager(models.Manager["Job"]):
             "run_at": run_at,
             "idempotency_key": params["idempotency_key"],
             "errors": [],
+            "snoozes": 0,
             "created_at": created_at,
             "trace_context": None if trace_context is None else json.loads(trace_context),
         }

@@ -454,7 +454,7 @@ RETURNING j.id
 # kept, since it alone stops a second job. SKIP LOCKED: enqueues hold the rows they use.
 JOB_DELETE_EXPIRED_KEYS = (
     """
-WITH expired AS (
+WITH closed AS (
     SELECT k.kind, k.queue, k.key
     FROM pgqueue_job_key AS k
     WHERE k.expires_at < coalesce(%(now)s::timestamptz, clock_timestamp())
@@ -466,8 +466,8 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM pgqueue_job_key AS k
-USING expired
-WHERE (k.kind, k.queue, k.key) = (expired.kind, expired.queue, expired.key)
+USING closed
+WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key)
 """
 )
 

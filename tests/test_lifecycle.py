@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 from django.test import override_settings
 
-from django_pgqueue import InvalidJob, LeaseLost, Retry, Snooze, db, lifecycle, sql
+from django_pgqueue import InvalidJob, LeaseLost, Retry, Snooze, db, enqueue_many, lifecycle, sql
 from django_pgqueue.models import Job, JobKey
 from django_pgqueue.sweeper import sweep
 from django_pgqueue.taskapi import InvalidTask
@@ -325,3 +325,38 @@ def test_lifecycle__eight_concurrent_debounced_enqueues_make_one_job():
     )
     assert len(set(ids)) == 1
     assert Job.objects.count() == 1
+
+
+# --- bulk ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_lifecycle__bulk_enqueue_and_enqueue_many_take_periods(now):
+    first = Job.objects.enqueue(tasks.echo, [0], idempotency_key="u", unique_for=60, now=now)
+    finish(first)
+    result = Job.objects.bulk_enqueue(
+        [
+            {"task": tasks.echo, "args": [1]},
+            {"task": tasks.echo, "args": [2], "idempotency_key": "u", "unique_for": 60},
+            {"task": tasks.echo, "args": [3], "idempotency_key": "d", "debounce": 5},
+            {"task": tasks.echo, "args": [4], "idempotency_key": "d", "debounce": 5},
+        ],
+        now=now + SECOND,
+    )
+    assert (result.created, result.skipped) == (2, 2)
+    debounced = Job.objects.get(task=tasks.echo.module_path, status="scheduled")
+    assert (debounced.args, debounced.run_at) == ([4], now + 6 * SECOND)
+    assert Job.objects.get(pk=first.pk).args == [0]
+    many = enqueue_many(
+        tasks.echo,
+        [([5], {}, {"idempotency_key": "d", "debounce": 5}), ([6], {})],
+    )
+    assert (many.created, many.skipped) == (1, 1)
+    assert Job.objects.get(pk=debounced.pk).args == [5]
+    with pytest.raises(InvalidJob, match="job #1: debounce must be"):
+        Job.objects.bulk_enqueue(
+            [{"task": tasks.echo}, {"task": tasks.echo, "idempotency_key": "x", "debounce": 0}]
+        )
+    with pytest.raises(InvalidJob, match="job #0: options must be a mapping of debounce"):
+        enqueue_many(tasks.echo, [([], {}, {"priority": 3})])
+    assert Job.objects.count() == 4  # first, [1], the debounced one, [6]
