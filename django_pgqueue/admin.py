@@ -288,10 +288,15 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         "kwargs_pretty",
         "errors_pretty",
         "result_pretty",
+        "snoozes",
+        "progress_pretty",
     )
     fieldsets: ClassVar[_FieldsetSpec] = (
         (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
-        ("Attempts", {"fields": ("attempts_display", "last_worker", "lease_expires_at")}),
+        (
+            "Attempts",
+            {"fields": ("attempts_display", "snoozes", "last_worker", "lease_expires_at")},
+        ),
         (
             "Timestamps",
             {
@@ -306,6 +311,7 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
         ),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
+        ("Progress", {"fields": ("progress_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
     )
 
@@ -412,6 +418,13 @@ class ReadOnlyJobAdmin(admin.ModelAdmin):
     @admin.display(description="kwargs")
     def kwargs_pretty(self, obj: Job) -> str:
         return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.kwargs))
+
+    @admin.display(description="progress")
+    def progress_pretty(self, obj: Job) -> str:
+        """What the task last said with ``current_job().set_progress()``."""
+        if obj.progress is None:
+            return "—"
+        return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.progress))
 
     @admin.display(description="result")
     def result_pretty(self, obj: Job) -> str:

@@ -5,12 +5,15 @@ through real worker processes are in test_lifecycle_process.py."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.db import connections
 from django.test import override_settings
+from django.urls import reverse
 
 from django_pgqueue import InvalidJob, LeaseLost, Retry, Snooze, db, enqueue_many, lifecycle, sql
 from django_pgqueue.models import Job, JobKey
@@ -360,3 +363,25 @@ def test_lifecycle__bulk_enqueue_and_enqueue_many_take_periods(now):
     with pytest.raises(InvalidJob, match="job #0: options must be a mapping of debounce"):
         enqueue_many(tasks.echo, [([], {}, {"priority": 3})])
     assert Job.objects.count() == 4  # first, [1], the debounced one, [6]
+
+
+# --- where progress and snoozes are seen --------------------------------------------
+
+
+@pytest.mark.django_db
+def test_lifecycle__status_json_and_admin_show_progress_and_snoozes(job_factory, admin_client):
+    job = claim(job_factory())
+    lifecycle.set_progress("default", job.id, "w1", 1, job.last_attempted_at, {"rows": 41})
+    Job.objects.filter(pk=job.pk).update(snoozes=3)
+    out = StringIO()
+    call_command("pgqueue_status", "--json", stdout=out)
+    (running,) = json.loads(out.getvalue())["running"]
+    assert (running["id"], running["worker_id"], running["progress"]) == (
+        job.id,
+        "w1",
+        {"rows": 41},
+    )
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.id]))
+    text = page.content.decode()
+    assert "&quot;rows&quot;: 41" in text or '"rows": 41' in text, text[:2000]
+    assert "Snoozes" in text
