@@ -11,6 +11,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 from django.test import override_settings
 from django.urls import reverse
