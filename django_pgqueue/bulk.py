@@ -619,7 +619,7 @@ def enqueue_many(
                     f"job #{position}: expected an (args, kwargs) pair or an (args, "
                     f"kwargs, options) triple, not {call!r:.80}"
                 )
-            options = call[2] if len(call) == 3 else {}
+            options: Any = call[2] if len(call) == 3 else {}
             if not isinstance(options, Mapping):
                 raise InvalidJob(
                     f"job #{position}: expected an (args, kwargs) pair or an (args, "
