@@ -19,7 +19,7 @@ from django.urls import reverse
 from django_pgqueue import InvalidJob, LeaseLost, Retry, Snooze, db, enqueue_many, lifecycle, sql
 from django_pgqueue.models import Job, JobKey
 from django_pgqueue.sweeper import sweep
-from django_pgqueue.taskapi import InvalidTask
+from django_pgqueue.taskapi import InvalidTask, TaskResultStatus, default_task_backend
 from django_pgqueue.tasks import PgQueueTask
 from testproject.demo.models import Delivery
 from tests import tasks
@@ -386,3 +386,17 @@ def test_lifecycle__status_json_and_admin_show_progress_and_snoozes(job_factory,
     text = page.content.decode()
     assert "&quot;rows&quot;: 41" in text or '"rows": 41' in text, text[:2000]
     assert "Snoozes" in text
+
+
+@pytest.mark.django_db
+def test_lifecycle__task_results_of_snoozed_and_retried_jobs_are_ready(job_factory, now):
+    snoozed = claim(job_factory(), now=now)
+    params = {"id": snoozed.id, "worker_id": "w1", "attempt": 1, "seconds": 5.0, "now": now}
+    db.rows("default", sql.JOB_SNOOZE, {**params, "claimed_at": snoozed.last_attempted_at})
+    result = default_task_backend.get_result(str(snoozed.id))
+    assert (result.status, result.errors) == (TaskResultStatus.READY, [])
+    retried = claim(job_factory(), now=now)
+    Job.objects.fail(retried, "w1", Retry(5, reason="later"), now=now)
+    result = default_task_backend.get_result(str(retried.id))
+    assert result.status == TaskResultStatus.READY
+    assert [e.exception_class_path for e in result.errors] == ["django_pgqueue.exceptions.Retry"]
