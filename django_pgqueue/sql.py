@@ -766,16 +766,6 @@ LEFT JOIN dead ON dead.start = m.start
 ORDER BY m.start
 """
 
-# The running jobs with their progress (pgqueue_status --json), soonest lease expiry
-# first: a LIMITed range of pgqueue_job_lease_idx, bounded whatever the backlog.
-JOB_GET_RUNNING = """
-SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress
-FROM pgqueue_job
-WHERE status = 'running'
-ORDER BY lease_expires_at
-LIMIT %(limit)s
-"""
-
 # The head of each priority's line of pending jobs: a loose index scan of
 # pgqueue_job_claim_idx, one seek per distinct priority (at most 201).
 JOB_GET_PENDING_HEADS = """
@@ -798,6 +788,16 @@ WITH RECURSIVE head AS (
 SELECT queue, min(run_at)
 FROM head
 GROUP BY queue
+"""
+
+# The running jobs with their progress (pgqueue_status --json), soonest lease expiry
+# first: a LIMITed range of pgqueue_job_lease_idx, bounded whatever the backlog.
+JOB_GET_RUNNING = """
+SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress
+FROM pgqueue_job
+WHERE status = 'running'
+ORDER BY lease_expires_at
+LIMIT %(limit)s
 """
 
 # Wake idle workers listening on the channel (payload: the queue name). Used after
