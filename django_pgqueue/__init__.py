@@ -18,7 +18,7 @@ if sys.argv[1:2] == ["pgqueue_worker"]:  # pragma: no cover - a worker's start-u
     signals.defer_stop()
 
 from .bulk import BulkResult, enqueue_many
-from .exceptions import InvalidJob, LeaseLost, PgQueueError
+from .exceptions import InvalidJob, LeaseLost, PgQueueError, Retry, Snooze, SnoozeLimitExceeded
 from .taskapi import task
 from .tasks import CurrentJob, PgQueueTask, current_job
 
@@ -29,6 +29,9 @@ __all__ = [
     "LeaseLost",
     "PgQueueError",
     "PgQueueTask",
+    "Retry",
+    "Snooze",
+    "SnoozeLimitExceeded",
     "current_job",
     "enqueue_many",
     "task",

@@ -29,13 +29,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from django.apps import apps
 from django.db import DatabaseError, connections, transaction
 from psycopg.abc import Buffer
 from psycopg.adapt import Dumper
 from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
-from . import defaults, schema, sql, validation
+from . import defaults, keys, schema, sql, validation
 from .conf import settings
 from .databases import QueueBackend
 from .exceptions import InvalidJob
@@ -68,6 +69,8 @@ JOB_KEYS = frozenset(
         "max_attempts",
         "idempotency_key",
         "backend",
+        "unique_for",
+        "debounce",
     }
 )
 
@@ -127,6 +130,8 @@ class _RowMaker:
         self.resolved: dict[Any, defaults.JobDefaults] = {}
         self.queues: set[str] = set()  # every queue seen, to wake once each
         self.keyed = 0  # jobs with an idempotency key so far
+        #: Jobs with a key period (unique_for, debounce): one statement each (keys.py).
+        self.deferred: list[dict[str, Any]] = []
 
     def _resolve(self, task: Any, given: dict[str, Any]) -> defaults.JobDefaults:
         key = defaults.cache_key(task, **given)
@@ -138,7 +143,7 @@ class _RowMaker:
                 self.resolved[key] = resolved
         return resolved
 
-    def __call__(self, job: Any) -> tuple[Any, ...]:
+    def __call__(self, job: Any) -> tuple[Any, ...] | None:
         # type() first: isinstance() against an ABC costs more than the rest of a check.
         if type(job) is not dict and not isinstance(job, Mapping):
             raise InvalidJob(
@@ -168,12 +173,15 @@ class _RowMaker:
         else:
             status = _SCHEDULED if run_at > self.now else _PENDING
         key = get("idempotency_key")
-        if key is not None:
-            validation.idempotency_key(key)
-            self.keyed += 1
         args_json, kwargs_json = validation.payload(
             get("args", ()), get("kwargs"), max_bytes=self.max_bytes
         )
+        if get("unique_for") is not None or get("debounce") is not None:
+            self.deferred.append(self._keyed(job, resolved, args_json, kwargs_json))
+            return None
+        if key is not None:
+            validation.idempotency_key(key)
+            self.keyed += 1
         return (
             resolved.backend,
             resolved.queue,
@@ -187,6 +195,31 @@ class _RowMaker:
             self.now,
             _ERRORS_EMPTY,
             key,
+        )
+
+    def _keyed(
+        self, job: Mapping[str, Any], resolved: defaults.JobDefaults, args: str, kwargs: str
+    ) -> dict[str, Any]:
+        """The checked parameters of a job with a key period, for ``keys.store``."""
+        params = {
+            "backend": resolved.backend,
+            "task": resolved.task,
+            "queue": resolved.queue,
+            "priority": resolved.priority,
+            "run_at": validation.run_at(job.get("run_at")) or resolved.run_at,
+            "max_attempts": resolved.max_attempts,
+            "idempotency_key": validation.idempotency_key(job.get("idempotency_key")),
+            "channel": settings.NOTIFY_CHANNEL,
+            "now": self.now,
+            "trace_context": None,
+            "args": args,
+            "kwargs": kwargs,
+        }
+        return keys.checked(
+            params,
+            job.get("unique_for"),
+            job.get("debounce"),
+            run_at_given=job.get("run_at") is not None,
         )
 
     def _plain(self, task: str, args: Any, kwargs: Any) -> tuple[Any, ...]:
@@ -227,7 +260,10 @@ def bulk_enqueue(
 
     Each job is a mapping of ``Job.objects.enqueue()``'s arguments (``task`` required)
     with the same defaults and checks. A bad job raises ``InvalidJob`` naming its
-    0-based position ("job #5123: ..."), and nothing from the call is kept. Jobs whose
+    0-based position ("job #5123: ..."), and nothing from the call is kept. A job with
+    ``unique_for`` or ``debounce`` is written after the others, one statement each (as
+    ``enqueue()`` writes it; not announced to ``task_enqueued``); one that found its
+    key's job is counted in ``skipped``. Jobs whose
     idempotency key a live job in their queue already holds (or an earlier job of the
     same call) are skipped: counted in ``result.skipped``, not in the result. Idle
     workers are woken once per queue at commit. When Django's ``task_enqueued`` signal
@@ -282,6 +318,12 @@ def _store(
                     with _writing(connection, first, len(rows)):
                         created += _copy(cursor, rows)
             created += background.wait()
+            if make_row.deferred:
+                # Jobs with a key period, one statement each (keys.py), in order.
+                manager = apps.get_model("django_pgqueue", "Job").objects.db_manager(using)
+                for params in make_row.deferred:
+                    made = keys.store(manager, params)[1]
+                    created, skipped = created + made, skipped + (not made)
         except BaseException as exc:
             also = background.close()
             if also is not None:
@@ -315,9 +357,11 @@ def _validated_batches(
     first = keyed_before = 0
     for position, job in enumerate(jobs):
         try:
-            rows.append(make_row(job))
+            row = make_row(job)
         except InvalidJob as exc:
             raise InvalidJob(f"job #{position}: {exc}") from exc
+        if row is not None:  # None: a job with a key period, written later
+            rows.append(row)
         if len(rows) == batch_size:
             yield first, rows, make_row.keyed > keyed_before
             first, rows, keyed_before = position + 1, [], make_row.keyed
@@ -506,13 +550,19 @@ def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetim
     return cursor.rowcount
 
 
+#: What a call of ``enqueue_many`` may give beyond its args and kwargs.
+CALL_OPTIONS = frozenset({"idempotency_key", "unique_for", "debounce"})
+
+
 def enqueue_many(
     task: Task,
     calls: Iterable[tuple[Sequence[Any], Mapping[str, Any] | None]],
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> BulkResult:
-    """Enqueue ``task`` once per ``(args, kwargs)`` pair of ``calls``, all or nothing.
+    """Enqueue ``task`` once per ``(args, kwargs)`` pair of ``calls``, all or nothing. A
+    call may be ``(args, kwargs, options)``: ``idempotency_key`` and ``unique_for`` or
+    ``debounce``, as ``Job.objects.enqueue()`` takes them (see ``keys.py``).
 
     The Tasks-framework face of :func:`bulk_enqueue`: ``task.using(queue_name=...,
     priority=..., run_after=..., backend=...)`` apply to every job, and the backend
@@ -534,11 +584,22 @@ def enqueue_many(
 
     def jobs() -> Iterator[dict[str, Any]]:
         for position, call in enumerate(calls):
-            if not isinstance(call, tuple | list) or len(call) != 2:
+            if not isinstance(call, tuple | list) or len(call) not in (2, 3):
                 raise InvalidJob(
-                    f"job #{position}: expected an (args, kwargs) pair, not {call!r:.80}"
+                    f"job #{position}: expected an (args, kwargs) pair or an (args, "
+                    f"kwargs, options) triple, not {call!r:.80}"
                 )
-            args, kwargs = call
-            yield {**common, "args": args, "kwargs": kwargs}
+            options: Any = call[2] if len(call) == 3 else {}
+            if not isinstance(options, Mapping):
+                raise InvalidJob(
+                    f"job #{position}: expected an (args, kwargs) pair or an (args, "
+                    f"kwargs, options) triple, not {call!r:.80}"
+                )
+            if not options.keys() <= CALL_OPTIONS:
+                raise InvalidJob(
+                    f"job #{position}: options must be a mapping of "
+                    f"{', '.join(sorted(CALL_OPTIONS))}, not {options!r:.80}"
+                )
+            yield {**common, **options, "args": call[0], "kwargs": call[1]}
 
     return bulk_enqueue(jobs(), using=backend.database, batch_size=batch_size)

@@ -35,6 +35,14 @@ class Settings:
     RETRY_BACKOFF_MAX: float = 3600.0
     """Upper bound on one retry delay, in seconds."""
 
+    MAX_SNOOZES: int = 100
+    """How often one job may snooze (``raise Snooze(seconds)``); the next snooze fails
+    the job with ``SnoozeLimitExceeded`` (not retried)."""
+
+    MAX_PROGRESS_BYTES: int = 10_000
+    """Largest JSON size of one ``current_job().set_progress(value)``; a larger value
+    raises ``InvalidJob`` and stores nothing."""
+
     RETENTION_SECONDS: float = 7 * 24 * 3600.0
     """How long ``done`` jobs are kept before the sweeper deletes them."""
 

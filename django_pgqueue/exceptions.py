@@ -3,6 +3,9 @@ is told in one log line."""
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+
 from django.db import ProgrammingError
 
 
@@ -71,6 +74,46 @@ class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
     the database is overloaded, unreachable in time, or a table they read is locked
     (``LOCK TABLE pgqueue_job``, a long ``ALTER TABLE``). The message names the database
     and the limit; the statement that was waiting has been cancelled."""
+
+
+class Snooze(PgQueueError):  # noqa: N818 - a request, like StopIteration
+    """Raised by a task: "not now, again in ``seconds``". The job goes back to
+    ``scheduled`` at the database's now + ``seconds``, the attempt it was claimed with is
+    given back and ``Job.snoozes`` counts it; no error is recorded. A transactional
+    task's effects roll back. More than ``PGQUEUE_MAX_SNOOZES`` snoozes of one job fail
+    it with :class:`SnoozeLimitExceeded`."""
+
+    def __init__(self, seconds: float | dt.timedelta) -> None:
+        self.seconds = delay_seconds(seconds, "Snooze")
+        super().__init__(f"snooze for {self.seconds:g}s")
+
+
+class Retry(PgQueueError):  # noqa: N818 - a request, like Snooze
+    """Raised by a task: this attempt failed, try again after exactly ``seconds``
+    (instead of the backoff). Recorded as an error entry and counted against
+    ``max_attempts`` like any failure; ``reason`` is the entry's message."""
+
+    def __init__(self, seconds: float | dt.timedelta, reason: str | None = None) -> None:
+        self.seconds = delay_seconds(seconds, "Retry")
+        self.reason = reason
+        text = f"retry in {self.seconds:g}s"
+        super().__init__(f"{text}: {reason}" if reason else text)
+
+
+class SnoozeLimitExceeded(PgQueueError):  # noqa: N818 - names the event
+    """Recorded when a job snoozed more than ``PGQUEUE_MAX_SNOOZES`` times: the attempt
+    fails, and is not retried (a retry would only snooze again)."""
+
+
+def delay_seconds(value: object, what: str) -> float:
+    """A delay given as seconds or a ``timedelta``, checked: finite and not negative."""
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what}(seconds) takes a number of seconds or a timedelta, not {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what}(seconds) must be finite and >= 0, not {value!r}")
+    return float(value)
 
 
 def first_line(exc: BaseException) -> str:

@@ -137,6 +137,10 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "LOST_WORKER_SECONDS": (Bounds(0, 365 * DAY, unit="seconds"), False, "pgqueue.E040"),
     # Each listed queue costs about ten series per scrape.
     "METRICS_MAX_QUEUES": (Bounds(0, 100_000, integer=True), False, "pgqueue.E024"),
+    # Stored in an integer column; 0: a task may not snooze at all.
+    "MAX_SNOOZES": (Bounds(0, 2**31 - 1, integer=True), False, "pgqueue.E029"),
+    # Progress is written every few seconds: a row, not a file store.
+    "MAX_PROGRESS_BYTES": (Bounds(1, 10_000_000, integer=True), False, "pgqueue.E031"),
 }
 
 

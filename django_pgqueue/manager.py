@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 
-from . import bulk, db, defaults, sql, tracing, validation
+from . import bulk, db, defaults, keys, lifecycle, sql, tracing, validation
 from .conf import settings
 from .databases import default_database
 from .exceptions import InvalidJob
@@ -124,6 +124,8 @@ class JobManager(models.Manager["Job"]):
         idempotency_key: str | None = None,
         backend: str | None = None,
         now: dt.datetime | None = None,
+        unique_for: float | dt.timedelta | None = None,
+        debounce: float | dt.timedelta | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -132,6 +134,7 @@ class JobManager(models.Manager["Job"]):
         naming it and writes nothing. With an ``idempotency_key`` that a live job in
         the same queue already holds, that job is returned and nothing is inserted.
         Values not given come from the task and the backend (``defaults.resolve``).
+        ``unique_for`` and ``debounce`` give the key a period (see ``keys.py``).
         """
         resolved = defaults.resolve(
             task,
@@ -157,6 +160,14 @@ class JobManager(models.Manager["Job"]):
         params["args"], params["kwargs"] = validation.payload(
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
+        if unique_for is not None or debounce is not None:
+            return keys.enqueue(
+                self,
+                params,
+                unique_for=unique_for,
+                debounce=debounce,
+                run_at_given=run_at is not None,
+            )
         for _ in range(5):
             row = db.row(self.db_alias, sql.JOB_ENQUEUE, params, prepare=True)
             if row is not None:
@@ -187,6 +198,7 @@ class JobManager(models.Manager["Job"]):
             "run_at": run_at,
             "idempotency_key": params["idempotency_key"],
             "errors": [],
+            "snoozes": 0,
             "created_at": created_at,
             "trace_context": None if trace_context is None else json.loads(trace_context),
         }
@@ -398,6 +410,7 @@ class JobManager(models.Manager["Job"]):
         with backoff, ``dead`` when attempts are used up or ``retry`` is False), or
         None if ``worker_id`` lost the lease (nothing changes)."""
         error_path, error_traceback = describe_error(exc)
+        retry, delay = lifecycle.retry_plan(job, exc, retry)  # Retry(s), @task(backoff=)
         rows = self._rows(
             sql.JOB_FAIL,
             {
@@ -408,6 +421,7 @@ class JobManager(models.Manager["Job"]):
                 "attempt": job.attempts,
                 "claimed_at": job.last_attempted_at,
                 "retry": retry,
+                "retry_delay": delay,
                 "backoff_base": float(settings.RETRY_BACKOFF_BASE),
                 "backoff_max": float(settings.RETRY_BACKOFF_MAX),
                 "keep_errors": settings.KEEP_ERRORS,

@@ -62,6 +62,10 @@ class Job(models.Model):
     #: The enqueuer's trace context (W3C headers) when OpenTelemetry is installed and a
     #: trace was active; the worker links each run's span to it (see tracing.py).
     trace_context = models.JSONField(null=True, blank=True)
+    #: How often the task snoozed (``raise Snooze(seconds)``); bounded by PGQUEUE_MAX_SNOOZES.
+    snoozes = models.IntegerField(default=0, db_default=0)
+    #: What the running task last said of its progress (``current_job().set_progress``).
+    progress = models.JSONField(null=True, blank=True)
 
     objects = JobManager()
 
@@ -157,6 +161,33 @@ class Job(models.Model):
     def last_error(self) -> dict | None:
         """The newest error entry, or None."""
         return self.errors[-1] if self.errors else None
+
+
+class JobKey(models.Model):
+    """A key that outlives its job: the window of ``enqueue(unique_for=...)`` (kind
+    ``unique``, until ``expires_at``) and the not-yet-started job of
+    ``enqueue(debounce=...)`` (kind ``debounce``). Written only by the statements of
+    ``sql.py`` (``JOB_ENQUEUE_UNIQUE``, ``JOB_ENQUEUE_DEBOUNCED``,
+    ``KEY_DELETE_EXPIRED``); see ``keys.py``."""
+
+    pk = models.CompositePrimaryKey("kind", "queue", "key")
+    kind = models.CharField(max_length=16)
+    queue = models.CharField(max_length=64)
+    key = models.CharField(max_length=255)
+    # Not a foreign key: the job may be pruned while its window is still open.
+    job_id = models.BigIntegerField()
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "pgqueue_job_key"  # sql.py hard-codes this name too
+        indexes = [
+            # The sweeper's pruning of expired keys. Built CONCURRENTLY (0012).
+            models.Index(fields=["expires_at"], name="pgqueue_job_key_expires_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"JobKey {self.kind} {self.queue}/{self.key} -> {self.job_id}"
 
 
 class DeadLetter(Job):

@@ -12,6 +12,7 @@ an exact count would need a scan, the figure is an estimate, and the result says
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ MAX_WORKERS = 1000
 
 #: Rows each status's sample reads at most; above it, counts are planner estimates.
 DEFAULT_CAP = 10_000
+#: Most running jobs a snapshot lists with their progress.
+RUNNING_LIMIT = 100
 
 #: The window of the "done" and "failed" figures, in seconds.
 RECENT_SECONDS = 300
@@ -129,6 +132,8 @@ class Snapshot:
     queues: dict[str, QueueStats]
     workers: list[WorkerInfo]
     cap: int
+    #: Up to RUNNING_LIMIT running jobs with their progress (``set_progress``).
+    running: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def live_workers(self) -> list[WorkerInfo]:
@@ -142,6 +147,7 @@ class Snapshot:
             "taken_at": self.taken_at.isoformat(),
             "queues": {name: q.as_json() for name, q in sorted(self.queues.items())},
             "workers": [w.as_json() for w in self.workers],
+            "running": self.running,
         }
 
 
@@ -247,7 +253,27 @@ def snapshot(
             estimated=frozenset(estimated),
             **figures,
         )
-    return Snapshot(taken_at=clock, queues=queues, workers=workers_, cap=cap)
+    return Snapshot(
+        taken_at=clock, queues=queues, workers=workers_, cap=cap, running=running(using)
+    )
+
+
+def running(using: str | None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Running jobs (at most ``limit``, default RUNNING_LIMIT) with what they last said
+    of their progress, as JSON-ready dicts, the lease expiring soonest first."""
+    rows = _rows(using, sql.JOB_GET_RUNNING, {"limit": limit or RUNNING_LIMIT})
+    return [
+        {
+            "id": job_id,
+            "queue": queue,
+            "task": task,
+            "worker_id": worker,
+            "attempt": attempt,
+            "claimed_at": None if claimed is None else claimed.isoformat(),
+            "progress": None if progress is None else json.loads(progress),
+        }
+        for job_id, queue, task, worker, attempt, claimed, progress in rows
+    ]
 
 
 def _database_now(using: str | None) -> dt.datetime:

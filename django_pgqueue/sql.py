@@ -93,6 +93,35 @@ _KEEP_NEWEST = """(
              jsonb_array_elements(x.entries) WITH ORDINALITY AS e
         WHERE e.ordinality > jsonb_array_length(x.entries) - %(keep_errors)s)"""
 
+# A keyed enqueue's job (JOB_ENQUEUE_DEBOUNCED, JOB_ENQUEUE_UNIQUE), inserted only if its
+# key row ("held") was given this statement's new id; {key} is its idempotency_key.
+_KEYED_INSERT = """INSERT INTO pgqueue_job AS j (
+        id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+        run_at, idempotency_key, errors, created_at, trace_context
+    )
+    SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
+           %(kwargs)s::jsonb, %(priority)s,
+           CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
+           0, %(max_attempts)s, coalesce(clock.run_at, clock.now), {key},
+           '[]'::jsonb, clock.now, %(trace_context)s::jsonb
+    FROM held, clock
+    WHERE held.fresh"""
+
+# A debounce key's job has not started yet (k is the key row).
+_WAITING = """EXISTS (SELECT FROM pgqueue_job AS w
+                WHERE w.id = k.job_id AND w.status IN ('pending', 'scheduled'))"""
+
+# _WAITING in an enqueue, whose snapshot may predate the key's job (a concurrent
+# enqueue made both): a job not seen before its run time is taken as waiting.
+_DEBOUNCING = (
+    "("
+    + _WAITING
+    + """
+               OR (k.expires_at > excluded.created_at
+                   AND NOT EXISTS (SELECT FROM pgqueue_job AS w WHERE w.id = k.job_id)))"""
+)
+
+
 # What every claim does with its candidates: lease them to this worker and charge the
 # attempt. They are leased by primary key (= ANY of their array), never joined: on a
 # claim connection the claims are prepared with one generic plan, which cannot know
@@ -430,6 +459,28 @@ WHERE j.id = locked.id
 RETURNING j.id
 """
 
+# Delete keys whose window closed (unique_for), or whose job started (debounce), one
+# bounded batch of pgqueue_job_key_expires_idx; a debounce key of a job still waiting is
+# kept, since it alone stops a second job. SKIP LOCKED: enqueues hold the rows they use.
+JOB_DELETE_EXPIRED_KEYS = (
+    """
+WITH closed AS (
+    SELECT k.kind, k.queue, k.key
+    FROM pgqueue_job_key AS k
+    WHERE k.expires_at < coalesce(%(now)s::timestamptz, clock_timestamp())
+      AND (k.kind = 'unique' OR NOT """
+    + _WAITING
+    + """)
+    ORDER BY k.expires_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue_job_key AS k
+USING closed
+WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key)
+"""
+)
+
 # Delete jobs of one final state (%(status)s: done, cancelled or dead) that finished
 # before that state's retention horizon, one bounded batch. The state is a literal when
 # Django binds it, so each uses its own partial index; SKIP LOCKED splits the work.
@@ -474,6 +525,89 @@ ON CONFLICT (queue, idempotency_key)
 RETURNING j.id, j.status, j.run_at, j.created_at, pg_notify(%(channel)s, j.queue)::text
 """
 
+# Debounced enqueue: the key's row (locked by the upsert, so concurrent enqueues take
+# turns) names the job that has not started; it gets these args and run time. Else a new
+# job (no idempotency_key: a running one must not block it). Rows: none means retry.
+JOB_ENQUEUE_DEBOUNCED = (
+    """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
+           coalesce(%(now)s::timestamptz, clock_timestamp())
+               + make_interval(secs => %(debounce)s) AS run_at,
+           nextval(pg_get_serial_sequence('pgqueue_job', 'id')) AS new_id
+), held AS (
+    INSERT INTO pgqueue_job_key AS k (kind, queue, key, job_id, created_at, expires_at)
+    SELECT 'debounce', %(queue)s, %(idempotency_key)s, clock.new_id, clock.now, clock.run_at
+    FROM clock
+    ON CONFLICT (kind, queue, key) DO UPDATE
+    SET job_id = CASE WHEN """
+    + _DEBOUNCING
+    + """ THEN k.job_id ELSE excluded.job_id END,
+        created_at = CASE WHEN """
+    + _DEBOUNCING
+    + """ THEN k.created_at ELSE excluded.created_at END,
+        expires_at = excluded.expires_at
+    RETURNING k.job_id, k.job_id = (SELECT new_id FROM clock) AS fresh
+), updated AS (
+    UPDATE pgqueue_job AS j
+    SET args = %(args)s::jsonb,
+        kwargs = %(kwargs)s::jsonb,
+        run_at = clock.run_at,
+        status = CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END
+    FROM held, clock
+    WHERE j.id = held.job_id
+      AND NOT held.fresh
+      AND j.status IN ('pending', 'scheduled')
+    RETURNING j.id
+), inserted AS (
+    """
+    + _KEYED_INSERT.format(key="NULL")
+    + """
+    RETURNING j.id
+)
+SELECT held.job_id, held.fresh, pg_notify(%(channel)s, %(queue)s)::text
+FROM held
+WHERE EXISTS (SELECT FROM updated) OR EXISTS (SELECT FROM inserted)
+"""
+)
+
+# Enqueue unique for a period: the key's row (an upsert: concurrent enqueues take turns)
+# names the job created in its window, or, once the window closed, this new one. The job
+# is inserted only then; a live job holding the key wins (inserted false: roll back).
+JOB_ENQUEUE_UNIQUE = (
+    """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
+           %(run_at)s::timestamptz AS run_at,
+           nextval(pg_get_serial_sequence('pgqueue_job', 'id')) AS new_id
+), held AS (
+    INSERT INTO pgqueue_job_key AS k (kind, queue, key, job_id, created_at, expires_at)
+    SELECT 'unique', %(queue)s, %(idempotency_key)s, clock.new_id, clock.now,
+           clock.now + make_interval(secs => %(unique_for)s)
+    FROM clock
+    ON CONFLICT (kind, queue, key) DO UPDATE
+    SET job_id = CASE WHEN k.expires_at <= excluded.created_at
+                      THEN excluded.job_id ELSE k.job_id END,
+        created_at = CASE WHEN k.expires_at <= excluded.created_at
+                          THEN excluded.created_at ELSE k.created_at END,
+        expires_at = CASE WHEN k.expires_at <= excluded.created_at
+                          THEN excluded.expires_at ELSE k.expires_at END
+    RETURNING k.job_id, k.job_id = (SELECT new_id FROM clock) AS fresh
+), inserted AS (
+    """
+    + _KEYED_INSERT.format(key="%(idempotency_key)s")
+    + """
+    ON CONFLICT (queue, idempotency_key)
+        WHERE idempotency_key IS NOT NULL
+          AND status IN ('pending', 'scheduled', 'running')
+        DO NOTHING
+    RETURNING j.id, pg_notify(%(channel)s, j.queue)::text
+)
+SELECT held.job_id, held.fresh, EXISTS (SELECT FROM inserted) AS inserted
+FROM held
+"""
+)
+
 # Push the lease of jobs this worker still owns further into the future, fenced. Returns
 # the ids still owned (a lost lease is visible) and whether each one's cancellation was
 # requested, so the heartbeat learns of cancels at no extra query.
@@ -496,10 +630,10 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 """
 )
 
-# Record a failed attempt, fenced: retry with exponential backoff and jitter while
-# attempts remain (and %(retry)s), else dead-letter; a job whose cancellation was
-# requested ends 'cancelled' with a JobCancelled entry after the task's own error.
-# Keeps the newest %(keep_errors)s error entries.
+# Record a failed attempt, fenced: retry after %(retry_delay)s s (NULL: exponential
+# backoff and jitter) while attempts remain (and %(retry)s), else dead-letter; a job whose
+# cancellation was requested ends 'cancelled' with a JobCancelled entry after the task's
+# own error. Keeps the newest %(keep_errors)s error entries.
 JOB_FAIL = (
     """
 WITH """
@@ -511,10 +645,12 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   THEN 'scheduled' ELSE 'dead' END,
     run_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s
                        AND j.attempts < j.max_attempts
-                  THEN clock.now + make_interval(secs => least(
+                  THEN clock.now + coalesce(
+                      make_interval(secs => %(retry_delay)s::float8),
+                      make_interval(secs => least(
                       %(backoff_max)s::float8,
                       %(backoff_base)s::float8 * power(2, least(j.attempts - 1, 40))
-                          * (0.75 + random() * 0.5)))
+                          * (0.75 + random() * 0.5))))
                   ELSE j.run_at END,
     finished_at = CASE WHEN j.cancel_requested_at IS NULL AND %(retry)s
                             AND j.attempts < j.max_attempts
@@ -663,6 +799,16 @@ WITH RECURSIVE head AS (
 SELECT queue, min(run_at)
 FROM head
 GROUP BY queue
+"""
+
+# The running jobs with their progress (pgqueue_status --json), soonest lease expiry
+# first: a LIMITed range of pgqueue_job_lease_idx, bounded whatever the backlog.
+JOB_GET_RUNNING = """
+SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress
+FROM pgqueue_job
+WHERE status = 'running'
+ORDER BY lease_expires_at
+LIMIT %(limit)s
 """
 
 # Wake idle workers listening on the channel (payload: the queue name). Used after
@@ -872,6 +1018,57 @@ SELECT 'cancelled'::text, queue, count(*),
 FROM cancelled, clock
 GROUP BY queue, clock.now
 """
+
+# Store a running job's progress, fenced (only the owner of this attempt writes it).
+# Primary-key update of one row; nothing else of the job changes.
+JOB_SET_PROGRESS = (
+    """
+UPDATE pgqueue_job AS j
+SET progress = %(progress)s::jsonb
+FROM """
+    + _OWNED_ONE
+    + """
+WHERE """
+    + _FENCE
+    + """
+RETURNING j.id
+"""
+)
+
+# A task snoozed: back to scheduled at the database's now + %(seconds)s (pending if 0),
+# its attempt given back and the snooze counted, fenced; a job whose cancellation was
+# requested ends 'cancelled'. Primary-key lookup.
+JOB_SNOOZE = (
+    """
+WITH """
+    + _CLOCK
+    + """
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN %(seconds)s::float8 > 0 THEN 'scheduled' ELSE 'pending' END,
+    attempts = j.attempts - 1,
+    snoozes = j.snoozes + 1,
+    run_at = CASE WHEN j.cancel_requested_at IS NULL
+                  THEN clock.now + make_interval(secs => %(seconds)s::float8)
+                  ELSE j.run_at END,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry(
+        "'cancellation requested while running; the task snoozed'", attempt="j.attempts - 1"
+    )
+    + """) END
+FROM clock, """
+    + _OWNED_ONE
+    + """
+WHERE """
+    + _FENCE
+    + """
+RETURNING j.status
+"""
+)
 
 # Enqueue the due ticks of periodic entries (one row per entry in the arrays), each
 # exactly once however many sweepers run: advance an entry's row to its tick only if its

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from . import db, periodic, sql
+from . import db, keys, periodic, sql
 from .conf import settings
 from .databases import backend_database, default_database
 from .exceptions import NotMigrated, first_line
@@ -41,6 +41,7 @@ class SweepResult:
     periodic: int = 0  # ticks of periodic entries enqueued (see periodic.py)
     cancelled: int = 0  # expired leases of jobs whose cancellation was requested
     lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
+    keys: int = 0  # keys of closed unique_for windows and started debounced jobs
 
     def __bool__(self) -> bool:
         return any(dataclasses.astuple(self))
@@ -147,6 +148,7 @@ def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepR
         promoted=promote_due(alias, now=now),
         pruned=prune_finished(alias, now=now),
         lost_workers=prune_lost_workers(alias, now=now),
+        keys=keys.prune_expired(alias, now=now, max_batches=MAX_SWEEP_BATCHES),
     )
 
 

@@ -31,9 +31,13 @@ import contextvars
 import datetime as dt
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
+from . import lifecycle
 from .taskapi import InvalidTask, Task
 
 
@@ -49,6 +53,11 @@ class PgQueueTask(Task):
 
     max_attempts: int | None = None
     """Attempt limit of this task's jobs (None: ``PGQUEUE_MAX_ATTEMPTS``)."""
+
+    backoff: Callable[[BaseException, Any], float | dt.timedelta | None] | None = None
+    """``backoff(exception, task_result)``: seconds (or a timedelta) before the retry of
+    a failed attempt (``task_result.attempts`` is the attempt that failed); None, or
+    None returned: the exponential backoff of ``PGQUEUE_RETRY_BACKOFF_*``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.transactional, bool):
@@ -66,6 +75,10 @@ class PgQueueTask(Task):
             or self.max_attempts < 1
         ):
             raise InvalidTask(f"max_attempts must be an int >= 1, not {self.max_attempts!r}")
+        if self.backoff is not None and not callable(self.backoff):
+            raise InvalidTask(
+                f"backoff must be a callable (exception, task_result), not {self.backoff!r}"
+            )
         super(PgQueueTask, self).__post_init__()  # noqa: UP008 - slots dataclass needs it
 
 
@@ -124,6 +137,36 @@ class CurrentJob:
     """When the job was due: for a periodic job, the tick it was enqueued for."""
     cancel: CancelFlag = field(default_factory=CancelFlag, repr=False, compare=False)
     """Set once the worker learns that the job's cancellation was requested."""
+    snoozes: int = 0
+    """How often the job snoozed before this run (``raise Snooze(seconds)``)."""
+    claimed_at: dt.datetime | None = field(default=None, repr=False)
+    """When this attempt was claimed: with ``attempt``, the fence of its writes."""
+    alias: str | None = field(default=None, repr=False)
+    """The jobs database the worker runs this job from."""
+
+    def set_progress(self, value: Any) -> None:
+        """Store ``value`` (JSON, at most ``PGQUEUE_MAX_PROGRESS_BYTES``) as the job's
+        progress, readable while it runs (``Job.progress``) and kept when it ends: one
+        fenced UPDATE by primary key. Raises ``InvalidJob`` for a bad value and
+        ``LeaseLost`` if the worker no longer owns the job. In a coroutine task, use
+        ``await aset_progress(value)``; a transactional task cannot (its open
+        transaction would hold the job's row, and the worker's heartbeat behind it)."""
+        if self.transactional:
+            raise RuntimeError(
+                "set_progress() is not available in a transactional task: the write would "
+                "lock the job's row until the task commits, blocking the worker's lease "
+                "extensions (and nobody would see it before the commit)"
+            )
+        if self.alias is None:
+            raise RuntimeError("set_progress() needs a job run by a worker")
+        lifecycle.set_progress(
+            self.alias, self.id, self.worker_id, self.attempt, self.claimed_at, value
+        )
+
+    async def aset_progress(self, value: Any) -> None:
+        """``set_progress`` from a coroutine task: run on the worker's runner thread,
+        whose database connection the job's fence belongs to."""
+        await sync_to_async(self.set_progress, thread_sensitive=True)(value)
 
     @property
     def cancel_requested(self) -> bool:

@@ -3,13 +3,16 @@ repository on sys.path), so a test can see from outside when a task has started.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from django_pgqueue.exceptions import Retry, Snooze
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
+from testproject.demo.models import Delivery
 
 #: For in-process workers: attempt N of ``gated(name)`` sets ``STARTED[name, N]``, then
 #: waits (at most 30 s) until the test sets ``GATES[name, N]``.
@@ -144,3 +147,137 @@ def returns_huge_int(digits: int) -> list[int]:
 
     sys.set_int_max_str_digits(0)
     return [10 ** (digits - 1)]
+
+
+def _ledger(path: str) -> int:
+    """Append this run's claim time (the database's ``last_attempted_at``) to the file
+    ``path``; return how many runs it lists."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    assert job.claimed_at is not None
+    with Path(path).open("a") as ledger:
+        ledger.write(job.claimed_at.isoformat() + "\n")
+    return len(Path(path).read_text().splitlines())
+
+
+@task(max_attempts=1)
+def snooze_twice(path: str, seconds: float) -> int:
+    """Snooze for ``seconds`` on the first two runs, then return the number of runs."""
+    runs = _ledger(path)
+    job = current_job()
+    assert job is not None
+    if job.snoozes < 2:
+        raise Snooze(seconds)
+    return runs
+
+
+@task(max_attempts=1)
+async def async_snooze_twice(path: str, seconds: float) -> int:
+    """``snooze_twice`` as a coroutine task."""
+    runs = _ledger(path)
+    job = current_job()
+    assert job is not None
+    if job.snoozes < 2:
+        raise Snooze(seconds)
+    return runs
+
+
+@task()
+def snooze_forever() -> None:
+    """Snooze at once, every time (until PGQUEUE_MAX_SNOOZES fails it)."""
+    raise Snooze(0)
+
+
+@task(transactional=True, max_attempts=1)
+def snooze_after_writing(recipient: str) -> int:
+    """Write a Delivery row in the task's transaction, then snooze on the first run: the
+    row must roll back."""
+    job = current_job()
+    assert job is not None
+    Delivery.objects.create(job_id=job.id * 10 + job.snoozes, recipient=recipient)
+    if job.snoozes == 0:
+        raise Snooze(0)
+    return Delivery.objects.filter(recipient=recipient).count()
+
+
+@task(max_attempts=3)
+def retry_once(path: str, seconds: float) -> int:
+    """Fail the first attempt with ``Retry(seconds)``; return the number of runs."""
+    runs = _ledger(path)
+    if runs == 1:
+        raise Retry(seconds, reason="the partner API said later")
+    return runs
+
+
+@task(max_attempts=3)
+async def async_retry_once(path: str, seconds: float) -> int:
+    """``retry_once`` as a coroutine task."""
+    runs = _ledger(path)
+    if runs == 1:
+        raise Retry(seconds, reason="the partner API said later")
+    return runs
+
+
+def _seven_per_attempt(exc: BaseException, task_result: object) -> float:
+    return 7.0 * task_result.attempts  # type: ignore[attr-defined]
+
+
+@task(max_attempts=3, backoff=_seven_per_attempt)
+def fail_with_backoff() -> None:
+    """Always fails; its retries wait 7 s times the attempt that failed."""
+    raise ValueError("always")
+
+
+def _wait_for_file(path: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.02)
+
+
+@task()
+def report_progress(marker: str, gate: str) -> str:
+    """Say progress 1 of 2, create ``marker``, wait for the file ``gate``, say 2 of 2."""
+    job = current_job()
+    assert job is not None
+    job.set_progress({"done": 1, "of": 2})
+    Path(marker).write_text("started")
+    _wait_for_file(gate)
+    job.set_progress({"done": 2, "of": 2})
+    return "finished"
+
+
+@task()
+async def async_report_progress(marker: str, gate: str) -> str:
+    """``report_progress`` as a coroutine task (``aset_progress``)."""
+    job = current_job()
+    assert job is not None
+    await job.aset_progress({"done": 1, "of": 2})
+    Path(marker).write_text("started")
+    while not Path(gate).exists():
+        await asyncio.sleep(0.02)
+    await job.aset_progress({"done": 2, "of": 2})
+    return "finished"
+
+
+@task()
+def echo(*args: object, **kwargs: object) -> dict[str, object]:
+    """Return what it was called with (debounce and unique tests)."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task()
+async def async_echo(*args: object, **kwargs: object) -> dict[str, object]:
+    """``echo`` as a coroutine task."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+def _broken_backoff(exc: BaseException, task_result: object) -> float:
+    raise RuntimeError("the backoff itself is broken")
+
+
+@task(max_attempts=3, backoff=_broken_backoff)
+def fail_with_broken_backoff() -> None:
+    """Always fails; its backoff raises (the default backoff is used)."""
+    raise ValueError("always")

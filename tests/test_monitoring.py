@@ -155,6 +155,7 @@ def test_history__a_busy_minute_is_scaled_from_its_first_jobs(job_factory, now):
         ),
         ("JOB_GET_HISTORY", "pgqueue_job_done_idx", {"cap": 100, "minutes": 60}),
         ("JOB_GET_PENDING_HEADS", "pgqueue_job_claim_idx", {}),
+        ("JOB_GET_RUNNING", "pgqueue_job_lease_idx", {"limit": 100}),
         ("JOB_COUNT_SAMPLE_BY_QUEUE", "pgqueue_job_dead_idx", {"cap": 100}),
     ],
 )

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import sql
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, JobKey
 from tests.conftest import connect_test_db
 
 SQL_SOURCE = Path(sql.__file__).read_text()
@@ -77,6 +77,9 @@ def test_sql__table_name_matches_model(name):
     elif name == "JOB_GET_COLUMN_STATS":  # reads the planner's catalogs about our table
         assert tables == {"pg_class", "pg_namespace", "pg_stats"}
         assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)
+    elif name in ("JOB_DELETE_EXPIRED_KEYS", "JOB_ENQUEUE_DEBOUNCED", "JOB_ENQUEUE_UNIQUE"):
+        # The keys that outlive their jobs (keys.py), and the jobs they name.
+        assert tables == {Job._meta.db_table, JobKey._meta.db_table}
     else:
         assert tables == {Job._meta.db_table}
 

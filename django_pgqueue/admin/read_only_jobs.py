@@ -62,10 +62,15 @@ class ReadOnlyJobAdmin(GuardedAdmin):
         "kwargs_pretty",
         "errors_pretty",
         "result_pretty",
+        "snoozes",
+        "progress_pretty",
     )
     fieldsets: ClassVar[_FieldsetSpec] = (
         (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
-        ("Attempts", {"fields": ("attempts_display", "last_worker", "lease_expires_at")}),
+        (
+            "Attempts",
+            {"fields": ("attempts_display", "snoozes", "last_worker", "lease_expires_at")},
+        ),
         (
             "Timestamps",
             {
@@ -80,6 +85,7 @@ class ReadOnlyJobAdmin(GuardedAdmin):
         ),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
+        ("Progress", {"fields": ("progress_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
     )
 
@@ -162,6 +168,13 @@ class ReadOnlyJobAdmin(GuardedAdmin):
     @admin.display(description="kwargs")
     def kwargs_pretty(self, obj: Job) -> str:
         return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.kwargs))
+
+    @admin.display(description="progress")
+    def progress_pretty(self, obj: Job) -> str:
+        """What the task last said with ``current_job().set_progress()``."""
+        if obj.progress is None:
+            return "—"
+        return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.progress))
 
     @admin.display(description="result")
     def result_pretty(self, obj: Job) -> str:

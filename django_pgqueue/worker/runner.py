@@ -21,12 +21,13 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
-from .. import tracing, validation
+from .. import lifecycle, tracing, validation
 from ..exceptions import (
     InvalidJob,
     InvalidResult,
     JobCancelled,
     LeaseLost,
+    Snooze,
     TaskNotFound,
     TransactionLeak,
     exception_line,
@@ -214,6 +215,9 @@ class JobRunner(WorkerPart):
                 transactional=transactional,
                 run_at=job.run_at,
                 cancel=held.cancel,
+                snoozes=job.snoozes,
+                claimed_at=job.last_attempted_at,
+                alias=self.alias,
             )
         )
         try:
@@ -344,6 +348,11 @@ class JobRunner(WorkerPart):
             for wrapper in connections.all(initialized_only=True):
                 if wrapper.in_atomic_block:  # a task that leaked atomic() and raised
                     discard_connection(wrapper.alias)
+            if isinstance(exc, Snooze):
+                # Not a failure (lifecycle.py), unless the job snoozed too often.
+                exc = lifecycle.snooze(self, job, exc) or exc
+                if isinstance(exc, Snooze):
+                    return False
             tracing.outcome(tracing.FAILED, exc)
             # A return value that cannot be stored would be the same on every attempt.
             status = self._record_failure(job, exc, retry=not isinstance(exc, InvalidResult))

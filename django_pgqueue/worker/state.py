@@ -88,6 +88,7 @@ class WorkerStats:
     cancelled: int = 0
     lost: int = 0
     released: int = 0
+    snoozed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count(self, name: str, n: int = 1) -> None:
