@@ -17,7 +17,7 @@ from .fields import CharArrayField
 from .manager import JobManager
 from .states import FINISHED_STATUSES, LIVE_STATUSES, Status
 
-__all__ = ["FINISHED_STATUSES", "LIVE_STATUSES", "Job", "Status"]
+__all__ = ["FINISHED_STATUSES", "LIVE_STATUSES", "Job"]
 
 
 class ClockTimestamp(models.Func):
