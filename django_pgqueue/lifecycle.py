@@ -110,7 +110,7 @@ def snooze(runner: JobRunner, job: Job, request: Snooze) -> BaseException | None
     if not found:
         runner.report_lost(job, "snooze")
         return None
-    runner.stats.count("snoozed")
+    runner.state.stats.count("snoozed")
     logger.info(
         "job %s %s snoozed for %gs (snooze %d, %s)",
         job.id,

@@ -56,7 +56,7 @@ def claimed_completions(worker: Worker, job_factory: Callable[..., Job], n: int)
     assert len(claimed) == n
     batch = []
     for job in claimed:
-        worker._held[job.id] = Held(job, started=0.0, completing=True)
+        worker._state.held[job.id] = Held(job, started=0.0, completing=True)
         task_result = to_task_result(job, load_task(job.task))
         batch.append(Completion(job, sum(job.args), 0.001, task_result, None))
     return batch
@@ -89,7 +89,7 @@ def test_completer__flush_completes_many_jobs_in_one_statement(job_factory):
     assert [r.result for r in rows] == [sum(c.job.args) for c in batch]
     assert {r.lease_expires_at for r in rows} == {None}
     assert all(r.finished_at is not None for r in rows)
-    assert worker._held == {}  # the slots and the heartbeat's entries are freed
+    assert worker._state.held == {}  # the slots and the heartbeat's entries are freed
 
 
 def test_completer__lost_lease_is_not_marked_done_the_others_are(job_factory, caplog):
@@ -114,7 +114,7 @@ def test_completer__lost_lease_is_not_marked_done_the_others_are(job_factory, ca
     assert "lease lost before complete was recorded" in lost_lines[0].getMessage()
     done_lines = [r for r in caplog.records if getattr(r, "action", None) == "done"]
     assert sorted(r.job_id for r in done_lines) == sorted([batch[0].job.id, batch[2].job.id])
-    assert worker._held == {}
+    assert worker._state.held == {}
 
 
 def test_completer__complete_many_answers_in_input_order(job_factory):
@@ -140,8 +140,8 @@ def test_completer__heartbeat_extends_a_job_waiting_for_its_flush(job_factory, s
     try:
 
         def completing() -> bool:
-            with worker._lock:
-                held = worker._held.get(job.id)
+            with worker._state.lock:
+                held = worker._state.held.get(job.id)
                 return held is not None and held.completing
 
         wait_for(completing, timeout=10)
@@ -203,11 +203,11 @@ def test_completer__waiting_jobs_free_their_slots_up_to_one_batch(settings):
     slots, except the part of the backlog beyond one full batch (back-pressure)."""
     settings.PGQUEUE_COMPLETION_BATCH_SIZE = 10
     worker = Worker(concurrency=4, batch_size=8)
-    worker._held.update({i: Held(Job(id=i)) for i in range(2)})  # running
+    worker._state.held.update({i: Held(Job(id=i)) for i in range(2)})  # running
     assert worker._free_slots() == 6
-    worker._held.update({i: Held(Job(id=i), completing=True) for i in range(2, 12)})
+    worker._state.held.update({i: Held(Job(id=i), completing=True) for i in range(2, 12)})
     assert worker._free_slots() == 6  # one batch waits: no slot taken
-    worker._held.update({i: Held(Job(id=i), completing=True) for i in range(12, 15)})
+    worker._state.held.update({i: Held(Job(id=i), completing=True) for i in range(12, 15)})
     assert worker._free_slots() == 3  # three beyond the batch take three slots
 
 
@@ -230,14 +230,14 @@ def test_completer__burst_waits_for_jobs_still_in_flight(job_factory, settings):
     settings.PGQUEUE_COMPLETION_FLUSH_INTERVAL = 0.9
     worker = Worker(worker_id="w-burst")
     first, second = claimed_completions(worker, job_factory, 2)
-    worker._held[second.job.id].completing = False  # still running
+    worker._state.held[second.job.id].completing = False  # still running
     worker._completer.submit(first, last=False)
     out: list[Any] = []
     thread = threading.Thread(target=lambda: out.append(worker._completer._next_batch()))
     thread.start()
     wait_for(lambda: bool(worker._completer._cond._waiters), timeout=5)  # type: ignore[attr-defined]
     assert not out  # waiting for the job in flight
-    worker._held[second.job.id].completing = True
+    worker._state.held[second.job.id].completing = True
     worker._completer.submit(second, last=True)
     thread.join(5)
     assert [c.job.id for c in out[0]] == [first.job.id, second.job.id]
@@ -323,7 +323,7 @@ def test_completer__batch_refused_for_one_row_writes_the_others_and_fails_that_o
     assert {(r.status, r.attempts) for r in others} == {("done", 1)}
     assert [r.result for r in others] == [c.value for c in batch if c is not bad]
     assert (worker.stats.done, worker.stats.failed, worker.stats.lost) == (29, 1, 0)
-    assert worker._held == {}
+    assert worker._state.held == {}
     assert not [r for r in caplog.records if "retrying in" in r.getMessage()]
 
 

@@ -281,7 +281,7 @@ def test_worker__stale_run_ending_keeps_the_reclaimed_attempt_leased(job_factory
         wait_for(lambda: worker.stats.lost == 1, timeout=10)  # attempt 1 fenced out
         before = fresh(job).lease_expires_at
         wait_for(lambda: fresh(job).lease_expires_at > before, timeout=5)
-        assert job.id in worker._held
+        assert job.id in worker._state.held
         test_tasks.GATES["reclaim", 2].set()
         wait_for(lambda: fresh(job).status == "done", timeout=10)
     finally:

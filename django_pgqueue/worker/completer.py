@@ -186,7 +186,7 @@ class Completer(WorkerPart):
 
         def write() -> list[str | None]:
             configure_session(self.alias, role, self.worker_id)  # the thread's label
-            return self.jobs.complete_many_status(results, self.worker_id, encoded=True)
+            return self.state.jobs.complete_many_status(results, self.worker_id, encoded=True)
 
         try:
             _, statuses = self.write_retrying(
@@ -202,7 +202,7 @@ class Completer(WorkerPart):
         self.flushes += 1
         for c, status in zip(batch, statuses, strict=True):
             if status == "done":
-                self.stats.count("done")
+                self.state.stats.count("done")
                 self.reporter.done(
                     c.job,
                     c.value,
@@ -212,7 +212,7 @@ class Completer(WorkerPart):
                     current=c.current,
                 )
             elif status == "cancelled":  # requested after the last lease extension
-                self.stats.count("cancelled")
+                self.state.stats.count("cancelled")
                 self.reporter.cancelled(c.job, c.task, c.task_result, c.elapsed, current=c.current)
             else:
                 self.report_lost(c.job, "complete")

@@ -43,9 +43,9 @@ class Heartbeat(WorkerPart):
     def run(self) -> None:
         """The thread's body: beat, and back off while beats fail."""
         interval = max(0.05, self.lease_seconds / 3)
-        retry = Retry(self.alias, stop=self.done)
+        retry = Retry(self.alias, stop=self.state.done)
         try:
-            while retry.wait() if retry.failures else not self.done.wait(interval):
+            while retry.wait() if retry.failures else not self.state.done.wait(interval):
                 try:
                     self.beat()
                 except Exception as exc:  # noqa: BLE001 - a database error or a bug
@@ -71,8 +71,8 @@ class Heartbeat(WorkerPart):
         default_timeout = settings.JOB_TIMEOUT_SECONDS
         held: list[Job] = []
         timed_out: list[tuple[Job, float]] = []
-        with self.lock:
-            for h in self.held.values():
+        with self.state.lock:
+            for h in self.state.held.values():
                 limit = h.timeout if h.timeout is not None else default_timeout
                 if h.lost or h.timed_out:
                     continue
@@ -102,7 +102,9 @@ class Heartbeat(WorkerPart):
             return
         # A lease extension blocked on a lock must fail well before the lease runs out.
         with bounded(self.alias, "heartbeat", self.worker_id, max(0.5, self.lease_seconds / 3)):
-            owned = self.jobs.extend_leases(self.worker_id, held, lease_seconds=self.lease_seconds)
+            owned = self.state.jobs.extend_leases(
+                self.worker_id, held, lease_seconds=self.lease_seconds
+            )
         self.ok_at = now
         for job in held:
             if job.id in owned.cancel_requested:
@@ -110,7 +112,7 @@ class Heartbeat(WorkerPart):
                 # is the fallback when that never came (no LISTEN connection).
                 self.request_cancel(job.id, job)
             if job.id not in owned:
-                with self.lock:
+                with self.state.lock:
                     entry = self.state.entry(job)
                     # Gone, replaced by a newer claim, or being recorded since the
                     # snapshot: the job finished (its row left 'running' for that

@@ -48,8 +48,8 @@ class Listener(WorkerPart):
     def run(self) -> None:
         """The thread's body: (re)connect, LISTEN, relay notifications, ping when idle."""
         params = self.params
-        retry = Retry(stop=self.done, params=params)
-        while not self.done.is_set():
+        retry = Retry(stop=self.state.done, params=params)
+        while not self.state.done.is_set():
             try:
                 with psycopg.connect(
                     **{**params, "application_name": f"pgqueue listen {self.worker_id}"[:63]},
@@ -61,16 +61,16 @@ class Listener(WorkerPart):
                         )
                     )
                     retry.succeeded()
-                    self.wakeup.set()  # poll at once: a NOTIFY may have been missed
+                    self.state.wakeup.set()  # poll at once: a NOTIFY may have been missed
                     checked = time.monotonic()
-                    while not self.done.is_set():
+                    while not self.state.done.is_set():
                         # Short waits so the thread (and its connection) ends soon after
                         # shutdown; it would otherwise outlive run() by up to a wait.
                         for notify in conn.notifies(timeout=0.25):
                             if notify.payload.startswith(CANCEL_NOTIFY_PREFIX):
                                 self._cancel(notify.payload)
                             elif self.queues is None or notify.payload in self.queues:
-                                self.wakeup.set()
+                                self.state.wakeup.set()
                         if time.monotonic() - checked >= 2.0:
                             # An idle socket can die silently; a cheap query proves it alive.
                             conn.execute(sql.SESSION_PING)
@@ -88,5 +88,5 @@ class Listener(WorkerPart):
     def _cancel(self, payload: str) -> None:
         """Set the cancel flag of each held job the payload names (others: not ours)."""
         for part in payload[len(CANCEL_NOTIFY_PREFIX) :].split(","):
-            if part.isascii() and part.isdigit() and int(part) in self.held:
+            if part.isascii() and part.isdigit() and int(part) in self.state.held:
                 self.request_cancel(int(part))

@@ -115,10 +115,6 @@ class Worker:
         self.fatal: str | None = None
 
         self._stopping = threading.Event()  # no more claiming
-        self._wakeup = state.wakeup  # a NOTIFY came or a slot freed
-        self._done = state.done  # background threads must exit
-        self._lock = state.lock
-        self._held = state.held
         self._state = state
         # Claimed jobs for the runner threads: SimpleQueue, C code with no Condition,
         # costs a fraction of Queue's put and get (one of each per job).
@@ -160,7 +156,7 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; running jobs finish, unstarted ones are released."""
         self._stopping.set()
-        self._wakeup.set()
+        self._state.wakeup.set()
 
     @property
     def stopping(self) -> bool:
@@ -228,13 +224,13 @@ class Worker:
         """How many jobs the window of ``max(concurrency, batch_size)`` has room for: a
         batch size above the concurrency prefetches (claimed jobs wait locally, their
         leases kept alive by the heartbeat)."""
-        with self._lock:
+        with self._state.lock:
             # Jobs waiting for their batched completion hold no slot (they stay held
             # only so that the heartbeat keeps extending their leases), unless more
             # than a full batch of them waits: then the completer is behind, and
             # claiming slows down until it catches up (back-pressure).
-            completing = sum(1 for h in self._held.values() if h.completing)
-            busy = len(self._held) - completing
+            completing = sum(1 for h in self._state.held.values() if h.completing)
+            busy = len(self._state.held) - completing
             busy += max(0, completing - self._completer.max_batch)
             return max(self.concurrency, self.batch_size) - busy
 
@@ -284,7 +280,7 @@ class Worker:
             free = self._free_slots() + self._ahead
             if self.max_jobs is not None:
                 free = min(free, self.max_jobs - self.stats.claimed)
-                if free <= 0 and not self._held:
+                if free <= 0 and not self._state.held:
                     break  # max_jobs reached and all finished
             free = self._claim_size(free)
             if free <= 0 or not self._heartbeat.healthy():
@@ -366,8 +362,8 @@ class Worker:
                 continue
             if jobs or promoted:
                 continue
-            with self._lock:
-                idle = not self._held
+            with self._state.lock:
+                idle = not self._state.held
             if self.burst and idle:
                 if promote_ran:
                     break
@@ -383,8 +379,8 @@ class Worker:
         for, not a freed slot."""
         if idle:
             self._state.slots_wanted.clear()
-        self._wakeup.wait(timeout)
-        self._wakeup.clear()
+        self._state.wakeup.wait(timeout)
+        self._state.wakeup.clear()
 
     # --- runner threads -------------------------------------------------------------
 
@@ -480,7 +476,7 @@ class Worker:
                 self.worker_id,
                 extra={"action": "exit", "worker_id": self.worker_id},
             )
-        self._done.set()
+        self._state.done.set()
         # The listener notices _done within a quarter second; wait that long so its
         # connection is closed when run() returns (tests drop the database next).
         if self._listener_thread is not None:

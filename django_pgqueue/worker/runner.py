@@ -118,8 +118,8 @@ class JobRunner(WorkerPart):
         attempt not charged. If that fails, its lease expires instead."""
         self._mark_recording(job)
         try:
-            if self.jobs.release(job, self.worker_id):
-                self.stats.count("released")
+            if self.state.jobs.release(job, self.worker_id):
+                self.state.stats.count("released")
                 logger.info(
                     "job %s released (shutdown before start)",
                     job.id,
@@ -152,7 +152,7 @@ class JobRunner(WorkerPart):
         except BaseException as exc:  # noqa: BLE001 - recorded below, once started
             task, error = None, exc
         timeout = task_option(task, "timeout") if task is not None else None
-        with self.lock:
+        with self.state.lock:
             held = self.state.entry(job)
             if held is not None and not held.lost:
                 held.started = time.monotonic()
@@ -161,7 +161,7 @@ class JobRunner(WorkerPart):
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused), or that was claimed again: another run owns it;
             # running it here too would only duplicate its effects.
-            self.stats.count("lost")
+            self.state.stats.count("lost")
             logger.warning(
                 "job %s: lease lost before the task started; not running it",
                 job.id,
@@ -172,12 +172,12 @@ class JobRunner(WorkerPart):
             # Prefetched, and cancelled before it started: never run it. The release
             # statement ends a cancel-requested job 'cancelled' (attempt not charged).
             written, _ = self.write_retrying(
-                lambda: self.jobs.release(job, self.worker_id),
+                lambda: self.state.jobs.release(job, self.worker_id),
                 jobs=[job],
                 outcome="cancel",
             )
             if written:
-                self.stats.count("cancelled")
+                self.state.stats.count("cancelled")
                 logger.info(
                     "job %s cancelled before it started; not running it",
                     job.id,
@@ -283,7 +283,7 @@ class JobRunner(WorkerPart):
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     self._mark_recording(job)
                     try:
-                        status = self.jobs.complete_status(job, self.worker_id, result=value)
+                        status = self.state.jobs.complete_status(job, self.worker_id, result=value)
                     except DatabaseError as exc:
                         if refused_data(exc):  # never storable: fail for good, below
                             raise InvalidResult(
@@ -309,7 +309,7 @@ class JobRunner(WorkerPart):
         except LeaseLost:
             tracing.outcome(tracing.LOST)
             self._discard_leftovers(job, raw, "lease lost")
-            self.stats.count("lost")
+            self.state.stats.count("lost")
             logger.warning(
                 "job %s: lease lost while running (transactional: effects rolled back, "
                 "nothing recorded); another worker owns it now",
@@ -336,7 +336,7 @@ class JobRunner(WorkerPart):
             if committed:
                 # Committed: only an on_commit callback raised after the commit.
                 tracing.outcome(tracing.SUCCEEDED)
-                self.stats.count("done")
+                self.state.stats.count("done")
                 logger.error(
                     "job %s %s done (transactional), but an on_commit callback raised",
                     job.id,
@@ -368,7 +368,7 @@ class JobRunner(WorkerPart):
         elapsed = time.perf_counter() - started
         tracing.outcome(tracing.SUCCEEDED)
         if transactional:
-            self.stats.count("done")
+            self.state.stats.count("done")
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
             return False
         if cancel.is_set():
@@ -431,7 +431,7 @@ class JobRunner(WorkerPart):
         self._mark_recording(job)
         try:
             written, status = self.write_retrying(
-                lambda: self.jobs.complete_status(job, self.worker_id, result=value),
+                lambda: self.state.jobs.complete_status(job, self.worker_id, result=value),
                 jobs=[job],
                 outcome="cancel",
             )
@@ -446,7 +446,7 @@ class JobRunner(WorkerPart):
         if status is None:
             self.report_lost(job, "cancel")
             return
-        self.stats.count("cancelled" if status == "cancelled" else "done")
+        self.state.stats.count("cancelled" if status == "cancelled" else "done")
         logger.info(
             "job %s %s %s after %.3fs (the task stopped)",
             job.id,

@@ -180,16 +180,12 @@ class WorkerPart:
     """Base of the classes whose methods run on a worker's threads."""
 
     def __init__(self, state: WorkerState) -> None:
+        #: What the parts share; asked through it, never copied (one lock, one name).
         self.state = state
+        #: The worker's identity, fixed for its life.
         self.alias = state.alias
         self.worker_id = state.worker_id
         self.lease_seconds = state.lease_seconds
-        self.stats = state.stats
-        self.held = state.held
-        self.lock = state.lock
-        self.wakeup = state.wakeup
-        self.done = state.done
-        self.jobs = state.jobs
 
     def write_retrying(
         self, write: Callable[[], T], *, jobs: Sequence[Job], outcome: str
@@ -200,7 +196,7 @@ class WorkerPart:
         (True, what ``write`` returned), or (False, None) after giving up: the jobs'
         leases then expire and the sweeper recovers them (never recorded unfenced).
         An error that refused the write's data raises :class:`DataRefused` at once."""
-        retry = Retry(self.alias, stop=self.done, deadline=self.lease_seconds)
+        retry = Retry(self.alias, stop=self.state.done, deadline=self.lease_seconds)
         extra = {"action": outcome, "worker_id": self.worker_id}
         while True:
             try:
@@ -210,7 +206,7 @@ class WorkerPart:
                     raise DataRefused(exc) from exc
                 delay = retry.failed()
                 close_connection(self.alias)
-                if retry.expired() or self.done.is_set():
+                if retry.expired() or self.state.done.is_set():
                     for job in jobs:
                         logger.error(
                             "job %s: could not record %s (%s); its lease will expire",
@@ -235,7 +231,7 @@ class WorkerPart:
     def mark_recording(self, job: Job) -> None:
         """Before writing ``job``'s outcome: tell the heartbeat that the row may leave
         ``running`` now for that reason (a missed extension is not a lost lease)."""
-        with self.lock:
+        with self.state.lock:
             entry = self.state.entry(job)
             if entry is not None:
                 entry.recording = True
@@ -247,7 +243,7 @@ class WorkerPart:
         sweeper recovers the job)."""
         self.mark_recording(job)
         written, status = self.write_retrying(
-            lambda: self.jobs.fail(job, self.worker_id, error, retry=retry),
+            lambda: self.state.jobs.fail(job, self.worker_id, error, retry=retry),
             jobs=[job],
             outcome="fail",
         )
@@ -256,15 +252,15 @@ class WorkerPart:
         if status is None:
             self.report_lost(job, "fail")
         else:
-            self.stats.count("cancelled" if status == "cancelled" else "failed")
+            self.state.stats.count("cancelled" if status == "cancelled" else "failed")
         return status
 
     def request_cancel(self, job_id: int, job: Job | None = None) -> None:
         """Tell the task of held job ``job_id`` (of this very claim, if ``job`` is given)
         that its job was cancelled: ``current_job().cancel_requested``, and an async
         task's coroutine is cancelled by the runner. Once per job."""
-        with self.lock:
-            entry = self.held.get(job_id) if job is None else self.state.entry(job)
+        with self.state.lock:
+            entry = self.state.held.get(job_id) if job is None else self.state.entry(job)
             if entry is None or entry.cancel.is_set():
                 return
             entry.cancel.set()
@@ -276,7 +272,7 @@ class WorkerPart:
 
     def report_lost(self, job: Job, outcome: str) -> None:
         """Count and log an outcome the fence refused: the lease was taken back."""
-        self.stats.count("lost")
+        self.state.stats.count("lost")
         logger.warning(
             "job %s: lease lost before %s was recorded; another worker owns it now",
             job.id,
