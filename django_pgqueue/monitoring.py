@@ -20,6 +20,7 @@ from typing import Any
 from . import db, sql
 from .databases import default_database
 from .models import FINISHED_STATUSES, LIVE_STATUSES, Job
+from .states import Status
 
 #: Most workers listed (the workers table holds one row per process).
 MAX_WORKERS = 1000
@@ -33,7 +34,7 @@ RUNNING_LIMIT = 100
 RECENT_SECONDS = 300
 
 #: Statuses counted per queue.
-COUNTED = (*LIVE_STATUSES, "dead")
+COUNTED = (*LIVE_STATUSES, Status.DEAD)
 
 
 def _rows(using: str | None, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

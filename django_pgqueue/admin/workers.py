@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from ..models import WorkerProcess, WorkerQuerySet
+from ..states import Status
 from .base import ViewOnlyAdmin
 
 
@@ -77,5 +78,5 @@ class WorkerProcessAdmin(ViewOnlyAdmin):
         url = reverse("admin:django_pgqueue_job_changelist", current_app=self.admin_site.name)
         # Encoded: a worker id may hold "&", "#" or "=" (any printable characters).
         query = QueryDict(mutable=True)
-        query.update({"status__exact": "running", "lease_owner": obj.id})
+        query.update({"status__exact": Status.RUNNING.value, "lease_owner": obj.id})
         return format_html('<a href="{}?{}">jobs this worker holds</a>', url, query.urlencode())

@@ -42,6 +42,7 @@ from .. import validation
 from ..exceptions import InvalidResult
 from ..models import Job
 from ..reconnect import close_connection
+from ..states import Status
 from ..taskapi import Task, TaskResult
 from ..tasks import CurrentJob
 from .connections import configure_session
@@ -201,7 +202,7 @@ class Completer(WorkerPart):
             return  # given up
         self.flushes += 1
         for c, status in zip(batch, statuses, strict=True):
-            if status == "done":
+            if status == Status.DONE:
                 self.state.stats.count("done")
                 self.reporter.done(
                     c.job,
@@ -211,7 +212,7 @@ class Completer(WorkerPart):
                     transactional=False,
                     current=c.current,
                 )
-            elif status == "cancelled":  # requested after the last lease extension
+            elif status == Status.CANCELLED:  # requested after the last lease extension
                 self.state.stats.count("cancelled")
                 self.reporter.cancelled(c.job, c.task, c.task_result, c.elapsed, current=c.current)
             else:

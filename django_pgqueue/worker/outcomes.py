@@ -26,6 +26,7 @@ from django.dispatch import Signal
 from ..exceptions import exception_line
 from ..framework import to_task_result
 from ..models import Job
+from ..states import Status
 from ..taskapi import (
     FRAMEWORK,
     LOG_RECEIVERS,
@@ -203,7 +204,7 @@ class Reporter:
         cancellation at info level; then ``task_finished`` is sent with status FAILED,
         once per job."""
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        if status == "scheduled":
+        if status == Status.SCHEDULED:
             logger.warning(
                 "job %s %s failed after %.3fs (attempt %d/%d), will retry: %s",
                 job.id,
@@ -215,7 +216,7 @@ class Reporter:
                 extra={"action": "retry", **log_extra},
             )
             return
-        if status == "cancelled":
+        if status == Status.CANCELLED:
             logger.info(
                 "job %s %s cancelled after %.3fs (%s)",
                 job.id,

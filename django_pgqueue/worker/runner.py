@@ -36,6 +36,7 @@ from ..exceptions import (
 from ..framework import TaskGone, load_task, to_task_result
 from ..models import Job
 from ..reconnect import close_connection
+from ..states import Status
 from ..taskapi import (
     Task,
     TaskContext,
@@ -295,7 +296,7 @@ class JobRunner(WorkerPart):
                             f"job {job.id}: lease lost before completion; "
                             "the task's effects were rolled back"
                         )
-                    if status == "cancelled":  # requested since the last lease extension
+                    if status == Status.CANCELLED:  # requested since the last lease extension
                         raise JobCancelled(CANCELLED_BEFORE_COMMIT)
                     completed_in_tx = True
                 # Committed; what the task left beyond its transaction (a session
@@ -446,7 +447,7 @@ class JobRunner(WorkerPart):
         if status is None:
             self.report_lost(job, "cancel")
             return
-        self.state.stats.count("cancelled" if status == "cancelled" else "done")
+        self.state.stats.count("cancelled" if status == Status.CANCELLED else "done")
         logger.info(
             "job %s %s %s after %.3fs (the task stopped)",
             job.id,

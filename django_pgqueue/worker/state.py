@@ -23,6 +23,7 @@ from django.db import DatabaseError
 from ..exceptions import first_line
 from ..models import Job
 from ..reconnect import Retry, close_connection
+from ..states import Status
 from ..tasks import CancelFlag
 
 logger = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class WorkerPart:
         if status is None:
             self.report_lost(job, "fail")
         else:
-            self.state.stats.count("cancelled" if status == "cancelled" else "failed")
+            self.state.stats.count("cancelled" if status == Status.CANCELLED else "failed")
         return status
 
     def request_cancel(self, job_id: int, job: Job | None = None) -> None:
