@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.db import DatabaseError, connections
 
-from . import limits, schema, validation
+from . import bounds, schema, validation
 from .conf import Settings, settings
 from .databases import options_database
 from .periodic import entries
@@ -22,17 +22,17 @@ from .periodic import entries
 @checks.register("pgqueue")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
-    for name, (bounds, nullable, check_id) in limits.SETTINGS.items():
+    for name, (allowed, nullable, check_id) in bounds.SETTINGS.items():
         value = getattr(settings, name)
         if value is None and nullable:
             continue
-        problem = bounds.problem(value)
+        problem = allowed.problem(value)
         if problem is not None:
             default = getattr(Settings, name)
             messages.append(
                 checks.Error(
                     f"PGQUEUE_{name}: {problem}.",
-                    hint=f"Use {limits.setting_range(name)}, or remove the setting for "
+                    hint=f"Use {bounds.setting_range(name)}, or remove the setting for "
                     f"the default, {default!r}.",
                     id=check_id,
                 )
@@ -40,7 +40,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     lease = settings.LEASE_SECONDS
     timeout = settings.JOB_TIMEOUT_SECONDS
     if (
-        limits.LEASE_SECONDS.problem(lease) is None
+        bounds.LEASE_SECONDS.problem(lease) is None
         and isinstance(timeout, int | float)
         and timeout < lease / 10
     ):

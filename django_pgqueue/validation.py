@@ -18,10 +18,10 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
+from .bounds import MIN_RESULT_BYTES
 from .conf import settings
 from .databases import QueueBackend
 from .exceptions import InvalidJob, InvalidResult
-from .limits import MIN_RESULT_BYTES
 from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, normalize_json
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")

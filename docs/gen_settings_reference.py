@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "django_pgqueue" / "conf.py"
-LIMITS = ROOT / "django_pgqueue" / "limits.py"
+LIMITS = ROOT / "django_pgqueue" / "bounds.py"
 TARGET = ROOT / "docs" / "reference" / "settings.md"
 
 HEADER = """# Settings reference
@@ -47,16 +47,16 @@ def rows() -> list[tuple[str, str, str]]:
 
 
 def allowed() -> dict[str, str]:
-    """``PGQUEUE_<NAME>`` -> its range and check id, from ``limits.SETTINGS`` (loaded from
+    """``PGQUEUE_<NAME>`` -> its range and check id, from ``bounds.SETTINGS`` (loaded from
     its file: it imports nothing from Django, the package's ``__init__`` does)."""
-    spec = importlib.util.spec_from_file_location("pgqueue_limits", LIMITS)
+    spec = importlib.util.spec_from_file_location("pgqueue_bounds", LIMITS)
     assert spec is not None and spec.loader is not None
-    limits = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = limits  # dataclasses look their module up there
-    spec.loader.exec_module(limits)
+    bounds = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bounds  # dataclasses look their module up there
+    spec.loader.exec_module(bounds)
     return {
-        f"PGQUEUE_{name}": f"{limits.setting_range(name)} (`{check_id}`)"
-        for name, (_, _, check_id) in limits.SETTINGS.items()
+        f"PGQUEUE_{name}": f"{bounds.setting_range(name)} (`{check_id}`)"
+        for name, (_, _, check_id) in bounds.SETTINGS.items()
     }
 
 

@@ -7,7 +7,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from django_pgqueue import limits
+from django_pgqueue import bounds
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_pgqueue"
 ID = re.compile(r"""id=(?:f?["'])(pgqueue\.[EW]\d{3})["']""")
@@ -19,8 +19,8 @@ def test_check_ids__each_id_has_one_meaning():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for check_id in ID.findall(line):
                 places[check_id].append(f"{path.name}:{number}")
-    for _bounds, _nullable, check_id in limits.SETTINGS.values():
-        places[check_id].append("limits.SETTINGS")
+    for _bounds, _nullable, check_id in bounds.SETTINGS.values():
+        places[check_id].append("bounds.SETTINGS")
     assert places, "no check ids found: the pattern no longer matches the code"
     shared = {check_id: where for check_id, where in places.items() if len(where) > 1}
     assert not shared, f"check ids with more than one meaning: {shared}"

@@ -1,4 +1,4 @@
-"""checks.py and limits.py: every numeric PGQUEUE_* setting is bounded by a system check."""
+"""checks.py and bounds.py: every numeric PGQUEUE_* setting is bounded by a system check."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.core import checks as django_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from django_pgqueue import limits
+from django_pgqueue import bounds
 from django_pgqueue.checks import check_settings
 from django_pgqueue.conf import Settings
 
@@ -26,28 +26,28 @@ def numeric_settings() -> list[str]:
 
 
 def test_limits__every_numeric_setting_has_bounds():
-    """A new numeric setting must get a range (and a check id) in limits.SETTINGS."""
+    """A new numeric setting must get a range (and a check id) in bounds.SETTINGS."""
     assert numeric_settings(), "no numeric settings found"
-    missing = set(numeric_settings()) - set(limits.SETTINGS)
-    assert not missing, f"add these to django_pgqueue.limits.SETTINGS: {sorted(missing)}"
-    assert set(limits.SETTINGS) <= set(typing.get_type_hints(Settings))
+    missing = set(numeric_settings()) - set(bounds.SETTINGS)
+    assert not missing, f"add these to django_pgqueue.bounds.SETTINGS: {sorted(missing)}"
+    assert set(bounds.SETTINGS) <= set(typing.get_type_hints(Settings))
 
 
 def test_limits__check_ids_are_unique_and_defaults_are_in_range():
-    ids = [check_id for _, _, check_id in limits.SETTINGS.values()]
+    ids = [check_id for _, _, check_id in bounds.SETTINGS.values()]
     assert len(ids) == len(set(ids))
-    for name, (bounds, nullable, _) in limits.SETTINGS.items():
+    for name, (allowed, nullable, _) in bounds.SETTINGS.items():
         default = getattr(Settings, name)
-        assert (default is None and nullable) or bounds.problem(default) is None, name
+        assert (default is None and nullable) or allowed.problem(default) is None, name
 
 
-def bad_values(bounds: limits.Bounds) -> list[object]:
+def bad_values(allowed: bounds.Bounds) -> list[object]:
     """Values each setting must refuse: past both ends, not finite, not a number."""
-    values: list[object] = [bounds.high * 10 + 1, -1, math.nan, math.inf, "1", True, [1]]
-    if bounds.low > 0:
-        values.append(bounds.low / 2)
-    if bounds.integer:
-        values.append(float(bounds.low + 1))  # a float where an int is needed
+    values: list[object] = [allowed.high * 10 + 1, -1, math.nan, math.inf, "1", True, [1]]
+    if allowed.low > 0:
+        values.append(allowed.low / 2)
+    if allowed.integer:
+        values.append(float(allowed.low + 1))  # a float where an int is needed
         values.append(10**5000)
     else:
         values.append(1e300)
@@ -55,32 +55,32 @@ def bad_values(bounds: limits.Bounds) -> list[object]:
 
 
 CASES = [
-    pytest.param(name, value, id=f"{name}={limits._show(value, 20)}")
-    for name, (bounds, _, _) in limits.SETTINGS.items()
-    for value in bad_values(bounds)
+    pytest.param(name, value, id=f"{name}={bounds._show(value, 20)}")
+    for name, (allowed, _, _) in bounds.SETTINGS.items()
+    for value in bad_values(allowed)
 ]
 
 
 @pytest.mark.parametrize(("name", "value"), CASES)
 def test_checks__out_of_range_setting_is_an_error_naming_the_range(settings, name, value):
     setattr(settings, f"PGQUEUE_{name}", value)
-    bounds, nullable, check_id = limits.SETTINGS[name]
+    allowed, nullable, check_id = bounds.SETTINGS[name]
     errors = [m for m in check_settings() if m.id == check_id]
     assert len(errors) == 1, check_settings()
     (error,) = errors
     assert error.level == django_checks.ERROR
     assert error.msg.startswith(f"PGQUEUE_{name}: ")
-    assert bounds.describe() in error.hint
+    assert allowed.describe() in error.hint
     assert repr(getattr(Settings, name)) in error.hint  # names the default to fall back to
     assert ("or None" in error.hint) == nullable
 
 
-@pytest.mark.parametrize("name", sorted(limits.SETTINGS))
+@pytest.mark.parametrize("name", sorted(bounds.SETTINGS))
 def test_checks__both_ends_of_each_range_are_accepted(settings, name):
-    bounds, nullable, _ = limits.SETTINGS[name]
-    ends = [bounds.low, bounds.high] + ([None] if nullable else [])
+    allowed, nullable, _ = bounds.SETTINGS[name]
+    ends = [allowed.low, allowed.high] + ([None] if nullable else [])
     for value in ends:
-        setattr(settings, f"PGQUEUE_{name}", int(value) if bounds.integer else value)
+        setattr(settings, f"PGQUEUE_{name}", int(value) if allowed.integer else value)
         errors = [m for m in check_settings() if m.level >= django_checks.ERROR]
         assert errors == [], value
 

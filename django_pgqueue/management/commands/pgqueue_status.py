@@ -13,9 +13,9 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError
 
 from django_pgqueue import deadline, monitoring, schema
+from django_pgqueue.bounds import DAY, Bounds
 from django_pgqueue.databases import backend_database
 from django_pgqueue.exceptions import DeadlineExceeded
-from django_pgqueue.limits import DAY, Bounds
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument
 from django_pgqueue.monitoring import Snapshot
 

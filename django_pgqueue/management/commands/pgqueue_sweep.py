@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from django_pgqueue import limits
+from django_pgqueue import bounds
 from django_pgqueue.databases import backend_database
 from django_pgqueue.exceptions import NotMigrated
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument, configure_logging
@@ -43,10 +43,10 @@ class Command(PgQueueCommand):
         )
         parser.add_argument(
             "--interval",
-            type=limits.SWEEP_INTERVAL.parse,
+            type=bounds.SWEEP_INTERVAL.parse,
             default=5.0,
             help="How long to wait between passes with --loop: "
-            f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
+            f"{bounds.SWEEP_INTERVAL.describe()} (default: %(default)r)",
         )
         add_backend_argument(parser)
         parser.add_argument(
@@ -58,10 +58,10 @@ class Command(PgQueueCommand):
         )
         parser.add_argument(
             "--now-step",
-            type=limits.SWEEP_INTERVAL.parse,
+            type=bounds.SWEEP_INTERVAL.parse,
             default=None,
             help="For tests, with --now: move the pinned clock forward after each pass by "
-            f"{limits.SWEEP_INTERVAL.describe()} (default: %(default)r)",
+            f"{bounds.SWEEP_INTERVAL.describe()} (default: %(default)r)",
         )
 
     def handle(

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from django_pgqueue import limits
+from django_pgqueue import bounds
 from django_pgqueue.databases import backend_database
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument, configure_logging
 from django_pgqueue.validation import QUEUE_NAME_RE
@@ -36,10 +36,10 @@ class Command(PgQueueCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--processes",
-            type=limits.PROCESSES.parse,
+            type=bounds.PROCESSES.parse,
             default=1,
             help="Worker processes under one supervisor, each with --concurrency threads: "
-            f"{limits.PROCESSES.describe()} (default: %(default)r)",
+            f"{bounds.PROCESSES.describe()} (default: %(default)r)",
         )
         parser.add_argument(
             "--queue",
@@ -50,23 +50,23 @@ class Command(PgQueueCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=limits.CONCURRENCY.parse,
+            type=bounds.CONCURRENCY.parse,
             default=1,
             help="Jobs run at once, one thread and database connection each: "
-            f"{limits.CONCURRENCY.describe()} (default: %(default)r)",
+            f"{bounds.CONCURRENCY.describe()} (default: %(default)r)",
         )
         parser.add_argument(
             "--batch-size",
-            type=limits.BATCH_SIZE.parse,
+            type=bounds.BATCH_SIZE.parse,
             default=None,
             help="Most jobs claimed per statement: "
-            f"{limits.BATCH_SIZE.describe()} (default: the concurrency)",
+            f"{bounds.BATCH_SIZE.describe()} (default: the concurrency)",
         )
         parser.add_argument(
             "--lease-seconds",
-            type=limits.LEASE_SECONDS.parse,
+            type=bounds.LEASE_SECONDS.parse,
             default=None,
-            help=f"Lease per claimed job: {limits.LEASE_SECONDS.describe()} "
+            help=f"Lease per claimed job: {bounds.LEASE_SECONDS.describe()} "
             "(default: PGQUEUE_LEASE_SECONDS)",
         )
         parser.add_argument(
@@ -78,10 +78,10 @@ class Command(PgQueueCommand):
         )
         parser.add_argument(
             "--max-jobs",
-            type=limits.MAX_JOBS.parse,
+            type=bounds.MAX_JOBS.parse,
             default=None,
             help="Exit after claiming this many jobs: "
-            f"{limits.MAX_JOBS.describe()} (default: %(default)r)",
+            f"{bounds.MAX_JOBS.describe()} (default: %(default)r)",
         )
         parser.add_argument(
             "--worker-id",
@@ -91,27 +91,27 @@ class Command(PgQueueCommand):
         )
         parser.add_argument(
             "--grace-seconds",
-            type=limits.GRACE_SECONDS.parse,
+            type=bounds.GRACE_SECONDS.parse,
             default=None,
             help="After SIGTERM, how long running jobs may take before the worker exits "
-            f"and leaves them to lease expiry: {limits.GRACE_SECONDS.describe()} "
+            f"and leaves them to lease expiry: {bounds.GRACE_SECONDS.describe()} "
             "(default: PGQUEUE_SHUTDOWN_GRACE_SECONDS)",
         )
         parser.add_argument(
             "--stop-seconds",
-            type=limits.STOP_SECONDS.parse,
+            type=bounds.STOP_SECONDS.parse,
             default=None,
             help="With --processes: after SIGTERM, how long the supervisor waits for its "
             "worker processes before it SIGKILLs those still running: "
-            f"{limits.STOP_SECONDS.describe()} (default: PGQUEUE_SUPERVISOR_STOP_SECONDS)",
+            f"{bounds.STOP_SECONDS.describe()} (default: PGQUEUE_SUPERVISOR_STOP_SECONDS)",
         )
         add_backend_argument(parser)
         parser.add_argument(
             "--poll-interval",
-            type=limits.POLL_INTERVAL.parse,
+            type=bounds.POLL_INTERVAL.parse,
             default=None,
             help="How long an idle worker waits between polls: "
-            f"{limits.POLL_INTERVAL.describe()} (default: PGQUEUE_POLL_INTERVAL)",
+            f"{bounds.POLL_INTERVAL.describe()} (default: PGQUEUE_POLL_INTERVAL)",
         )
 
     def handle(
