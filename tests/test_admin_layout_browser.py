@@ -20,7 +20,7 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from django_pgqueue.models import Job, WorkerProcess
-from tests.browser import BROWSER_MARKS, chromium
+from testkit.browser import BROWSER_MARKS, chromium
 
 pytestmark = BROWSER_MARKS
 
