@@ -18,7 +18,6 @@ from . import schema
 from .conf import settings
 from .databases import QueueBackend, listen_target
 from .framework import TaskGone, load_task, to_task_result
-from .models import Job
 from .taskapi import (
     DEFAULT_TASK_BACKEND_ALIAS,
     Task,
@@ -63,16 +62,21 @@ class PgQueueBackend(QueueBackend):
         self.validate_task(task)
         # Queue, priority, run time and attempts come from the task and this backend's
         # OPTIONS, resolved as for every other way in (defaults.resolve).
-        job = Job.objects.db_manager(self.database).enqueue(task, args, kwargs, backend=self.alias)
+        job = (
+            job_model()
+            .objects.db_manager(self.database)
+            .enqueue(task, args, kwargs, backend=self.alias)
+        )
         result = to_task_result(job, task)
         task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: Any) -> TaskResult:
         require_installed()
+        model = job_model()
         try:
-            job = Job.objects.db_manager(self.database).get(pk=int(result_id))
-        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            job = model.objects.db_manager(self.database).get(pk=int(result_id))
+        except (ValueError, TypeError, model.DoesNotExist) as exc:
             raise TaskResultDoesNotExist(result_id) from exc
         except DatabaseError as exc:
             missing = schema.not_migrated(exc, self.database)
@@ -141,7 +145,9 @@ class PgQueueBackend(QueueBackend):
                     id="pgqueue.E050",
                 )
             )
-        if not router.allow_migrate_model(self.database, Job):
+        if apps.is_installed("django_pgqueue") and not router.allow_migrate_model(
+            self.database, job_model()
+        ):
             messages.append(
                 checks.Error(
                     f"The database routers do not allow migrating django_pgqueue on "
@@ -165,6 +171,13 @@ class PgQueueBackend(QueueBackend):
                 )
             )
         return messages
+
+
+def job_model() -> Any:
+    """The ``Job`` model, from the app registry: importing the models here would make a
+    project without ``django_pgqueue`` in INSTALLED_APPS fail on importing the backend,
+    before :func:`require_installed` can say what to do."""
+    return apps.get_model("django_pgqueue", "Job")
 
 
 def require_installed() -> None:
