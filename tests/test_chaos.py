@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from bench import chaos as chaos_bench
 from testkit import oracle, procs
+from testkit.private_bouncer import pgbouncer_binary
 
 from .conftest import REPO, wait_for
 
@@ -69,6 +70,24 @@ def test_chaos__nothing_lost_stuck_or_duplicated_transactionally() -> None:
     assert int(summary["dead"]) == 10 + int(summary["leak_jobs"])
     assert int(summary["leak_jobs"]) > 0
     assert int(summary["poison_runs"]) <= int(summary["pill_attempts"]) == 30
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    pgbouncer_binary() is None,
+    reason="pgbouncer is not installed (bash .ci/install-pgbouncer installs Debian's)",
+)
+def test_chaos__through_pgbouncer_in_transaction_mode() -> None:
+    """A shorter run with the fleet behind a PgBouncer in transaction mode: kills,
+    cancellations, sweepers and a supervisor SIGKILLed, one PostgreSQL restart."""
+    code, summary, line, stderr = chaos(
+        "--jobs", "600", "--duration", "12", "--drain-seconds", "60", "--seed", "11",
+        "--pg-restarts", "1", "--bouncer",
+    )  # fmt: skip
+    assert code == 0, f"{line}\n{stderr[-4000:]}"
+    assert "through pgbouncer" in stderr
+    finished = sum(int(summary[name]) for name in ("done", "dead", "cancelled"))
+    assert finished == 600 + int(summary["periodic_ticks"]), line
 
 
 @pytest.mark.slow
