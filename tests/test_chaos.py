@@ -81,13 +81,13 @@ def test_chaos__through_pgbouncer_in_transaction_mode() -> None:
     """A shorter run with the fleet behind a PgBouncer in transaction mode: kills,
     cancellations, sweepers and a supervisor SIGKILLed, one PostgreSQL restart."""
     code, summary, line, stderr = chaos(
-        "--jobs", "600", "--duration", "12", "--drain-seconds", "60", "--seed", "11",
+        "--jobs", "400", "--duration", "8", "--drain-seconds", "60", "--seed", "11",
         "--pg-restarts", "1", "--bouncer",
     )  # fmt: skip
     assert code == 0, f"{line}\n{stderr[-4000:]}"
     assert "through pgbouncer" in stderr
     finished = sum(int(summary[name]) for name in ("done", "dead", "cancelled"))
-    assert finished == 600 + int(summary["periodic_ticks"]), line
+    assert finished == 400 + int(summary["periodic_ticks"]), line
 
 
 @pytest.mark.slow
