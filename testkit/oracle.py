@@ -31,9 +31,15 @@ finished and still leased, attempts never above the limit.
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from cronsim import CronSim
 
 # Jobs per status, for progress lines and the drain check. Sequential scan; small table.
 STATUS_COUNTS = """
@@ -74,6 +80,30 @@ INSERT INTO demo_execution (job_id, attempt, kind, worker_id, created_at)
 VALUES (%(id)s, 0, 'tx', 'planted', clock_timestamp())
 """
 
+# A cancelled job put back to pending, as a cancel that was lost would leave it: a
+# worker claims it again after the acknowledgement.
+PLANT_UNCANCEL = """
+UPDATE pgqueue_job
+SET status = 'pending', cancel_requested_at = NULL, finished_at = NULL
+WHERE id = %(id)s
+"""
+
+# One periodic tick enqueued twice: two finished jobs with its key, each with its effect.
+PLANT_TICK = """
+WITH job AS (
+    INSERT INTO pgqueue_job (task, queue, priority, args, kwargs, status, attempts,
+                             max_attempts, run_at, created_at, finished_at, errors,
+                             backend, idempotency_key)
+    SELECT 'testproject.demo.fault_tasks.ledger_plain', 'default', 0, '[]', '{}', 'done',
+           1, 3, clock_timestamp(), clock_timestamp(), clock_timestamp(), '[]',
+           'default', %(key)s
+    FROM generate_series(1, 2)
+    RETURNING id
+)
+INSERT INTO demo_execution (job_id, attempt, kind, worker_id, created_at)
+SELECT id, 1, 'plain', 'planted', clock_timestamp() FROM job
+"""
+
 # Make one pending job look claimed by a worker whose lease runs out at once...
 PLANT_RUNNING = """
 UPDATE pgqueue_job AS j
@@ -112,7 +142,8 @@ FROM pgqueue_job
 # to the jobs table, each with its ledger rows; then effects of jobs nobody enqueued.
 CHECK = """
 WITH expected AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(kinds)s::text[]) AS e(job_id, kind)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(kinds)s::text[], %(acks)s::timestamptz[],
+                         %(sure)s::bool[]) AS e(job_id, kind, ack, sure)
 ), ledger AS (
     SELECT job_id,
            count(*) FILTER (WHERE kind = 'tx') AS tx_rows,
@@ -123,9 +154,9 @@ WITH expected AS (
     GROUP BY job_id
 ), j AS (
     SELECT expected.job_id AS expected_id,
-           expected.kind,
+           expected.kind, expected.ack, expected.sure,
            job.id, job.status, job.attempts, job.max_attempts, job.lease_owner,
-           job.lease_expires_at,
+           job.lease_expires_at, job.last_attempted_at,
            coalesce(ledger.tx_rows, 0) AS tx_rows,
            coalesce(ledger.plain_rows, 0) AS plain_rows,
            coalesce(ledger.poison_rows, 0) AS poison_rows,
@@ -142,14 +173,22 @@ SELECT
      WHERE job_id NOT IN (SELECT job_id FROM expected)) AS unexpected_effects,
     count(*) FILTER (WHERE status = 'done') AS done,
     count(*) FILTER (WHERE status = 'dead') AS dead,
-    count(*) FILTER (WHERE expected_id IS NOT NULL AND status NOT IN ('done', 'dead'))
-        AS stuck,
+    count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+    count(*) FILTER (WHERE expected_id IS NOT NULL
+                       AND status NOT IN ('done', 'dead', 'cancelled')) AS stuck,
     count(*) FILTER (WHERE status = 'done'
                        AND ((kind = 'tx' AND tx_rows = 0)
-                            OR (kind = 'plain' AND plain_rows = 0))) AS lost_effects,
+                            OR (kind IN ('plain', 'periodic') AND plain_rows = 0)))
+        AS lost_effects,
     count(*) FILTER (WHERE kind = 'tx' AND tx_rows > 1) AS dup_tx,
-    coalesce(sum(plain_rows - 1) FILTER (WHERE kind = 'plain' AND plain_rows > 1), 0)
-        AS dup_plain,
+    coalesce(sum(plain_rows - 1) FILTER (WHERE kind IN ('plain', 'periodic')
+                                           AND plain_rows > 1), 0) AS dup_plain,
+    count(*) FILTER (WHERE ack IS NOT NULL AND sure AND status <> 'cancelled')
+        AS cancel_ignored,
+    count(*) FILTER (WHERE ack IS NOT NULL AND last_attempted_at > ack
+                       AND (sure OR status = 'cancelled')) AS run_after_cancel,
+    count(*) FILTER (WHERE expected_id IS NOT NULL AND status = 'cancelled'
+                       AND ack IS NULL) AS cancelled_unasked,
     count(*) FILTER (WHERE status = 'running'
                        AND lease_expires_at > clock_timestamp()
                                               + make_interval(secs => %(lease_seconds)s))
@@ -186,16 +225,48 @@ MUST_BE_ZERO = (
     "leak_undetected",
     "leaked_rows",
     "poison_overrun",
+    "cancel_ignored",
+    "run_after_cancel",
+    "cancelled_unasked",
 )
 
 
-def check(url: str, *, expected: dict[int, str], lease_seconds: float) -> dict[str, int]:
+@dataclass(frozen=True)
+class Cancel:
+    """One job the harness cancelled: ``ack`` is the database's clock when
+    ``Job.objects.cancel()`` returned. ``sure``: that call said the job was cancelled or
+    its cancellation requested. Not sure: an earlier call for it failed midway, so it
+    may have been cancelled (by then) or may have finished before; it may then end
+    either way, but no attempt may start after ``ack``."""
+
+    ack: dt.datetime
+    sure: bool = True
+
+
+def check(
+    url: str,
+    *,
+    expected: dict[int, str],
+    lease_seconds: float,
+    cancels: dict[int, Cancel] | None = None,
+) -> dict[str, int]:
     """Judge the final state against ``expected`` (job id -> kind, every job the
-    harness enqueued). ``lost``: expected jobs missing or done without an effect;
-    ``dup_jobs``: jobs, or effects, of ids nobody enqueued; ``poison_overrun``: more
-    poison executions than pills x attempts."""
+    harness enqueued) and ``cancels`` (the jobs it cancelled). ``lost``: expected jobs
+    missing or done without an effect; ``dup_jobs``: jobs, or effects, of ids nobody
+    enqueued; ``poison_overrun``: more poison executions than pills x attempts;
+    ``cancel_ignored``: a job whose cancellation was acknowledged that did not end
+    ``cancelled``; ``run_after_cancel``: one claimed again (``last_attempted_at``, the
+    claim's database clock) after the acknowledgement; ``cancelled_unasked``: a job
+    ``cancelled`` that nobody cancelled."""
+    cancels = cancels or {}
     ids = list(expected)
-    params = {"ids": ids, "kinds": [expected[i] for i in ids], "lease_seconds": lease_seconds}
+    params = {
+        "ids": ids,
+        "kinds": [expected[i] for i in ids],
+        "acks": [cancels[i].ack if i in cancels else None for i in ids],
+        "sure": [cancels[i].sure if i in cancels else None for i in ids],
+        "lease_seconds": lease_seconds,
+    }
     with psycopg.connect(url, autocommit=True) as conn:
         cursor = conn.execute(CHECK, params)
         names = [column.name for column in cursor.description or []]
@@ -229,3 +300,103 @@ class Sampler:
         self.samples += 1
         for name, value in zip(self.NAMES, rows[0], strict=True):
             self.worst[name] = max(self.worst[name], int(value or 0))
+
+
+# The jobs of periodic entries, by idempotency key (``periodic:<name>:<tick>``), with how
+# many rows carry each key: more than one is a tick enqueued twice. Sequential scan.
+PERIODIC_KEYS = """
+SELECT idempotency_key, count(*), array_agg(id ORDER BY id)
+FROM pgqueue_job
+WHERE idempotency_key LIKE 'periodic:%%'
+GROUP BY idempotency_key
+"""
+
+# The database's clock, for the times the harness records (cancel acknowledgements, a
+# sweeper's start and death).
+CLOCK = """
+SELECT clock_timestamp()
+"""
+
+
+def judge_periodic(
+    keys: Iterable[tuple[str, int]],
+    *,
+    crons: dict[str, str],
+    alive: list[tuple[dt.datetime, dt.datetime]],
+    cover: float,
+) -> dict[str, int]:
+    """Judge the periodic jobs (``keys``: idempotency key, rows with it) of the entries
+    ``crons`` (name -> 5-field cron, UTC). ``dup_ticks``: rows beyond the first of a
+    key; ``tick_holes``: ticks of an entry without a job although a sweeper was alive
+    from the tick to ``cover`` seconds after it (``alive``: each sweeper's interval, in
+    the database's clock); ``stray_ticks``: a key of no known entry or no tick of its
+    cron. ``periodic_ticks``: distinct ticks enqueued."""
+    seen: dict[str, set[dt.datetime]] = {name: set() for name in crons}
+    dup = stray = 0
+    for key, rows in keys:
+        dup += max(0, int(rows) - 1)
+        _, name, tick_text = key.split(":", 2)
+        tick = dt.datetime.fromisoformat(tick_text)
+        if name not in crons or tick.second or tick.microsecond:
+            stray += 1
+            continue
+        seen[name].add(tick)
+    span = cover_windows(alive, cover)
+    holes = 0
+    for name, cron in crons.items():
+        for begin, end in span:
+            for tick in CronSim(cron, begin - dt.timedelta(microseconds=1)):
+                if tick > end:
+                    break
+                holes += tick not in seen[name]
+    return {
+        "periodic_ticks": sum(len(ticks) for ticks in seen.values()),
+        "dup_ticks": dup,
+        "tick_holes": holes,
+        "stray_ticks": stray,
+    }
+
+
+def cover_windows(
+    alive: list[tuple[dt.datetime, dt.datetime]], cover: float
+) -> list[tuple[dt.datetime, dt.datetime]]:
+    """The instants ``t`` at which some sweeper was alive from ``t`` to ``t + cover``:
+    the union of the intervals, each shortened at its end by ``cover``."""
+    shortened = sorted(
+        (begin, end - dt.timedelta(seconds=cover))
+        for begin, end in alive
+        if end - begin >= dt.timedelta(seconds=cover)
+    )
+    merged: list[tuple[dt.datetime, dt.datetime]] = []
+    for begin, end in shortened:
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((begin, end))
+    return merged
+
+
+#: A worker's log line for a job it recorded done (``Reporter.done``).
+DONE_LINE = re.compile(r"\bjob (\d+) \S+ done in ")
+#: A worker's last line (``Worker.run``), with its counters.
+EXIT_LINE = re.compile(r"\bworker \S+ stopped: done=(\d+) ")
+
+
+def judge_logs(logs: dict[str, str], cancelled: set[int]) -> dict[str, int]:
+    """Judge the workers' logs (name -> text) against the jobs that ended
+    ``cancelled``. ``cancelled_as_done``: a cancelled job some worker logged (so
+    counted) as done. ``counter_mismatch``: a single-process worker (one exit line in
+    its log) whose ``done=`` counter differs from the done lines it logged, as when a
+    cancelled job is counted done but logged cancelled."""
+    done_logged: Counter[int] = Counter()
+    mismatch = 0
+    for text in logs.values():
+        ids = [int(m) for m in DONE_LINE.findall(text)]
+        done_logged.update(ids)
+        exits = EXIT_LINE.findall(text)
+        if len(exits) == 1 and "worker process" not in text and int(exits[0]) != len(ids):
+            mismatch += 1
+    return {
+        "cancelled_as_done": sum(1 for job_id in cancelled if done_logged[job_id]),
+        "counter_mismatch": mismatch,
+    }

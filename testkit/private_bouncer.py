@@ -59,6 +59,7 @@ class PrivateBouncer:
         password: str = "",
         pool_size: int = 8,
         max_client_conn: int = 1000,
+        server_login_retry: int = 15,
     ) -> None:
         binary = pgbouncer_binary()
         if binary is None:
@@ -102,6 +103,9 @@ class PrivateBouncer:
                     "server_reset_query = DEALLOCATE ALL",
                     "server_reset_query_always = 1",
                     "ignore_startup_parameters = extra_float_digits",
+                    # After a failed server login (the server restarting), how long
+                    # pgbouncer refuses clients before it tries again: its default, 15.
+                    f"server_login_retry = {server_login_retry}",
                     f"logfile = {self.dir / 'pgbouncer.log'}",
                     f"pidfile = {self.dir / 'pgbouncer.pid'}",
                     "",

@@ -7,8 +7,12 @@ The full run (20,000 jobs) is ``python -m bench.chaos``; see docs/reliability.md
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import re
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +20,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from testkit import oracle
+from bench import chaos as chaos_bench
+from testkit import oracle, procs
+from testkit.private_bouncer import pgbouncer_binary
 
-from .conftest import REPO
+from .conftest import REPO, wait_for
 
 
 def chaos(*args: str, timeout: float = 240) -> tuple[int, dict[str, str], str, str]:
@@ -48,11 +54,18 @@ def test_chaos__nothing_lost_stuck_or_duplicated_transactionally() -> None:
     for name in (*oracle.MUST_BE_ZERO, *oracle.Sampler.NAMES, "oom_kills", "crashes"):
         assert summary[name] == "0", (name, line)
     assert summary["unclean_exits"] == summary["deadlocks"] == "0", line
+    for name in (*chaos_bench.CANCEL_CHECKS, *chaos_bench.PERIODIC_CHECKS, "orphans"):
+        assert summary[name] == "0", (name, line)
     assert summary["pg_restarts"] == "2"
     assert int(summary["kills"]) > 0
     assert int(summary["terminated"]) > 0
     assert int(summary["samples"]) > 20  # the invariants were watched during the faults
-    assert int(summary["done"]) + int(summary["dead"]) == 2000
+    # The new surfaces were exercised: cancels, sweepers and supervisors killed.
+    assert int(summary["cancelled"]) > 0 and int(summary["cancel_calls"]) > 0, line
+    assert int(summary["sweeper_kills"]) > 0, line
+    assert int(summary["supervisor_kills"]) + int(summary["early_kills"]) > 0, line
+    finished = sum(int(summary[name]) for name in ("done", "dead", "cancelled"))
+    assert finished == 2000 + int(summary["periodic_ticks"]), line
     # Exactly the pills and the leaking tasks died; each pill ran at most its attempts.
     assert int(summary["dead"]) == 10 + int(summary["leak_jobs"])
     assert int(summary["leak_jobs"]) > 0
@@ -60,15 +73,35 @@ def test_chaos__nothing_lost_stuck_or_duplicated_transactionally() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    pgbouncer_binary() is None,
+    reason="pgbouncer is not installed (bash .ci/install-pgbouncer installs Debian's)",
+)
+def test_chaos__through_pgbouncer_in_transaction_mode() -> None:
+    """A shorter run with the fleet behind a PgBouncer in transaction mode: kills,
+    cancellations, sweepers and a supervisor SIGKILLed, one PostgreSQL restart."""
+    code, summary, line, stderr = chaos(
+        "--jobs", "400", "--duration", "8", "--drain-seconds", "60", "--seed", "11",
+        "--pg-restarts", "1", "--bouncer",
+    )  # fmt: skip
+    assert code == 0, f"{line}\n{stderr[-4000:]}"
+    assert "through pgbouncer" in stderr
+    finished = sum(int(summary[name]) for name in ("done", "dead", "cancelled"))
+    assert finished == 400 + int(summary["periodic_ticks"]), line
+
+
+@pytest.mark.slow
 def test_chaos__each_planted_fault_fails_the_run() -> None:
     """The oracle is tested against the harness itself: a deleted job, a duplicated
     job, a duplicated transactional effect, a row left running while locked (released
     before the end, so only the sampling sees it), a worker that aborts and one that
-    dies of a SIGKILL nobody sent. Each is named in the verdict."""
+    dies of a SIGKILL nobody sent; and of the new surfaces: a cancelled job put back to
+    pending (it runs after its cancel returned and ends done), a cancelled job logged
+    done, a periodic tick enqueued twice, a worker process whose parent is gone. Each
+    is named in the verdict."""
     code, summary, line, stderr = chaos(
         "--jobs", "200", "--duration", "8", "--calm", "--poison", "0", "--leaks", "0",
-        "--work-ms", "5", "--drain-seconds", "40",
-        "--plant", "lost,dup_job,dup_effect,stuck,crash,oom",
+        "--work-ms", "5", "--drain-seconds", "40", "--plant", ",".join(chaos_bench.PLANTS),
     )  # fmt: skip
     assert code == 1, line
     failed = re.search(r"FAILED: ([\w, ]+);", stderr)
@@ -80,8 +113,18 @@ def test_chaos__each_planted_fault_fails_the_run() -> None:
         "late_leases",
         "crashes",
         "oom_kills",
+        "cancel_ignored",
+        "run_after_cancel",
+        "cancelled_as_done",
+        "dup_ticks",
+        "orphans",
     }, line
     assert (summary["lost"], summary["oom_kills"], summary["crashes"]) == ("1", "1", "1")
+    assert (summary["run_after_cancel"], summary["dup_ticks"], summary["orphans"]) == (
+        "1",
+        "1",
+        "1",
+    ), line
     assert summary["stuck"] == "0", line  # released in time: the final check alone passes
 
 
@@ -138,6 +181,9 @@ def test_oracle__detects_each_violation() -> None:
         "leak_undetected": 1,
         "leaked_rows": 1,
         "poison_overrun": 1,
+        "cancel_ignored": 0,
+        "run_after_cancel": 0,
+        "cancelled_unasked": 0,
     }
     assert result["dup_plain"] == 2
     assert result["expected"] == len(expected) and pill.id in expected
@@ -168,3 +214,105 @@ def test_oracle__sample_sees_a_late_lease_and_a_finished_job_still_leased() -> N
         assert conn.execute(oracle.SAMPLE, {"lateness": 60}).fetchone()[0] == 0
     assert sampler.worst == {"late_leases": 1, "finished_leased": 1, "over_attempts": 0}
     assert (sampler.samples, sampler.skipped) == (1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_oracle__judges_cancellations_against_their_acknowledgement() -> None:
+    """Crafted rows, one verdict each: a job claimed again after its cancel returned
+    (in the database's clock), one acknowledged that ended done, one cancelled that
+    nobody cancelled; and the rows that are right: a running job cancelled that finished
+    its run, an uncertain cancel that found the job done."""
+    from django_pgqueue.models import Job
+
+    from .conftest import test_database_url
+
+    now = timezone.now()
+    before, after = now - timezone.timedelta(seconds=5), now + timezone.timedelta(seconds=5)
+    expected: dict[int, str] = {}
+    cancels: dict[int, oracle.Cancel] = {}
+
+    def make(status: str, claimed: object, ack: object = None, sure: bool = True) -> None:
+        job = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain")
+        Job.objects.filter(pk=job.id).update(status=status, last_attempted_at=claimed)
+        expected[job.id] = "cancel"
+        if ack is not None:
+            cancels[job.id] = oracle.Cancel(ack, sure=sure)  # type: ignore[arg-type]
+
+    make("cancelled", before, ack=now)  # claimed before the ack, then cancelled: right
+    make("cancelled", None, ack=now)  # cancelled while pending: right
+    make("cancelled", after, ack=now)  # run_after_cancel
+    make("done", after, ack=now)  # run_after_cancel + cancel_ignored
+    make("done", before, ack=now)  # cancel_ignored
+    make("done", after, ack=now, sure=False)  # uncertain, and it was done: right
+    make("cancelled", after, ack=now, sure=False)  # uncertain, cancelled: run_after_cancel
+    make("cancelled", before)  # cancelled_unasked
+    result = oracle.check(test_database_url(), expected=expected, lease_seconds=2, cancels=cancels)
+    assert (result["run_after_cancel"], result["cancel_ignored"]) == (3, 2)
+    assert (result["cancelled_unasked"], result["cancelled"], result["stuck"]) == (1, 5, 0)
+
+
+def test_oracle__periodic_ticks_enqueued_twice_or_missed_while_a_sweeper_lived() -> None:
+    """A duplicated key, a missing minute while a sweeper was alive (a hole), and one
+    missing while none was (no hole), a key of no entry; judged without a database."""
+    t0 = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+    def key(name: str, minute: int) -> str:
+        return f"periodic:{name}:{(t0 + dt.timedelta(minutes=minute)).isoformat()}"
+
+    minute = dt.timedelta(minutes=1)
+    # Sweepers alive over minutes 0-4 and 6-9 (minute 5 uncovered: its sweeper died).
+    alive = [(t0 - dt.timedelta(seconds=30), t0 + 4 * minute + dt.timedelta(seconds=30)),
+             (t0 + 6 * minute - dt.timedelta(seconds=1), t0 + 10 * minute)]  # fmt: skip
+    keys = [(key("a", m), 1) for m in (0, 1, 2, 4, 6, 7, 8, 9)]  # 3 missing, 5 uncovered
+    keys += [(key("b", m), 2 if m == 7 else 1) for m in range(10)]
+    keys.append((key("gone", 3), 1))
+    crons = {"a": "* * * * *", "b": "* * * * *"}
+    result = oracle.judge_periodic(keys, crons=crons, alive=alive, cover=20)
+    assert result == {"periodic_ticks": 18, "dup_ticks": 1, "tick_holes": 1, "stray_ticks": 1}
+    full = [(key("a", m), 1) for m in range(10)] + [(key("b", m), 1) for m in range(10)]
+    assert oracle.judge_periodic(full, crons=crons, alive=alive, cover=20)["tick_holes"] == 0
+    # A window ends cover seconds before its sweeper died: a tick after that need not
+    # have its job (minute 10 is not expected).
+    assert oracle.cover_windows(alive, 20)[-1][1] == t0 + 10 * minute - dt.timedelta(seconds=20)
+
+
+def test_oracle__a_cancelled_job_logged_done_and_a_counter_that_disagrees() -> None:
+    """The workers' logs: a job that ended cancelled but was logged (counted) done, and
+    a single-process worker whose done= counter is not its done lines."""
+    done = "2030-01-01 INFO django_pgqueue.worker.outcomes job {} t.x done in 0.1s (attempt 1)\n"
+    stop = "2030-01-01 INFO django_pgqueue.worker.loop worker w stopped: done={} failed=0\n"
+    logs = {
+        "worker-1.log": done.format(1) + done.format(2) + stop.format(2),  # right
+        "worker-2.log": done.format(3) + stop.format(2),  # counts one it did not log
+        "worker-3.log": done.format(4),  # SIGKILLed: no exit line, not judged
+        "supervisor-4.log": "worker process 0 started (pid 9)\n" + stop.format(7),
+    }
+    result = oracle.judge_logs(logs, cancelled={2, 4, 5})
+    assert result == {"cancelled_as_done": 2, "counter_mismatch": 1}
+
+
+def test_procs__a_worker_whose_parent_is_gone_is_an_orphan() -> None:
+    """A run's worker process (by its marker) re-parented when its shell exits is an
+    orphan; one whose parent is the harness is not; another run's is not seen."""
+    token = secrets.token_hex(4)
+    env = {**os.environ, procs.MARKER: token}
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "pgqueue_worker"]
+    child = subprocess.Popen(sleeper, env=env)
+    other = subprocess.Popen(sleeper, env={**env, procs.MARKER: token + "x"})
+    shell = subprocess.run(
+        ["sh", "-c", " ".join(sleeper[:2]) + ' "import time; time.sleep(60)" pgqueue_worker'
+         " >/dev/null 2>&1 & echo $!"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    orphan = int(shell.stdout.split()[-1])
+    try:
+        # Seen once each has exec'd its command line.
+        wait_for(lambda: procs.run_workers(token).keys() == {child.pid, orphan})
+        assert procs.orphans(token, {os.getpid()}) == {orphan}
+        adopter = int(procs.status(orphan)["PPid"])  # init, or a subreaper
+        assert adopter != os.getpid()
+        assert procs.orphans(token, {os.getpid(), adopter}) == set()
+    finally:
+        procs.kill([child.pid, other.pid, orphan], signal.SIGKILL)
+        child.wait()
+        other.wait()
