@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 
@@ -35,9 +35,10 @@ from .conf import settings
 from .exceptions import InvalidJob, delay_seconds
 from .states import Status
 
-if TYPE_CHECKING:
-    from .manager import JobManager
-    from .models import Job
+# Annotations only: the models, the manager and the worker sit above this module.
+JobManager = Any
+Job = Any
+
 
 logger = logging.getLogger(__name__)
 

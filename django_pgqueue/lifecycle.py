@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import db, sql, validation
 from .conf import settings
@@ -32,9 +32,10 @@ from .exceptions import (
 from .framework import to_task_result
 from .taskapi import Task
 
-if TYPE_CHECKING:
-    from .models import Job
-    from .worker.runner import JobRunner
+# Annotations only: the models, the manager and the worker sit above this module.
+Job = Any
+JobRunner = Any
+
 
 logger = logging.getLogger(__name__)
 

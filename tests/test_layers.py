@@ -13,8 +13,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_pgqueue"
 #: Django's own pair: a model names its manager, the manager names its model only in
-#: annotations (under TYPE_CHECKING).
-ALLOWED_CIRCLES: list[set[str]] = []
+#: annotations (under TYPE_CHECKING). Annotation-only imports count everywhere else.
+ALLOWED_CIRCLES: list[set[str]] = [{"django_pgqueue.manager", "django_pgqueue.models"}]
 
 
 def module_name(path: Path) -> str:
@@ -45,11 +45,6 @@ def resolve(current: str, is_package: bool, node: ast.ImportFrom, known: set[str
     return named if len(named) == len(submodules) else [target, *named]
 
 
-def is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-
-
 def imports() -> tuple[dict[str, set[str]], list[str]]:
     """Module-level imports between package modules, and every nested import of one."""
     known = modules()
@@ -61,8 +56,6 @@ def imports() -> tuple[dict[str, set[str]], list[str]]:
 
         def visit(node: ast.AST, depth: int, *, name: str = name, is_package: bool = is_package):
             for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.If) and is_type_checking(child):
-                    continue  # annotations only: no import at run time
                 inner = depth + isinstance(
                     child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
                 )
