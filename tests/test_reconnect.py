@@ -9,6 +9,7 @@ import threading
 import time
 
 from django_pgqueue.reconnect import Retry, server_reachable, socket_targets
+from tests.conftest import wait_for
 
 
 def free_port() -> int:
@@ -46,7 +47,7 @@ def test_retry__wait_ends_soon_after_a_server_found_down_comes_back():
     done: list[float] = []
     thread = threading.Thread(target=lambda: done.append(retry.wait() and time.monotonic()))
     thread.start()
-    time.sleep(1.0)  # the server stays down for a while (the probe finds it down)
+    wait_for(lambda: retry._seen_down, timeout=10)  # a probe found the server down
     with socket.socket() as server:
         server.bind(("127.0.0.1", port))
         server.listen()
