@@ -86,6 +86,22 @@ def _cancelled_entry(
     )
 
 
+def _given_back(why: str) -> str:
+    """The SET items that give a claimed job back unrun (released at shutdown, snoozed):
+    its attempt uncharged, its lease dropped; or, if its cancellation was requested, its
+    end as 'cancelled' with an entry saying ``why`` (SQL text)."""
+    return (
+        """attempts = j.attempts - 1,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array("""
+        + _cancelled_entry(why, attempt="j.attempts - 1")
+        + ") END"
+    )
+
+
 # The newest %(keep_errors)s entries of a jsonb array of error entries.
 _KEEP_NEWEST = """(
         SELECT coalesce(jsonb_agg(e.value ORDER BY e.ordinality), '[]'::jsonb)
@@ -864,16 +880,9 @@ WITH """
     + """
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-    attempts = j.attempts - 1,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
-    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array("""
-    + _cancelled_entry(
-        "'cancelled before it ran (released at shutdown)'", attempt="j.attempts - 1"
-    )
-    + """) END
+    """
+    + _given_back("'cancelled before it ran (released at shutdown)'")
+    + """
 FROM clock, """
     + _OWNED_ONE
     + """
@@ -1046,20 +1055,13 @@ WITH """
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN %(seconds)s::float8 > 0 THEN 'scheduled' ELSE 'pending' END,
-    attempts = j.attempts - 1,
     snoozes = j.snoozes + 1,
     run_at = CASE WHEN j.cancel_requested_at IS NULL
                   THEN clock.now + make_interval(secs => %(seconds)s::float8)
                   ELSE j.run_at END,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE clock.now END,
-    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array("""
-    + _cancelled_entry(
-        "'cancellation requested while running; the task snoozed'", attempt="j.attempts - 1"
-    )
-    + """) END
+    """
+    + _given_back("'cancellation requested while running; the task snoozed'")
+    + """
 FROM clock, """
     + _OWNED_ONE
     + """
