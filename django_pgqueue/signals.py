@@ -43,15 +43,13 @@ def _remember(signum: int, frame: FrameType | None) -> None:
     _deferred.append(signum)
 
 
-def defer_stop(already: list[int] | None = None) -> dict[int, Any]:
+def defer_stop() -> dict[int, Any]:
     """Until :func:`on_stop` (or a supervisor) takes over, remember stop signals rather
-    than die of them; ``already`` are signals received before this call. Returns the
-    previous handlers (for :func:`restore`). Main thread only (else a no-op)."""
+    than die of them. Returns the previous handlers (for :func:`restore`). Main thread
+    only (else a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {sig: signal.signal(sig, _remember) for sig in stop_signals()}
-    _deferred.extend(already or ())
-    return previous
+    return {sig: signal.signal(sig, _remember) for sig in stop_signals()}
 
 
 def take_deferred() -> list[int]:

@@ -363,10 +363,15 @@ class Supervisor:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
-        seen = len(self._signals)  # those are forwarded to the child, not inherited
+        # Stop signals are blocked across the fork: CPython forgets in the child any
+        # signal that arrives before its after-fork clean-up, so a SIGTERM forwarded
+        # at once would be lost and the child never stop. Blocked, it stays pending in
+        # the kernel until the child's own handlers are in place.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child (the tests see it from outside)
-            os._exit(self._child(slot.index, parent, seen))
+            os._exit(self._child(slot.index, parent, mask))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         slot.pid = pid
         slot.started = time.monotonic()
         logger.info(
@@ -376,20 +381,24 @@ class Supervisor:
             extra={"action": "child_start"},
         )
 
-    def _child(self, index: int, parent: int, seen: int) -> int:  # pragma: no cover
+    def _child(
+        self, index: int, parent: int, mask: set[int | signal.Signals]
+    ) -> int:  # pragma: no cover
         code = int(ExitCode.FATAL)
         try:
             # First: while this child holds the write end, the supervisor's death
             # would not show as end-of-file on the pipe.
             os.close(self._alive_w)
-            # Stop signals from now on (and any the supervisor's handler took in this
-            # process since the fork) are remembered, not fatal, until on_stop.
-            defer_stop(already=self._signals[seen:])
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor only
             signal.set_wakeup_fd(-1)
             os.close(self._wake_r)
             os.close(self._wake_w)
+            # Stop signals are remembered, not fatal, until on_stop; one sent since the
+            # fork was held pending (see _start) and arrives with the unblock. Those the
+            # supervisor recorded itself it forwards, so none is inherited from its list.
+            defer_stop()
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             link = ParentLink(pid=parent, fd=self._alive_r, stop_seconds=self.stop_seconds)
             code = self.run_child(index, link)
         except Abort:
