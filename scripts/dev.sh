@@ -4,6 +4,7 @@
 #           again only when pyproject.toml changed since
 #   matrix  the fast tests (-m "not slow") on Django 5.2 + django-tasks and on Django 6.0,
 #           each in its own venv (.venv-dj52, .venv-dj60); pytest options may follow
+#   matrix-setup  only create (or update) those two venvs
 #   dist    build the sdist and wheel into dist/, check them (twine check, contents), and
 #           install the wheel into fresh venvs (Django 6.1; Django 5.2 + django-tasks)
 # PYTHON=/path/to/python picks the interpreter of a new venv (else one on PATH or pyenv).
@@ -125,6 +126,7 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   setup) setup ;;
+  matrix-setup) setup_matrix ;;
   matrix)
     setup_matrix
     for venv in .venv-dj52 .venv-dj60; do
