@@ -296,11 +296,12 @@ def test_procs__a_worker_whose_parent_is_gone_is_an_orphan() -> None:
     orphan; one whose parent is the harness is not; another run's is not seen."""
     token = secrets.token_hex(4)
     env = {**os.environ, procs.MARKER: token}
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "pgqueue_worker"]
+    # Stand-ins for workers: they wait for a signal (killed in the finally below).
+    sleeper = [sys.executable, "-c", "import signal; signal.pause()", "pgqueue_worker"]
     child = subprocess.Popen(sleeper, env=env)
     other = subprocess.Popen(sleeper, env={**env, procs.MARKER: token + "x"})
     shell = subprocess.run(
-        ["sh", "-c", " ".join(sleeper[:2]) + ' "import time; time.sleep(60)" pgqueue_worker'
+        ["sh", "-c", " ".join(sleeper[:2]) + ' "import signal; signal.pause()" pgqueue_worker'
          " >/dev/null 2>&1 & echo $!"],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
