@@ -26,9 +26,9 @@ from ..models import Job
 ERROR_LINE_CHARS = 200
 #: Digits of the largest job id (a bigint).
 MAX_ID_DIGITS = 19
-#: Django 6 draws (and styles) the admin's breadcrumbs as ``ol.breadcrumbs``, earlier
+#: Django 6.1 draws (and styles) the admin's breadcrumbs as ``ol.breadcrumbs``, earlier
 #: versions as a ``div``: the app's own pages follow the version in use.
-BREADCRUMBS_AS_LIST = django.VERSION >= (6, 0)
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 #: What a list's query raises when a lookup in the URL cannot run: a value PostgreSQL
 #: refuses (DataError), a lookup it lacks (an extension not installed), a value Python
 #: cannot convert (a year out of range, invalid Unicode) or a range that is not a pair.
