@@ -358,7 +358,9 @@ def test_sql__generic_claim_plan_takes_its_rows_by_key(name, params):
         insert_jobs(cursor, "pending", 1)
         cursor.execute("SELECT max(id) - 1 FROM pgqueue_job")
         (before,) = cursor.fetchone()
-        cursor.execute("ANALYZE pgqueue_job")
+        # VACUUM too: earlier tests' rolled-back claims leave dead claim-index entries
+        # that the scan would step over (hundreds of pages), whatever the plan.
+        cursor.execute("VACUUM ANALYZE pgqueue_job")
     if "after_id" in params:
         params = {**params, "after_priority": -101, "after_id": before}
     plan = generic_claim_plan(name, **params)
