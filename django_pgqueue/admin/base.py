@@ -75,9 +75,19 @@ def with_backend(url: str, request: HttpRequest) -> str:
 # --- display helpers -------------------------------------------------------------------
 
 
+#: Stands for a stored payload nested deeper than Python's JSON decoder goes
+#: (``ReadOnlyJobAdmin.get_object``); :func:`pretty_json` shows a note instead.
+TOO_DEEP = object()
+
+
 def pretty_json(value: Any) -> str:
     """Indented JSON for reading; escaping is the caller's (``format_html``) job."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    if value is not TOO_DEEP:
+        try:
+            return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+        except RecursionError:
+            pass  # stored before enqueue refused more than 500 levels: show the page
+    return "(nested too deep to show here)"
 
 
 def error_line(traceback_text: Any) -> str:

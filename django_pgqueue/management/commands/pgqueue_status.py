@@ -15,7 +15,7 @@ from django.db import DatabaseError
 from django_pgqueue import deadline, monitoring, schema
 from django_pgqueue.bounds import DAY, Bounds
 from django_pgqueue.databases import backend_database
-from django_pgqueue.exceptions import DeadlineExceeded
+from django_pgqueue.exceptions import DeadlineExceeded, first_line
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument
 from django_pgqueue.monitoring import Snapshot
 from django_pgqueue.signals import Abort, on_stop
@@ -299,8 +299,9 @@ class Command(PgQueueCommand):
             missing = schema.not_migrated(exc, using)
             if missing is not None:
                 raise CommandError(str(missing)) from exc
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CommandError(f"database {using!r}: {first}", returncode=NO_ANSWER) from exc
+            raise CommandError(
+                f"database {using!r}: {first_line(exc)}", returncode=NO_ANSWER
+            ) from exc
 
 
 def _dumps(value: Any) -> str:
