@@ -374,11 +374,31 @@ def _copy(
 ) -> int:
     """COPY one batch; return the row count the server reports. ``started`` is set
     once the COPY holds the connection's lock (or has failed to start)."""
+    return copy_rows(cursor, sql.JOB_BULK_COPY, COPY_TYPES, rows, started)
+
+
+def accept_json_text(cursor: Any) -> None:
+    """Let ``cursor`` (a psycopg cursor) COPY jsonb columns from JSON text as made by
+    ``validation.payload`` (binary COPY applies no casts)."""
+    cursor.adapters.register_dumper(None, _JsonTextDumper)
+
+
+def copy_rows(
+    cursor: Any,
+    statement: str,
+    types: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    started: threading.Event | None = None,
+) -> int:
+    """COPY ``rows`` (one bounded batch, in binary, ``types`` per column) with
+    ``statement``, on a psycopg cursor that :func:`accept_json_text`; return the row
+    count the server reports. ``started`` is set once the COPY holds the connection's
+    lock (or has failed to start)."""
     try:
-        with cursor.copy(sql.JOB_BULK_COPY) as copy:
+        with cursor.copy(statement) as copy:
             if started is not None:
                 started.set()
-            copy.set_types(COPY_TYPES)
+            copy.set_types(types)
             for row in rows:
                 copy.write_row(row)
     finally:
@@ -387,7 +407,7 @@ def _copy(
     # Leaving the block sent the end of data and checked the final result; the server's
     # count is compared too, so a short write can never pass silently.
     if cursor.rowcount != len(rows):
-        raise DatabaseError(f"COPY stored {cursor.rowcount} of {len(rows)} jobs")
+        raise DatabaseError(f"COPY stored {cursor.rowcount} of {len(rows)} rows")
     return len(rows)
 
 

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import models, transaction
 
-from . import bulk, db, defaults, keys, lifecycle, sql, tracing, validation
+from . import bulk, db, defaults, keys, lifecycle, sql, tracing, validation, workflows
 from .conf import settings
 from .databases import default_database
 from .exceptions import InvalidJob
@@ -126,6 +126,8 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
         unique_for: float | dt.timedelta | None = None,
         debounce: float | dt.timedelta | None = None,
+        depends_on: Iterable[Job | int] | None = None,
+        on_parent_failure: str | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -135,7 +137,22 @@ class JobManager(models.Manager["Job"]):
         the same queue already holds, that job is returned and nothing is inserted.
         Values not given come from the task and the backend (``defaults.resolve``).
         ``unique_for`` and ``debounce`` give the key a period (see ``keys.py``).
+
+        ``depends_on``: jobs (or their ids) of this jobs database that must finish
+        first; the job waits (status ``waiting``) and is released by the statement that
+        finishes the last of them. If one ends dead or cancelled, the job is cancelled
+        with it, unless ``on_parent_failure="run"``: then it runs anyway once they all
+        finished, and reads their outcomes through ``current_job().parents()``. See
+        ``workflows.py``.
         """
+        parents = (
+            None if depends_on is None else workflows.parent_ids(depends_on, alias=self.db_alias)
+        )
+        failure = workflows.on_parent_failure_option(on_parent_failure)
+        if parents and (unique_for is not None or debounce is not None):
+            raise InvalidJob("depends_on cannot be combined with unique_for or debounce")
+        if failure is not None and not parents:
+            raise InvalidJob("on_parent_failure needs depends_on: the jobs it applies to")
         resolved = defaults.resolve(
             task,
             backend=backend,
@@ -160,6 +177,8 @@ class JobManager(models.Manager["Job"]):
         params["args"], params["kwargs"] = validation.payload(
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
+        if parents:
+            return workflows.enqueue_dependant(self, params, parents, on_parent_failure=failure)
         if unique_for is not None or debounce is not None:
             return keys.enqueue(
                 self,
@@ -340,6 +359,7 @@ class JobManager(models.Manager["Job"]):
                 "attempt": job.attempts,
                 "claimed_at": job.last_attempted_at,
                 "result": validation.result_json(result),
+                "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
         )
@@ -388,6 +408,7 @@ class JobManager(models.Manager["Job"]):
                     completions[i][1] if encoded else validation.result_json(completions[i][1])
                     for i in order
                 ],
+                "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
             prepare=True,
@@ -425,6 +446,7 @@ class JobManager(models.Manager["Job"]):
                 "backoff_base": float(settings.RETRY_BACKOFF_BASE),
                 "backoff_max": float(settings.RETRY_BACKOFF_MAX),
                 "keep_errors": settings.KEEP_ERRORS,
+                "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
         )
@@ -440,6 +462,7 @@ class JobManager(models.Manager["Job"]):
                     "worker_id": worker_id,
                     "attempt": job.attempts,
                     "claimed_at": job.last_attempted_at,
+                    "channel": settings.NOTIFY_CHANNEL,
                     "now": None,
                 },
             )
@@ -459,7 +482,8 @@ class JobManager(models.Manager["Job"]):
         ``queue``/with ``priority`` if given; wake workers at commit. Return the ids
         that changed: ids no longer dead (requeued or discarded meanwhile) and ids whose
         idempotency key a live job holds are left alone. One guarded statement per
-        ``SWEEP_BATCH_SIZE`` ids."""
+        ``SWEEP_BATCH_SIZE`` ids. What a job's death cancelled (its dependants, theirs)
+        waits again, unless another of their parents is dead or cancelled too."""
         params: dict[str, Any] = {
             "queue": None if queue is None else validation.queue_name(queue),
             "priority": None if priority is None else validation.priority(priority),
@@ -469,13 +493,18 @@ class JobManager(models.Manager["Job"]):
         checked = job_ids(ids)
         requeued: list[int] = []
         for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
-            rows = self._rows(sql.JOB_REQUEUE_DEAD, {**params, "ids": chunk})
-            requeued.extend(row[0] for row in rows)
+            # With what their failure had cancelled down the graph (workflows.py).
+            with transaction.atomic(using=self.db_alias):
+                rows = self._rows(sql.JOB_REQUEUE_DEAD, {**params, "ids": chunk})
+                done = [row[0] for row in rows]
+                workflows.restore_dependants(self.db_alias, done)
+            requeued.extend(done)
         return sorted(requeued)
 
     def cancel(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> CancelResult:
-        """Cancel jobs by id. Pending and scheduled ones become ``cancelled`` at once;
-        running ones are marked (they end ``cancelled`` whatever their outcome), and
+        """Cancel jobs by id. Waiting, pending and scheduled ones become ``cancelled`` at
+        once, and what waits on them with them (see ``workflows.py``); running ones are
+        marked (they end ``cancelled`` whatever their outcome), and
         their worker is told by a NOTIFY at commit, which its listener relays to the
         task at once; a worker without one (polling only) learns it at its next lease
         extension. Finished and unknown ids are left alone. One statement per
@@ -487,7 +516,10 @@ class JobManager(models.Manager["Job"]):
         for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
             for round_ in range(CANCEL_ROUNDS):
                 busy = []
-                for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
+                for job_id, status in self._rows(
+                    sql.JOB_CANCEL,
+                    {"ids": chunk, "now": now, "channel": settings.NOTIFY_CHANNEL},
+                ):
                     if status == Status.CANCELLED:
                         cancelled.append(job_id)
                     elif status == Status.RUNNING:
@@ -517,7 +549,13 @@ class JobManager(models.Manager["Job"]):
         checked = job_ids(ids)
         deleted: list[int] = []
         for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
-            deleted.extend(row[0] for row in self._rows(sql.JOB_DELETE_DEAD, {"ids": chunk}))
+            deleted.extend(
+                row[0]
+                for row in self._rows(
+                    sql.JOB_DELETE_DEAD,
+                    {"ids": chunk, "now": None, "channel": settings.NOTIFY_CHANNEL},
+                )
+            )
         return sorted(deleted)
 
     def notify(self, queue: str) -> None:

@@ -15,15 +15,15 @@ LIVE = "'pending', 'scheduled', 'running', 'waiting'"
 OLD_LIVE = "'pending', 'scheduled', 'running'"
 
 
-def build(statuses: str) -> list[str]:
+def build(statuses: str) -> tuple[str, ...]:
     """The statements that replace the unique index by one over ``statuses``."""
-    return [
+    return (
         "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS pgqueue_job_idempotency_next "
         "ON pgqueue_job (queue, idempotency_key) "
         f"WHERE idempotency_key IS NOT NULL AND status IN ({statuses})",
         "DROP INDEX CONCURRENTLY IF EXISTS pgqueue_job_idempotency_uniq",
         "ALTER INDEX pgqueue_job_idempotency_next RENAME TO pgqueue_job_idempotency_uniq",
-    ]
+    )
 
 
 class Migration(migrations.Migration):
@@ -34,9 +34,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             state_operations=[
-                migrations.RemoveConstraint(
-                    model_name="job", name="pgqueue_job_idempotency_uniq"
-                ),
+                migrations.RemoveConstraint(model_name="job", name="pgqueue_job_idempotency_uniq"),
                 migrations.AddConstraint(
                     model_name="job",
                     constraint=models.UniqueConstraint(
