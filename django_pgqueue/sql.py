@@ -225,14 +225,14 @@ _PARENT_RESULTS = """(
 # CASCADE_DEPTH levels (the "doomed"). A released job wakes workers at commit. A job
 # without dependants costs one probe of pgqueue_job_dep_parent_idx that finds nothing.
 _RESOLVE = (
-    """doomed (id, depth) AS (
-    SELECT e.job_id, 1
+    """doomed AS (
+    SELECT e.job_id AS id, 1 AS depth
     FROM ended
     JOIN pgqueue_job_dependency AS e ON e.parent_id = ended.id
     JOIN pgqueue_job AS d ON d.id = e.job_id
     WHERE ended.status <> 'done'
       AND e.state IS NULL
-      AND d.status = 'waiting'
+      AND (d.status = 'waiting') IS TRUE
       AND d.on_parent_failure IS NULL
     UNION
     SELECT e.job_id, doomed.depth + 1
@@ -243,7 +243,7 @@ _RESOLVE = (
     + str(CASCADE_DEPTH)
     + """
       AND e.state IS NULL
-      AND d.status = 'waiting'
+      AND (d.status = 'waiting') IS TRUE
       AND d.on_parent_failure IS NULL
 ), doomed_once AS (
     SELECT id, min(depth) AS depth
@@ -261,7 +261,8 @@ _RESOLVE = (
     SET state = f.status,
         result = CASE WHEN f.status = 'done' THEN f.result END
     FROM finished AS f
-    WHERE e.parent_id = f.id
+    WHERE e.parent_id = ANY (ARRAY(SELECT id FROM finished))
+      AND e.parent_id = f.id
       AND e.state IS NULL
     RETURNING e.job_id, e.position, e.parent_id, e.state, e.result
 ), deferred AS (
@@ -623,6 +624,11 @@ WITH live AS (
      FROM pgqueue_job
      WHERE status = 'running'
      LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'waiting'::text, queue
+     FROM pgqueue_job
+     WHERE status = 'waiting'
+     LIMIT %(cap)s)
 )
 SELECT status, queue, count(*) AS jobs
 FROM live
@@ -653,6 +659,11 @@ WITH sample AS (
     (SELECT 'dead'::text, queue, NULL::timestamptz
      FROM pgqueue_job
      WHERE status = 'dead'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'waiting'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'waiting'
      LIMIT %(cap)s)
 )
 SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
@@ -1276,6 +1287,61 @@ WHERE j.id = picked.id
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
+# Take back expired leases: to pending, to dead on the last attempt, or to cancelled,
+# with an error entry saying whose lease expired; a job that ends dead or cancelled
+# resolves what waits on it (_RESOLVE). One bounded batch of pgqueue_job_lease_idx;
+# SKIP LOCKED never waits on a worker completing a row.
+JOB_RESCUE_EXPIRED = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, expired AS (
+    SELECT id
+    FROM pgqueue_job, clock
+    WHERE status = 'running'
+      AND lease_expires_at < clock.now
+    ORDER BY lease_expires_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+), rescued AS (
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    lease_owner = CASE WHEN j.attempts >= j.max_attempts
+                            OR j.cancel_requested_at IS NOT NULL THEN j.lease_owner END,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts
+                            OR j.cancel_requested_at IS NOT NULL THEN clock.now END,
+    errors = """
+    + _KEEP_NEWEST.format(
+        entries="j.errors || jsonb_build_array(CASE WHEN j.cancel_requested_at IS NULL THEN "
+        + _ENTRY.format(
+            path="'django_pgqueue.exceptions.LeaseExpired'",
+            traceback="'LeaseExpired: lease of worker ' || j.lease_owner"
+            " || ' expired after attempt ' || j.attempts || ' of ' || j.max_attempts",
+            worker_id="j.lease_owner",
+            attempt="j.attempts",
+        )
+        + " ELSE "
+        + _cancelled_entry(
+            "'cancellation requested while running; the lease of worker '"
+            " || j.lease_owner || ' expired'"
+        )
+        + " END)"
+    )
+    + """
+FROM expired, clock
+WHERE j.id = expired.id
+RETURNING j.id, j.status
+), ended AS (
+    SELECT id, status, NULL::jsonb AS result FROM rescued WHERE status IN ('dead', 'cancelled')
+), """
+    + _RESOLVE
+    + """
+SELECT id, status FROM rescued
+"""
+)
+
 # Resolve the edges marked for repair of the given dependants whose parent has finished,
 # right after the transaction that enqueued them committed: a parent that completed
 # meanwhile, on a snapshot older than that commit, did not see them. The parents are
@@ -1338,61 +1404,6 @@ WITH RECURSIVE """
     + _RESOLVE
     + """
 SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM resolved)
-"""
-)
-
-# Take back expired leases: to pending, to dead on the last attempt, or to cancelled,
-# with an error entry saying whose lease expired; a job that ends dead or cancelled
-# resolves what waits on it (_RESOLVE). One bounded batch of pgqueue_job_lease_idx;
-# SKIP LOCKED never waits on a worker completing a row.
-JOB_RESCUE_EXPIRED = (
-    """
-WITH RECURSIVE """
-    + _CLOCK
-    + """, expired AS (
-    SELECT id
-    FROM pgqueue_job, clock
-    WHERE status = 'running'
-      AND lease_expires_at < clock.now
-    ORDER BY lease_expires_at
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-), rescued AS (
-UPDATE pgqueue_job AS j
-SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
-    lease_owner = CASE WHEN j.attempts >= j.max_attempts
-                            OR j.cancel_requested_at IS NOT NULL THEN j.lease_owner END,
-    lease_expires_at = NULL,
-    finished_at = CASE WHEN j.attempts >= j.max_attempts
-                            OR j.cancel_requested_at IS NOT NULL THEN clock.now END,
-    errors = """
-    + _KEEP_NEWEST.format(
-        entries="j.errors || jsonb_build_array(CASE WHEN j.cancel_requested_at IS NULL THEN "
-        + _ENTRY.format(
-            path="'django_pgqueue.exceptions.LeaseExpired'",
-            traceback="'LeaseExpired: lease of worker ' || j.lease_owner"
-            " || ' expired after attempt ' || j.attempts || ' of ' || j.max_attempts",
-            worker_id="j.lease_owner",
-            attempt="j.attempts",
-        )
-        + " ELSE "
-        + _cancelled_entry(
-            "'cancellation requested while running; the lease of worker '"
-            " || j.lease_owner || ' expired'"
-        )
-        + " END)"
-    )
-    + """
-FROM expired, clock
-WHERE j.id = expired.id
-RETURNING j.id, j.status
-), ended AS (
-    SELECT id, status, NULL::jsonb AS result FROM rescued WHERE status IN ('dead', 'cancelled')
-), """
-    + _RESOLVE
-    + """
-SELECT id, status FROM rescued
 """
 )
 

@@ -281,3 +281,15 @@ def _broken_backoff(exc: BaseException, task_result: object) -> float:
 def fail_with_broken_backoff() -> None:
     """Always fails; its backoff raises (the default backoff is used)."""
     raise ValueError("always")
+
+
+@task()
+def double(n: int) -> int:
+    """A chain's step: twice its first argument (the previous step's result)."""
+    return 2 * n
+
+
+@task()
+def total(values: list[int | None], *extra: int) -> int:
+    """A group's callback: the sum of its members' results (None counts 0)."""
+    return sum(v or 0 for v in values) + sum(extra)
