@@ -13,7 +13,7 @@ Writes are chosen in this order of preference, cheapest per row first:
 Jobs are read from the iterable lazily, ``batch_size`` at a time: each batch is
 validated completely before its first byte is sent, then written, then dropped, so a
 generator of a million jobs is never held in memory. A full batch is COPYed by a helper
-thread while the caller's thread validates the next one (see ``_BackgroundCopy``), so
+thread while the caller's thread validates the next one (see ``BackgroundCopy``), so
 the server stores while Python checks.
 """
 
@@ -295,7 +295,7 @@ def _store(
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         make_row = _RowMaker(cursor.fetchone()[0])
         cursor.cursor.adapters.register_dumper(None, _JsonTextDumper)
-        background = _BackgroundCopy(connection)
+        background = BackgroundCopy(connection)
         try:
             for first, rows, keyed in _validated_batches(jobs, make_row, batch_size):
                 if announcer is not None:
@@ -422,7 +422,7 @@ def _writing(connection: Any, first: int, count: int) -> Iterator[None]:
         raise
 
 
-class _BackgroundCopy:
+class BackgroundCopy:
     """COPYs full batches on a helper thread while the caller's thread validates the
     next one, so the server stores batch k while Python checks batch k+1.
 
@@ -440,15 +440,23 @@ class _BackgroundCopy:
         self.cursor: Any = None
         self.pending: tuple[int, int, Future[int]] | None = None
 
-    def submit(self, first: int, rows: list[tuple[Any, ...]]) -> int:
-        """Start writing ``rows``; return what the previous batch stored."""
+    def submit(
+        self,
+        first: int,
+        rows: list[tuple[Any, ...]],
+        *,
+        statement: str = sql.JOB_BULK_COPY,
+        types: Sequence[str] = COPY_TYPES,
+    ) -> int:
+        """Start writing ``rows`` (with ``statement``, of ``types``: the jobs of
+        ``sql.BULK_COLUMNS`` unless told); return what the previous batch stored."""
         created = self.wait()
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgqueue-bulk")
             self.cursor = self.connection.connection.cursor()
             self.cursor.adapters.register_dumper(None, _JsonTextDumper)
         started = threading.Event()
-        future = self.pool.submit(_copy, self.cursor, rows, started)
+        future = self.pool.submit(copy_rows, self.cursor, statement, types, rows, started)
         self.pending = (first, len(rows), future)
         started.wait()
         return created

@@ -364,10 +364,11 @@ JOB_BULK_COPY_WORKFLOW = (
 )
 
 # Take %(count)s ids from the jobs' id sequence in one round trip, for a batch that is
-# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS).
-# No table is read; nextval never blocks and never hands an id out twice.
+# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS,
+# a workflow's JOB_BULK_COPY_WORKFLOW). No table is read; nextval never blocks and never
+# hands an id out twice. The sequence is looked up once (an InitPlan), not per id.
 JOB_BULK_IDS = """
-SELECT nextval(pg_get_serial_sequence('pgqueue_job', 'id'))
+SELECT nextval((SELECT pg_get_serial_sequence('pgqueue_job', 'id')::regclass))
 FROM generate_series(1, %(count)s)
 """
 

@@ -37,7 +37,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from django.apps import apps
 from django.db import DatabaseError, connections, models, transaction
@@ -129,7 +129,7 @@ class Chain:
         self.steps = list(steps)
         self.on_parent_failure = on_parent_failure
 
-    def enqueue(self) -> list[Job]:
+    def enqueue(self) -> Jobs:
         """Store every step (all or nothing, joining the caller's transaction); return
         their jobs in order. The first is pending; each other waits for the one before
         it, and is cancelled if that one ends dead or cancelled (unless
@@ -160,7 +160,7 @@ class Group:
         self.then = then
         self.on_parent_failure = on_parent_failure
 
-    def enqueue(self) -> list[Job]:
+    def enqueue(self) -> Jobs:
         """Store the members and the callback (all or nothing, joining the caller's
         transaction; through COPY, however many); return the members' jobs, then the
         callback's. The callback waits for every member; it is cancelled as soon as one
@@ -201,161 +201,177 @@ def group(
 # --- writing a workflow ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """A node's checked values, ready to become a row of ``sql.WORKFLOW_COLUMNS``."""
+class _Checker:
+    """Checks a workflow's steps as ``Job.objects.enqueue`` would (``defaults.resolve``,
+    the payload, the backend's ``validate_task``) and that they share one jobs database
+    (edges cannot cross databases), raising ``InvalidJob`` naming the step. A task
+    object shared by many steps (a group's members, usually) is resolved once."""
 
-    resolved: defaults.JobDefaults
-    args: str
-    kwargs: str
-    task: Task
+    def __init__(self) -> None:
+        #: id(task) -> (task, its resolution, its Task, its jobs database); the task is
+        #: kept so that its id cannot be reused by another object during the call.
+        self.known: dict[int, tuple[Any, defaults.JobDefaults, Task, str]] = {}
+        self.max_bytes = settings.MAX_PAYLOAD_BYTES
+        self.alias = ""
+        self.first_backend = ""
 
-
-def _database(resolved: defaults.JobDefaults, position: int) -> str:
-    try:
-        return backend_database(resolved.backend)
-    except ValueError as exc:
-        raise InvalidJob(f"step #{position}: {exc}") from None
-
-
-def _prepare(nodes: Sequence[_Node]) -> tuple[str, list[_Prepared]]:
-    """Check every node as ``Job.objects.enqueue`` would (``defaults.resolve``, the
-    payload, the backend's ``validate_task``); return the workflow's jobs database
-    (one for all: edges cannot cross databases) and the checked values."""
-    cache: dict[Any, defaults.JobDefaults] = {}
-    checked: dict[tuple[str, str], Task] = {}
-    databases: dict[str, str] = {}
-    max_bytes = settings.MAX_PAYLOAD_BYTES
-    prepared: list[_Prepared] = []
-    alias: str | None = None
-    first_backend = ""
-    for position, node in enumerate(nodes):
+    def __call__(self, position: int, node: _Node) -> tuple[defaults.JobDefaults, Task, str, str]:
+        """The step's defaults, its ``Task``, and its args and kwargs as JSON text."""
         task = node.step.task
         try:
-            key = defaults.cache_key(task)
-            resolved = cache.get(key) if key is not None else None
-            if resolved is None:
-                resolved = defaults.resolve(task)
-                if key is not None:
-                    cache[key] = resolved
-            own = checked.get((resolved.backend, resolved.task))
-            if own is None:
-                own = validation.task_object(task)
-                backend = task_backends[resolved.backend]
-                if not isinstance(backend, QueueBackend):
-                    raise InvalidJob(
-                        f"backend {resolved.backend!r} is {type(backend).__name__}, not a "
-                        "PgQueueBackend: workflows need django-pgqueue's jobs table"
-                    )
-                try:
-                    backend.validate_task(own)
-                except InvalidTask as exc:
-                    raise InvalidJob(str(exc)) from None
-                checked[resolved.backend, resolved.task] = own
+            entry = self.known.get(id(task))
+            if entry is None:
+                entry = self.known[id(task)] = (task, *_resolve(task, position))
+            _, resolved, own, database = entry
             args, kwargs = validation.payload(
-                node.step.args, node.step.kwargs, max_bytes=max_bytes
+                node.step.args, node.step.kwargs, max_bytes=self.max_bytes
             )
         except InvalidJob as exc:
             raise InvalidJob(f"step #{position}: {exc}") from exc
-        database = databases.get(resolved.backend)
-        if database is None:
-            database = databases[resolved.backend] = _database(resolved, position)
-        if alias is None:
-            alias, first_backend = database, resolved.backend
-        elif database != alias:
+        if not self.alias:
+            self.alias, self.first_backend = database, resolved.backend
+        elif database != self.alias:
             raise InvalidJob(
                 f"step #{position} goes to jobs database {database!r} (backend "
-                f"{resolved.backend!r}), step #0 to {alias!r} (backend {first_backend!r}): "
-                "a workflow's jobs must share one jobs database"
+                f"{resolved.backend!r}), step #0 to {self.alias!r} (backend "
+                f"{self.first_backend!r}): a workflow's jobs must share one jobs database"
             )
-        prepared.append(_Prepared(resolved, args, kwargs, own))
-    assert alias is not None
-    return alias, prepared
+        return resolved, own, args, kwargs
 
 
-def write(nodes: Sequence[_Node]) -> list[Job]:
-    """Store a workflow's jobs and edges in one transaction (the caller's, if any);
-    return its jobs in node order. Everything is checked before anything is written;
-    jobs and edges go through COPY in bounded batches, with ids taken from the sequence
-    first; idle workers are woken once per queue of a job that can start now."""
-    alias, prepared = _prepare(nodes)
+def _resolve(task: Any, position: int) -> tuple[defaults.JobDefaults, Task, str]:
+    """A step's task: its defaults, its ``Task`` (checked by its backend, which must be
+    a ``PgQueueBackend``) and its jobs database."""
+    resolved = defaults.resolve(task)
+    own = validation.task_object(task)
+    backend = task_backends[resolved.backend]
+    if not isinstance(backend, QueueBackend):
+        raise InvalidJob(
+            f"backend {resolved.backend!r} is {type(backend).__name__}, not a "
+            "PgQueueBackend: workflows need django-pgqueue's jobs table"
+        )
     try:
-        return _store(alias, nodes, prepared)
+        backend.validate_task(own)
+    except InvalidTask as exc:
+        raise InvalidJob(str(exc)) from None
+    try:
+        database = backend_database(resolved.backend)
+    except ValueError as exc:
+        raise InvalidJob(str(exc)) from None
+    return resolved, own, database
+
+
+def write(nodes: Sequence[_Node]) -> Jobs:
+    """Store a workflow's jobs and edges in one transaction (the caller's, if any);
+    return its jobs in node order. Steps are checked a batch at a time while the batch
+    before is COPYed (as ``bulk_enqueue`` does); a bad one rolls everything back, so
+    nothing is kept. Ids are taken from the sequence first, so that edges can name
+    them; idle workers are woken once per queue of a job that can start now."""
+    check = _Checker()
+    check(0, nodes[0])  # the workflow's jobs database
+    try:
+        return _store(check, nodes)
     except DatabaseError as exc:
-        missing = schema.not_migrated(exc, alias)
+        missing = schema.not_migrated(exc, check.alias)
         if missing is None:
             raise
         raise missing from exc
 
 
-def _store(alias: str, nodes: Sequence[_Node], prepared: Sequence[_Prepared]) -> list[Job]:
+def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
+    alias = check.alias
     size = bulk.DEFAULT_BATCH_SIZE
     connection = connections[alias]
+    job_types = [type_ for _, type_ in sql.WORKFLOW_COLUMNS]
+    edge_types = [type_ for _, type_ in sql.EDGE_COLUMNS]
+    announce = bulk.wants_announcements()
+    tasks: list[Task] = []
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": None})
         now = cursor.fetchone()[0]
-        ids: list[int] = []
-        for start in range(0, len(nodes), size):
-            cursor.execute(sql.JOB_BULK_IDS, {"count": min(size, len(nodes) - start)})
-            ids.extend(row[0] for row in cursor.fetchall())
-        ids.sort()
+        cursor.execute(sql.JOB_BULK_IDS, {"count": len(nodes)})
+        ids = sorted(row[0] for row in cursor.fetchall())
         workflow_id = ids[0]
-        raw = cursor.cursor
-        bulk.accept_json_text(raw)
-        rows = []
+        # Each full batch is COPYed by a helper thread while this one checks and builds
+        # the next: jobs first, then the edges that name them.
+        background = bulk.BackgroundCopy(connection)
+        rows: list[tuple[Any, ...]] = []
         woken: set[str] = set()
-        for node, job_id, ready in zip(nodes, ids, prepared, strict=True):
-            r = ready.resolved
-            run_at = r.run_at or now
-            if node.parents:
-                status = Status.WAITING.value
-            elif run_at > now:
-                status = Status.SCHEDULED.value
-            else:
-                status = Status.PENDING.value
-                woken.add(r.queue)
-            rows.append(
-                (
-                    job_id,
-                    r.backend,
-                    r.queue,
-                    r.task,
-                    ready.args,
-                    ready.kwargs,
-                    r.priority,
-                    status,
-                    r.max_attempts,
-                    run_at,
-                    now,
-                    "[]",
-                    None,
-                    len(node.parents) if node.parents else None,
-                    node.parent_results,
-                    node.on_parent_failure,
-                    workflow_id,
+        try:
+            batch: list[tuple[Any, ...]] = []
+            for position, (node, job_id) in enumerate(zip(nodes, ids, strict=True)):
+                r, own, args, kwargs = check(position, node)
+                if announce:
+                    tasks.append(own)
+                run_at = r.run_at or now
+                if node.parents:
+                    status = Status.WAITING.value
+                elif run_at > now:
+                    status = Status.SCHEDULED.value
+                else:
+                    status = Status.PENDING.value
+                    woken.add(r.queue)
+                batch.append(
+                    (
+                        job_id,
+                        r.backend,
+                        r.queue,
+                        r.task,
+                        args,
+                        kwargs,
+                        r.priority,
+                        status,
+                        r.max_attempts,
+                        run_at,
+                        now,
+                        "[]",
+                        None,
+                        len(node.parents) if node.parents else None,
+                        node.parent_results,
+                        node.on_parent_failure,
+                        workflow_id,
+                    )
                 )
-            )
-        types = [type_ for _, type_ in sql.WORKFLOW_COLUMNS]
-        for start in range(0, len(rows), size):
-            bulk.copy_rows(raw, sql.JOB_BULK_COPY_WORKFLOW, types, rows[start : start + size])
-        edges: list[tuple[int, int, int]] = []
-        edge_types = [type_ for _, type_ in sql.EDGE_COLUMNS]
-        for node, job_id in zip(nodes, ids, strict=True):
-            for position, parent in enumerate(node.parents):
-                edges.append((job_id, position, ids[parent]))
-                if len(edges) == size:
-                    bulk.copy_rows(raw, sql.JOB_BULK_COPY_EDGES, edge_types, edges)
-                    edges = []
-        if edges:
-            bulk.copy_rows(raw, sql.JOB_BULK_COPY_EDGES, edge_types, edges)
+                if len(batch) == size:
+                    background.submit(
+                        len(rows), batch, statement=sql.JOB_BULK_COPY_WORKFLOW, types=job_types
+                    )
+                    rows.extend(batch)
+                    batch = []
+            if batch:
+                background.submit(
+                    len(rows), batch, statement=sql.JOB_BULK_COPY_WORKFLOW, types=job_types
+                )
+                rows.extend(batch)
+            edges: list[tuple[Any, ...]] = []
+            written = 0
+            for node, job_id in zip(nodes, ids, strict=True):
+                for position, parent in enumerate(node.parents):
+                    edges.append((job_id, position, ids[parent]))
+                    if len(edges) == size:
+                        background.submit(
+                            written, edges, statement=sql.JOB_BULK_COPY_EDGES, types=edge_types
+                        )
+                        written, edges = written + size, []
+            if edges:
+                background.submit(
+                    written, edges, statement=sql.JOB_BULK_COPY_EDGES, types=edge_types
+                )
+            background.wait()
+        except BaseException as exc:
+            also = background.close()
+            if also is not None:
+                exc.add_note(f"writing an earlier batch failed too: {also!r}")
+            raise
+        background.close()
         if woken:
             cursor.execute(
                 sql.JOB_NOTIFY_MANY,
                 {"channel": settings.NOTIFY_CHANNEL, "queues": sorted(woken)},
             )
-        jobs = _jobs(alias, rows)
-        if bulk.wants_announcements():
-            _announce(jobs, prepared)
+        jobs = Jobs(alias, rows)
+        if announce:
+            _announce(jobs, tasks)
     logger.debug(
         "workflow %s: %s jobs enqueued",
         workflow_id,
@@ -365,46 +381,83 @@ def _store(alias: str, nodes: Sequence[_Node], prepared: Sequence[_Prepared]) ->
     return jobs
 
 
-def _announce(jobs: Sequence[Job], prepared: Sequence[_Prepared]) -> None:
+def _announce(jobs: Jobs, tasks: Sequence[Task]) -> None:
     """``task_enqueued`` for each job, as ``PgQueueBackend.enqueue`` sends it."""
-    for job, ready in zip(jobs, prepared, strict=True):
+    for job, task in zip(jobs, tasks, strict=True):
         sender = type(task_backends[job.backend])
-        task_enqueued.send(sender, task_result=to_task_result(job, ready.task))
+        task_enqueued.send(sender, task_result=to_task_result(job, task))
 
 
-def _jobs(alias: str, rows: Sequence[tuple[Any, ...]]) -> list[Job]:
-    """The ``Job`` of each row written (``sql.WORKFLOW_COLUMNS``), built as the
-    database would give it back (args and kwargs as jsonb returns them)."""
+class Jobs(Sequence[Any]):
+    """The jobs a workflow wrote, in order: a sequence of ``Job`` objects, each built
+    when first read (a group of 100,000 whose caller reads only its callback builds
+    one), as the database would give it back."""
+
+    def __init__(self, alias: str, rows: list[tuple[Any, ...]]) -> None:
+        self._alias = alias
+        self._rows = rows
+        self._made: list[Job | None] = [None] * len(rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Job: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Job]: ...
+
+    def __getitem__(self, index: int | slice) -> Job | list[Job]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._rows)))]
+        job = self._made[index]
+        if job is None:
+            job = self._made[index] = _job(self._alias, self._rows[index])
+        return job
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Jobs: {len(self)} jobs, ids {self._rows[0][0]}..{self._rows[-1][0]}>"
+
+
+_COLUMNS = [name for name, _ in sql.WORKFLOW_COLUMNS]
+
+
+def _job(alias: str, row: tuple[Any, ...]) -> Job:
+    """The ``Job`` of one row written (``sql.WORKFLOW_COLUMNS``)."""
     model = apps.get_model("django_pgqueue", "Job")
-    names = _field_names(model)
-    columns = [name for name, _ in sql.WORKFLOW_COLUMNS]
-    loads = json.loads
-    made = []
-    for row in rows:
-        values: dict[str, Any] = dict.fromkeys(names)
-        values.update(zip(columns, row, strict=True))
-        values["args"] = loads(row[4])
-        values["kwargs"] = loads(row[5])
-        values["errors"] = []
-        values["attempts"] = 0
-        values["snoozes"] = 0
-        made.append(_instance(model, alias, values))
-    return made
+    values: dict[str, Any] = dict.fromkeys(_field_names(model))
+    values.update(zip(_COLUMNS, row, strict=True))
+    values.update(
+        args=json.loads(row[4]), kwargs=json.loads(row[5]), errors=[], attempts=0, snoozes=0
+    )
+    return _instance(model, alias, values)
 
 
-def _instance(model: type[models.Model], alias: str, values: dict[str, Any]) -> Job:
-    """A model instance from a dict of every field's value, as ``Model.from_db`` makes
-    it (without the per-row cost of ``__init__`` unless its signals have receivers, as
-    ``db.jobs`` builds claimed jobs)."""
-    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
-        names = _field_names(model)
-        return model.from_db(alias, names, [values[name] for name in names])
+def _bare(model: type[models.Model], alias: str, values: dict[str, Any]) -> Job:
+    """A model instance from every field's value, as ``Model.from_db`` makes it minus
+    ``__init__`` (as ``db.jobs`` builds claimed jobs): for a model whose init signals
+    have no receivers."""
     instance = model.__new__(model)
     instance.__dict__.update(values)
     state = instance._state = ModelState()
     state.adding = False
     state.db = alias
     return instance
+
+
+def _instance(model: type[models.Model], alias: str, values: dict[str, Any]) -> Job:
+    """A model instance from every field's value (see :func:`_bare`)."""
+    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+        names = _field_names(model)
+        return model.from_db(alias, names, [values[name] for name in names])
+    return _bare(model, alias, values)
 
 
 @functools.cache
