@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.urls import reverse
 
 import django_pgqueue
 from django_pgqueue import lifecycle, sql, sweeper, workflows
@@ -689,3 +690,24 @@ def test_claim__never_takes_a_waiting_job():
     chain(step(add, 1, 2), double, double).enqueue()
     assert len(claim()) == 1
     assert claim() == []
+
+
+def test_admin__a_jobs_page_links_its_parents_dependants_and_workflow(admin_client):
+    jobs = group(step(add, 1, 0), step(add, 2, 0), then=step(total)).enqueue()
+    after = Job.objects.enqueue(double, depends_on=[jobs[-1]])
+    a, _ = claim()
+    finish([a], lambda j: 1)
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[jobs[-1].id]))
+    text = page.content.decode()
+    for member in jobs[:2]:
+        link = reverse("admin:django_pgqueue_job_change", args=[member.id])
+        assert f'href="{link}?backend=default">#{member.id}</a>' in text
+    assert "1 of 2 not finished, given their results" in text
+    dependant = reverse("admin:django_pgqueue_job_change", args=[after.id])
+    assert f'href="{dependant}?backend=default">#{after.id}</a>' in text
+    assert f"workflow {jobs[0].id}</a>: 1 of 4 done (1 running, 2 waiting)" in text
+    listed = admin_client.get(
+        reverse("admin:django_pgqueue_job_changelist") + f"?workflow_id={jobs[0].id}"
+    )
+    assert listed.status_code == 200
+    assert listed.content.decode().count('class="action-select"') == 4

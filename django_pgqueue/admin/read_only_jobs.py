@@ -25,12 +25,13 @@ from .base import (
     pretty_json,
 )
 from .paginator import EstimatedCountPaginator
+from .workflow import WorkflowDisplay
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
 
 
-class ReadOnlyJobAdmin(GuardedAdmin):
+class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
     """Read-only display of jobs, shared by the job list and the dead-letter list."""
 
     paginator = EstimatedCountPaginator
@@ -64,6 +65,9 @@ class ReadOnlyJobAdmin(GuardedAdmin):
         "result_pretty",
         "snoozes",
         "progress_pretty",
+        "workflow_display",
+        "parents_display",
+        "dependants_display",
     )
     fieldsets: ClassVar[_FieldsetSpec] = (
         (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
@@ -84,6 +88,10 @@ class ReadOnlyJobAdmin(GuardedAdmin):
             },
         ),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
+        (
+            "Workflow",
+            {"fields": ("workflow_display", "parents_display", "dependants_display")},
+        ),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
         ("Progress", {"fields": ("progress_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
