@@ -65,6 +65,10 @@ CANCEL_RETRY_DELAY = 0.05
 #: names up to ``CANCEL_NOTIFY_IDS`` job ids, comma-separated (see ``sql.JOB_NOTIFY_CANCEL``).
 CANCEL_NOTIFY_PREFIX = "cancel:"
 CANCEL_NOTIFY_IDS = 300
+#: A dependant released by its parents' finishing is announced as this and its queue
+#: (spelled in ``sql._RESOLVE``): it keeps its older id, so a worker's next claim
+#: starts at the head of the claim index (``worker/position.py``).
+RELEASE_NOTIFY_PREFIX = sql.RELEASE_NOTIFY_PREFIX
 
 
 def job_ids(ids: Any, *, what: str = "ids") -> list[int]:

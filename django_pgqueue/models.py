@@ -244,9 +244,16 @@ class JobDependency(models.Model):
     class Meta:
         db_table = "pgqueue_job_dependency"  # sql.py hard-codes this name too
         indexes = [
-            # A finishing job's dependants (every completion probes it). Built
-            # CONCURRENTLY (0014).
+            # A job's dependants, resolved or not (the admin, a requeue's restore).
+            # Built CONCURRENTLY (0014), as the two below.
             models.Index(fields=["parent_id"], name="pgqueue_job_dep_parent_idx"),
+            # Unresolved edges only: whether there is any at all is the one probe a
+            # completion makes when no workflow is in flight (sql._RESOLVE).
+            models.Index(
+                fields=["parent_id"],
+                name="pgqueue_job_dep_unresolved_idx",
+                condition=Q(state__isnull=True),
+            ),
             # The sweeper's missed edges: few, and only while their parent runs.
             models.Index(
                 fields=["parent_id"],

@@ -171,6 +171,10 @@ RETURNING j.*
 """
 
 
+#: The payload prefix of the NOTIFY a released dependant sends (then its queue name): no
+#: queue name holds a colon. The listener makes the next claim start at the head.
+RELEASE_NOTIFY_PREFIX = "release:"
+
 #: How far down the graph one statement follows a failure (a dependant cancelled, its
 #: own dependants cancelled, ...). The edges out of the last level are marked for
 #: repair, and the sweeper's JOB_RESOLVE_MISSED goes on from there.
@@ -222,8 +226,9 @@ _PARENT_RESULTS = """(
 # results prepended to its args if it takes them; a dependant that waits (without
 # on_parent_failure "run") and lost a parent to dead or cancelled is cancelled instead,
 # with an entry naming that parent, and so are its own waiting dependants, down to
-# CASCADE_DEPTH levels (the "doomed"). A released job wakes workers at commit. A job
-# without dependants costs one probe of pgqueue_job_dep_parent_idx that finds nothing.
+# CASCADE_DEPTH levels (the "doomed"). A released job wakes workers at commit. While no
+# edge is unresolved anywhere (no workflow in flight), the statement's jobs are not
+# looked up at all: one probe of pgqueue_job_dep_unresolved_idx, empty, decides it.
 _RESOLVE = (
     """doomed AS (
     SELECT e.job_id AS id, 1 AS depth
@@ -261,7 +266,9 @@ _RESOLVE = (
     SET state = f.status,
         result = CASE WHEN f.status = 'done' THEN f.result END
     FROM finished AS f
-    WHERE e.parent_id = ANY (ARRAY(SELECT id FROM finished))
+    WHERE e.parent_id = ANY (ARRAY(
+              SELECT id FROM finished
+              WHERE EXISTS (SELECT FROM pgqueue_job_dependency AS u WHERE u.state IS NULL)))
       AND e.parent_id = f.id
       AND e.state IS NULL
     RETURNING e.job_id, e.position, e.parent_id, e.state, e.result
@@ -324,7 +331,11 @@ _RESOLVE = (
     WHERE d.id = c.job_id
       AND lock_order.id = d.id
     RETURNING d.id, d.status,
-              CASE WHEN d.status = 'pending' THEN pg_notify(%(channel)s, d.queue) END
+              CASE WHEN d.status = 'pending'
+                   THEN pg_notify(%(channel)s, '"""
+    + RELEASE_NOTIFY_PREFIX
+    + """' || d.queue)
+              END
 )"""
 )
 
@@ -954,6 +965,57 @@ SELECT held.job_id, held.fresh, EXISTS (SELECT FROM inserted) AS inserted
 FROM held
 """
 )
+
+# Insert a small workflow (chain, group) in one statement: its jobs from one array per
+# column (ids drawn here, in node order; the first is the workflow's id) and its edges,
+# which name nodes by their 1-based position. A bounded multi-row insert: a workflow
+# larger than a COPY batch goes through JOB_BULK_COPY_WORKFLOW instead. NOTIFY at
+# commit once per queue of a job that can start now. No index read.
+JOB_ENQUEUE_WORKFLOW = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), node AS MATERIALIZED (
+    SELECT n.*,
+           nextval((SELECT pg_get_serial_sequence('pgqueue_job', 'id')::regclass)) AS id
+    FROM unnest(
+        %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
+        %(kwargs)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
+        %(run_at)s::timestamptz[], %(parents_left)s::int[], %(parent_results)s::text[],
+        %(on_parent_failure)s::text[]
+    ) WITH ORDINALITY AS n(
+        backend, queue, task, args, kwargs, priority, max_attempts, run_at, parents_left,
+        parent_results, on_parent_failure, ord
+    )
+    ORDER BY n.ord
+), job AS (
+    INSERT INTO pgqueue_job AS j (
+        id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+        run_at, errors, created_at, parents_left, parent_results, on_parent_failure,
+        workflow_id
+    )
+    SELECT n.id, n.backend, n.queue, n.task, n.args::jsonb, n.kwargs::jsonb, n.priority,
+           CASE WHEN n.parents_left IS NOT NULL THEN 'waiting'
+                WHEN n.run_at > clock.now THEN 'scheduled'
+                ELSE 'pending' END,
+           0, n.max_attempts, coalesce(n.run_at, clock.now), '[]'::jsonb, clock.now,
+           n.parents_left, n.parent_results, n.on_parent_failure,
+           (SELECT min(id) FROM node)
+    FROM node AS n, clock
+    RETURNING j.status, j.queue
+), edge AS (
+    INSERT INTO pgqueue_job_dependency (job_id, position, parent_id)
+    SELECT child.id, e.position, parent.id
+    FROM unnest(%(edge_job)s::int[], %(edge_position)s::int[], %(edge_parent)s::int[])
+         AS e(job, position, parent)
+    JOIN node AS child ON child.ord = e.job
+    JOIN node AS parent ON parent.ord = e.parent
+)
+SELECT n.id, clock.now,
+       (SELECT count(pg_notify(%(channel)s, w.queue))
+        FROM (SELECT DISTINCT queue FROM job WHERE status = 'pending') AS w) AS woken
+FROM node AS n, clock
+ORDER BY n.ord
+"""
 
 # Push the lease of jobs this worker still owns further into the future, fenced. Returns
 # the ids still owned (a lost lease is visible) and whether each one's cancellation was

@@ -270,12 +270,80 @@ def write(nodes: Sequence[_Node]) -> Jobs:
     check = _Checker()
     check(0, nodes[0])  # the workflow's jobs database
     try:
+        if len(nodes) <= bulk.DEFAULT_BATCH_SIZE:
+            return _insert(check, nodes)
         return _store(check, nodes)
     except DatabaseError as exc:
         missing = schema.not_migrated(exc, check.alias)
         if missing is None:
             raise
         raise missing from exc
+
+
+def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
+    """A workflow of at most one COPY batch: one statement (``sql.JOB_ENQUEUE_WORKFLOW``),
+    atomic by itself, joining the caller's transaction if any."""
+    checked = [check(position, node) for position, node in enumerate(nodes)]
+    edges = [
+        (job + 1, position, parent + 1)
+        for job, node in enumerate(nodes)
+        for position, parent in enumerate(node.parents)
+    ]
+    params = {
+        "backend": [r.backend for r, _, _, _ in checked],
+        "queue": [r.queue for r, _, _, _ in checked],
+        "task": [r.task for r, _, _, _ in checked],
+        "args": [args for _, _, args, _ in checked],
+        "kwargs": [kwargs for _, _, _, kwargs in checked],
+        "priority": [r.priority for r, _, _, _ in checked],
+        "max_attempts": [r.max_attempts for r, _, _, _ in checked],
+        "run_at": [r.run_at for r, _, _, _ in checked],
+        "parents_left": [len(node.parents) if node.parents else None for node in nodes],
+        "parent_results": [node.parent_results for node in nodes],
+        "on_parent_failure": [node.on_parent_failure for node in nodes],
+        "edge_job": [e[0] for e in edges],
+        "edge_position": [e[1] for e in edges],
+        "edge_parent": [e[2] for e in edges],
+        "channel": settings.NOTIFY_CHANNEL,
+        "now": None,
+    }
+    found = db.rows(check.alias, sql.JOB_ENQUEUE_WORKFLOW, params, prepare=True)
+    ids = [row[0] for row in found]
+    now = found[0][1]
+    rows = []
+    for node, job_id, (r, _, args, kwargs) in zip(nodes, ids, checked, strict=True):
+        run_at = r.run_at or now
+        if node.parents:
+            status = Status.WAITING.value
+        elif run_at > now:
+            status = Status.SCHEDULED.value
+        else:
+            status = Status.PENDING.value
+        rows.append(
+            (
+                job_id,
+                r.backend,
+                r.queue,
+                r.task,
+                args,
+                kwargs,
+                r.priority,
+                status,
+                r.max_attempts,
+                run_at,
+                now,
+                "[]",
+                None,
+                len(node.parents) if node.parents else None,
+                node.parent_results,
+                node.on_parent_failure,
+                min(ids),
+            )
+        )
+    jobs = Jobs(check.alias, rows)
+    if bulk.wants_announcements():
+        _announce(jobs, [own for _, own, _, _ in checked])
+    return jobs
 
 
 def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:

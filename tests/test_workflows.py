@@ -177,7 +177,7 @@ def test_release__wakes_workers_of_the_released_jobs_queue_at_commit(other_conne
     finish([first], lambda j: 3)
     assert fresh(jobs[1]).status == "pending"
     woken = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
-    assert woken == ["later"]
+    assert woken == ["release:later"]  # the listener makes the next claim start at the head
 
 
 def test_release__a_late_completion_releases_nothing_twice():

@@ -1,7 +1,9 @@
 """The workflows' indexes, built CONCURRENTLY (non-atomic and alone, like 0002).
 
-``pgqueue_job_dep_parent_idx``: a finishing job's dependants; every completion probes
-it, and finds nothing unless the job has some. ``pgqueue_job_dep_repair_idx``: the
+``pgqueue_job_dep_parent_idx``: a job's dependants (the admin, a requeue's restore).
+``pgqueue_job_dep_unresolved_idx``: the edges not yet resolved, which a finishing job's
+are looked up in; a completion first asks whether it holds any at all (one probe per
+statement when no workflow is in flight). ``pgqueue_job_dep_repair_idx``: the
 sweeper's missed edges (partial, normally empty). ``pgqueue_job_waiting_idx``: waiting
 jobs (status counts, the admin). ``pgqueue_job_workflow_idx``: a workflow's jobs (the
 admin's progress). If a build fails it leaves an INVALID index: ``DROP INDEX
@@ -21,6 +23,14 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="jobdependency",
             index=models.Index(fields=["parent_id"], name="pgqueue_job_dep_parent_idx"),
+        ),
+        AddIndexConcurrently(
+            model_name="jobdependency",
+            index=models.Index(
+                condition=models.Q(("state__isnull", True)),
+                fields=["parent_id"],
+                name="pgqueue_job_dep_unresolved_idx",
+            ),
         ),
         AddIndexConcurrently(
             model_name="jobdependency",
