@@ -317,7 +317,23 @@ def chaos(
     except SystemExit:
         pass
     finally:
-        unclean = sum(code != 0 for code in stop([*fleet, sweeper]))
+        # A worker SIGTERMed before its handlers are in dies of the signal: let the
+        # last replacements register (their pid in the workers table) first.
+        try:
+            wait_until(
+                lambda: (
+                    {p.pid for p in fleet}
+                    <= {r[0] for r in rows("SELECT pid FROM pgqueue_worker")}
+                ),
+                30,
+                "the workers to start",
+            )
+        except SystemExit:
+            pass
+        codes = stop([*fleet, sweeper])
+        unclean = sum(code != 0 for code in codes)
+        if unclean:
+            print(f"chaos: exit codes of the workers, then the sweeper: {codes}", flush=True)
     return judge(callbacks, members, kills=kills, unclean=unclean)
 
 

@@ -293,3 +293,9 @@ def double(n: int) -> int:
 def total(values: list[int | None], *extra: int) -> int:
     """A group's callback: the sum of its members' results (None counts 0)."""
     return sum(v or 0 for v in values) + sum(extra)
+
+
+@task(max_attempts=1)
+def fails_for_good() -> None:
+    """Dies at its first attempt: a workflow's parent that ends dead."""
+    raise RuntimeError("this parent dies")
