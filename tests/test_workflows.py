@@ -711,3 +711,33 @@ def test_admin__a_jobs_page_links_its_parents_dependants_and_workflow(admin_clie
     )
     assert listed.status_code == 200
     assert listed.content.decode().count('class="action-select"') == 4
+
+
+def test_chaos_judge__catches_each_planted_violation():
+    """bench.workflows' verdict against states it must reject: a callback run twice,
+    given the wrong results, one left waiting, a counter that disagrees with its edges."""
+    import bench.workflows as workflows_bench
+    from testproject.demo.models import Execution
+
+    jobs = group(*[step(add, n, 0) for n in range(3)], then=step(total)).enqueue()
+    callback = jobs[-1]
+    finish(claim(), lambda j: j.args[0])
+    (cb,) = claim()
+    Job.objects.complete(cb, "w1", result=3)
+    Execution.objects.create(job_id=callback.id, attempt=1, kind="tx", worker_id="w1")
+
+    def verdict() -> dict[str, int]:
+        found = workflows_bench.judge([callback.id], 3, kills=0, unclean=0)
+        return {k: v for k, v in found.items() if k in workflows_bench.MUST_BE_ZERO and v}
+
+    assert verdict() == {}
+    Execution.objects.create(job_id=callback.id, attempt=2, kind="tx", worker_id="w2")
+    assert verdict() == {"callbacks_run_twice": 1}
+    Execution.objects.filter(attempt=2).delete()
+    Job.objects.filter(pk=callback.id).update(args=[[0, 1, 5]])
+    assert verdict() == {"wrong_results": 1}
+    Job.objects.filter(pk=callback.id).update(args=[[0, 1, 2]])
+    lone = Job.objects.enqueue(double, depends_on=[Job.objects.enqueue(add, [1, 1])])
+    assert verdict() == {"left_waiting": 1, "left_unfinished": 2, "members_not_done": 2}
+    Job.objects.filter(pk=lone.id).update(parents_left=0)
+    assert verdict()["bad_counters"] == 1
