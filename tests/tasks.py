@@ -299,3 +299,18 @@ def total(values: list[int | None], *extra: int) -> int:
 def fails_for_good() -> None:
     """Dies at its first attempt: a workflow's parent that ends dead."""
     raise RuntimeError("this parent dies")
+
+
+@task()
+def parents_seen(values: list[int | None]) -> dict[str, object]:
+    """A callback run with on_parent_failure="run": what it was given and what
+    ``current_job().parents()`` says of its parents."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    return {
+        "values": values,
+        "parents": [[p.id, p.status, p.result] for p in job.parents()],
+        "errors": [
+            None if p.error is None else p.error["exception_class_path"] for p in job.parents()
+        ],
+    }

@@ -5,6 +5,7 @@ closed by the re-check after commit and the sweeper's repair."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -741,3 +742,61 @@ def test_chaos_judge__catches_each_planted_violation():
     assert verdict() == {"left_waiting": 1, "left_unfinished": 2, "members_not_done": 2}
     Job.objects.filter(pk=lone.id).update(parents_left=0)
     assert verdict()["bad_counters"] == 1
+
+
+def test_failure__a_cancel_requested_parent_whose_lease_expires_cancels_its_dependant(now):
+    jobs = chain(step(add, 1, 2), double).enqueue()
+    (first,) = claim()
+    Job.objects.cancel([first.id])
+    sweeper.rescue_expired("default", now=now + dt.timedelta(days=1))
+    assert fresh(first).status == "cancelled"
+    assert "ended cancelled" in fresh(jobs[1]).errors[-1]["traceback"]
+    assert fresh(jobs[1]).status == "cancelled"
+
+
+def test_discard__a_dead_letter_resolves_an_edge_its_death_missed():
+    parent = Job.objects.enqueue(add, [1, 0])
+    (running,) = claim()
+    dependant = Job.objects.enqueue(double, depends_on=[parent])
+    # The race's outcome: the parent died on a snapshot without the new edge.
+    JobDependency.objects.filter(job_id=dependant.id).update(state=None, repair=True)
+    Job.objects.filter(pk=parent.id).update(
+        status="dead", lease_expires_at=None, finished_at=dt.datetime.now(dt.UTC)
+    )
+    assert fresh(dependant).status == "waiting"
+    assert Job.objects.discard_dead([parent.id]) == [parent.id]
+    assert fresh(dependant).status == "cancelled"
+    assert edges(dependant) == [(parent.id, "dead", None)]
+
+
+def test_depends_on__rolled_back_with_the_callers_transaction():
+    parent = Job.objects.enqueue(add, [1, 0])
+    with transaction.atomic():
+        Job.objects.enqueue(double, depends_on=[parent])
+        transaction.set_rollback(True)
+    assert Job.objects.count() == 1 and JobDependency.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim__waiting_jobs_cost_the_claim_nothing():
+    """5,000 waiting jobs: the claim still reads the head of its index, a few pages."""
+    parent = Job.objects.enqueue(add, [1, 0])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,
+                   attempts, max_attempts, run_at, errors, created_at, parents_left)
+               SELECT 'default', 'default', 'tests.tasks.double', '[]', '{}', 0, 'waiting',
+                      0, 3, clock_timestamp(), '[]', clock_timestamp(), 1
+               FROM generate_series(1, 5000)"""
+        )
+        cursor.execute("ANALYZE pgqueue_job")
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.JOB_CLAIM,
+            {"worker_id": "w1", "limit": 10, "lease_seconds": 60, "now": None},
+        )
+        plan = json.dumps(cursor.fetchone()[0])
+    assert '"Index Name": "pgqueue_job_claim_idx"' in plan
+    (entry,) = json.loads(plan)
+    assert entry["Plan"]["Actual Rows"] == 1  # the one pending job
+    assert entry["Plan"]["Shared Hit Blocks"] + entry["Plan"]["Shared Read Blocks"] < 50
+    assert fresh(parent).status == "running"

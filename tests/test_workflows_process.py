@@ -37,7 +37,13 @@ def test_process__workflows_run_in_order_pass_results_and_stop_at_a_dead_parent(
     second = Job.objects.enqueue(add, [2, 2])
     both = Job.objects.enqueue(fault_tasks.ledger_member, [7], depends_on=[first, second])
     doomed = chain(step(tasks.fails_for_good), step(fault_tasks.ledger_member, 99)).enqueue()
-    everything = [*steps, *members_and_callback, first, second, both, *doomed]
+    anyway = group(
+        step(add, 20, 1),
+        step(tasks.fails_for_good),
+        then=tasks.parents_seen,
+        on_parent_failure="run",
+    ).enqueue()
+    everything = [*steps, *members_and_callback, first, second, both, *doomed, *anyway]
 
     workers = [manage(*WORKER), manage(*WORKER)]
     wait_for(
@@ -81,6 +87,16 @@ def test_process__workflows_run_in_order_pass_results_and_stop_at_a_dead_parent(
     assert cancelled.status == "cancelled" and cancelled.started_at is None
     assert f"parent job {dead.id} ended dead" in cancelled.errors[-1]["traceback"]
     assert not Execution.objects.filter(job_id=cancelled.id).exists()
+
+    # on_parent_failure="run": released anyway, None for the dead member, and
+    # current_job().parents() says which parent ended how.
+    good, bad, reader = rows(*anyway)
+    assert (good.status, bad.status, reader.status) == ("done", "dead", "done")
+    assert reader.result == {
+        "values": [21, None],
+        "parents": [[good.id, "done", 21], [bad.id, "dead", None]],
+        "errors": [None, "builtins.RuntimeError"],
+    }
 
 
 def test_process__every_callback_runs_once_with_workers_sigkilled(monkeypatch):
