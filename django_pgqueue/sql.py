@@ -188,17 +188,18 @@ _RELEASES = (
     " AND (c.failed_parent IS NULL OR d.on_parent_failure IS NOT NULL)"
 )
 
-# Every parent result of the dependant d being released, in depends_on order: the edges
-# this statement resolved (RETURNING; its own edge updates are invisible to its reads),
-# the edges resolved before its snapshot, and those resolved since (by statements that
+# What the dependant d being released is given: a chain's step ("value"), its one
+# parent's result, from the edge this very statement resolved (the last one); a group's
+# callback ("list"), every parent's result in depends_on order: the edges this
+# statement resolved (RETURNING; its own edge updates are invisible to its reads), the
+# edges resolved before its snapshot, and those resolved since (by statements that
 # committed while it waited for d's lock): a plain read would see those unresolved, but
 # a row lock reads the newest version, and waits for none (they committed). Run once
 # per released dependant, never per completion.
-_PARENT_RESULTS = """(
-            SELECT CASE d.parent_results
-                       WHEN 'value' THEN (jsonb_agg(g.result ORDER BY g.position)) -> 0
-                       ELSE coalesce(jsonb_agg(g.result ORDER BY g.position), '[]'::jsonb)
-                   END
+_PARENT_RESULTS = """CASE d.parent_results
+        WHEN 'value' THEN (SELECT r.result FROM resolved AS r WHERE r.job_id = d.id LIMIT 1)
+        ELSE (
+            SELECT coalesce(jsonb_agg(g.result ORDER BY g.position), '[]'::jsonb)
             FROM (
                 SELECT r.position, r.result FROM resolved AS r WHERE r.job_id = d.id
                 UNION ALL
@@ -214,7 +215,8 @@ _PARENT_RESULTS = """(
                           FROM pgqueue_job_dependency AS w
                           WHERE w.job_id = d.id AND w.state IS NULL)
                       FOR SHARE) AS y
-            ) AS g)"""
+            ) AS g)
+        END"""
 
 # The resolution of the edges out of the jobs a statement just finished, joined into
 # every statement that ends a job: the statement names them "ended" (id, status, result)
@@ -228,7 +230,8 @@ _PARENT_RESULTS = """(
 # with an entry naming that parent, and so are its own waiting dependants, down to
 # CASCADE_DEPTH levels (the "doomed"). A released job wakes workers at commit. While no
 # edge is unresolved anywhere (no workflow in flight), the statement's jobs are not
-# looked up at all: one probe of pgqueue_job_dep_unresolved_idx, empty, decides it.
+# looked up at all: the head of pgqueue_job_dep_unresolved_idx, empty, decides it (an
+# ordered LIMIT 1, which no statistics make a scan of the table).
 _RESOLVE = (
     """doomed AS (
     SELECT e.job_id AS id, 1 AS depth
@@ -268,7 +271,11 @@ _RESOLVE = (
     FROM finished AS f
     WHERE e.parent_id = ANY (ARRAY(
               SELECT id FROM finished
-              WHERE EXISTS (SELECT FROM pgqueue_job_dependency AS u WHERE u.state IS NULL)))
+              WHERE (SELECT u.parent_id
+                     FROM pgqueue_job_dependency AS u
+                     WHERE u.state IS NULL
+                     ORDER BY u.parent_id
+                     LIMIT 1) IS NOT NULL))
       AND e.parent_id = f.id
       AND e.state IS NULL
     RETURNING e.job_id, e.position, e.parent_id, e.state, e.result

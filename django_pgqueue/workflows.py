@@ -17,8 +17,9 @@ once all its parents finished, whatever their outcome, and reads them through
 cancelled (``Job.objects.requeue_dead``).
 
 This module builds the graphs: :func:`step`, :func:`chain`, :func:`group` write a whole
-workflow in one transaction through COPY (:func:`write`), joining the caller's if any;
-:func:`enqueue_dependant` writes one job with existing parents (``sql.JOB_ENQUEUE_DEPENDANT``).
+workflow at once (:func:`write`: one statement, or COPY batches in one transaction for a
+big one), joining the caller's transaction if any; :func:`enqueue_dependant` writes one
+job with existing parents (``sql.JOB_ENQUEUE_DEPENDANT``).
 
 The one race SQL alone cannot close: a job enqueued with a parent that is running, in a
 transaction that commits while that parent's completion statement runs. That statement's
@@ -95,7 +96,7 @@ def on_parent_failure_option(value: Any) -> str | None:
 
 
 def _steps(given: Iterable[Any], what: str) -> list[Step]:
-    """``given`` as steps: a bare ``Task`` (or path) is a step without arguments."""
+    """``given`` as steps: a bare ``Task`` is a step without arguments."""
     steps = []
     for position, item in enumerate(given):
         if isinstance(item, Step):
@@ -127,7 +128,7 @@ class Chain:
 
     def __init__(self, steps: Sequence[Step], *, on_parent_failure: str | None = None) -> None:
         self.steps = list(steps)
-        self.on_parent_failure = on_parent_failure
+        self.on_parent_failure = on_parent_failure_option(on_parent_failure)
 
     def enqueue(self) -> Jobs:
         """Store every step (all or nothing, joining the caller's transaction); return
@@ -137,9 +138,7 @@ class Chain:
         if not self.steps:
             raise InvalidJob("chain() needs at least one step")
         nodes = [
-            _Node(s)
-            if i == 0
-            else _Node(s, [i - 1], "value", on_parent_failure_option(self.on_parent_failure))
+            _Node(s) if i == 0 else _Node(s, [i - 1], "value", self.on_parent_failure)
             for i, s in enumerate(self.steps)
         ]
         return write(nodes)
@@ -158,7 +157,7 @@ class Group:
     ) -> None:
         self.steps = list(steps)
         self.then = then
-        self.on_parent_failure = on_parent_failure
+        self.on_parent_failure = on_parent_failure_option(on_parent_failure)
 
     def enqueue(self) -> Jobs:
         """Store the members and the callback (all or nothing, joining the caller's
@@ -169,12 +168,7 @@ class Group:
         nodes = [_Node(s) for s in self.steps]
         if self.then is not None:
             nodes.append(
-                _Node(
-                    self.then,
-                    list(range(len(self.steps))),
-                    "list",
-                    on_parent_failure_option(self.on_parent_failure),
-                )
+                _Node(self.then, list(range(len(self.steps))), "list", self.on_parent_failure)
             )
         elif self.on_parent_failure is not None:
             raise InvalidJob("on_parent_failure applies to the callback: give then=step")
