@@ -13,13 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import logging
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import models, transaction
+from django.db import DatabaseError, connections, models, transaction
 
 from . import bulk, db, defaults, keys, lifecycle, sql, tracing, validation, workflows
 from .conf import settings
@@ -30,6 +31,8 @@ from .taskapi import Task
 
 if TYPE_CHECKING:
     from .models import Job
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -354,9 +357,11 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
     ) -> str | None:
         """``complete()``, returning the new status: ``done``, or ``cancelled`` if the
-        job's cancellation was requested; None if ``worker_id`` lost the lease."""
+        job's cancellation was requested; None if ``worker_id`` lost the lease. What
+        waits on the job is resolved with it (see ``_completed``)."""
+        releasing = bool(getattr(job, "has_dependants", False))
         rows = self._rows(
-            sql.JOB_COMPLETE,
+            sql.JOB_COMPLETE_RELEASING if releasing else sql.JOB_COMPLETE,
             {
                 "id": job.id,
                 "worker_id": worker_id,
@@ -367,7 +372,30 @@ class JobManager(models.Manager["Job"]):
                 "now": now,
             },
         )
-        return rows[0][1] if rows else None
+        if not rows:
+            return None
+        if not releasing and rows[0][2]:
+            self._completed([job.id], now=now)
+        return rows[0][1]
+
+    def _completed(self, ids: list[int], *, now: dt.datetime | None) -> None:
+        """Resolve the dependants of jobs a plain completion just finished, which got
+        them after they were created (a job created with dependants, a workflow's, has
+        them resolved by the completion itself: ``sql.JOB_COMPLETE_RELEASING``). In the
+        completion's transaction if there is one (a transactional task's); else right
+        after its commit, and if that fails the sweeper resolves them (their edges are
+        marked for repair), so the completion stands either way."""
+        try:
+            workflows.resolve_parents(self.db_alias, ids, now=now)
+        except DatabaseError:
+            if connections[self.db_alias].in_atomic_block:
+                raise
+            logger.warning(
+                "jobs %s: their dependants could not be released now; the sweeper will",
+                ids,
+                exc_info=True,
+                extra={"action": "release"},
+            )
 
     def complete_many(
         self,
@@ -401,8 +429,11 @@ class JobManager(models.Manager["Job"]):
         # Ascending ids: the lock order of the heartbeat's JOB_EXTEND_LEASES.
         order = sorted(range(len(completions)), key=lambda i: completions[i][0].id)
         jobs = [completions[i][0] for i in order]
+        # A workflow's parents' dependants are released by the completion itself; other
+        # batches take the lean statement (see _completed).
+        releasing = any(getattr(job, "has_dependants", False) for job in jobs)
         rows = self._rows(
-            sql.JOB_COMPLETE_MANY,
+            sql.JOB_COMPLETE_MANY_RELEASING if releasing else sql.JOB_COMPLETE_MANY,
             {
                 "worker_id": worker_id,
                 "ids": [job.id for job in jobs],
@@ -418,8 +449,12 @@ class JobManager(models.Manager["Job"]):
             prepare=True,
         )
         statuses: list[str | None] = [None] * len(completions)
-        for ord_, status in rows:
-            statuses[order[ord_ - 1]] = status
+        for row in rows:
+            statuses[order[row[0] - 1]] = row[1]
+        if not releasing:
+            found = [jobs[row[0] - 1].id for row in rows if row[2]]
+            if found:
+                self._completed(found, now=now)
         return statuses
 
     def fail(

@@ -80,6 +80,11 @@ class Job(models.Model):
     #: The chain or group the job belongs to: the id of the workflow's first job (a job
     #: enqueued with ``depends_on`` joins its first parent's). None: no workflow.
     workflow_id = models.BigIntegerField(null=True, blank=True)
+    #: Created with dependants (a workflow's parent): its completion resolves them in
+    #: the same statement (``sql.JOB_COMPLETE_RELEASING``). A job that gets dependants
+    #: later keeps False: its completion finds them (``sql.JOB_COMPLETE``'s
+    #: ``dependants``) and resolves them right after.
+    has_dependants = models.BooleanField(default=False, db_default=False)
 
     objects = JobManager()
 

@@ -49,6 +49,7 @@ WORKFLOW_COLUMNS = (
     ("parent_results", "text"),
     ("on_parent_failure", "text"),
     ("workflow_id", "int8"),
+    ("has_dependants", "bool"),
 )
 
 # The columns a workflow writes for each of its edges (the rest keep their defaults:
@@ -180,6 +181,27 @@ RELEASE_NOTIFY_PREFIX = "release:"
 #: repair, and the sweeper's JOB_RESOLVE_MISSED goes on from there.
 CASCADE_DEPTH = 100
 
+# Whether any edge at all is unresolved (a workflow in flight): the head of
+# pgqueue_job_dep_unresolved_idx, an ordered LIMIT 1, which no statistics turn into a
+# scan of the table. Evaluated once per statement (an InitPlan).
+_ANY_UNRESOLVED = """(SELECT u.parent_id
+         FROM pgqueue_job_dependency AS u
+         WHERE u.state IS NULL
+         ORDER BY u.parent_id
+         LIMIT 1) IS NOT NULL"""
+
+# In a completion's RETURNING: whether the job j has unresolved edges, so dependants the
+# statement did not resolve (see JOB_COMPLETE). One probe of the partial index per row,
+# none while no edge is unresolved anywhere.
+_HAS_DEPENDANTS = (
+    "CASE WHEN "
+    + _ANY_UNRESOLVED
+    + """
+            THEN EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                         WHERE e.parent_id = j.id AND e.state IS NULL)
+            ELSE false END"""
+)
+
 # What a dependant that a resolution cancels, or one it releases, is (d: the dependant,
 # c: its edges resolved by this statement, counted).
 _CANCELS = "d.status = 'waiting' AND c.failed_parent IS NOT NULL AND d.on_parent_failure IS NULL"
@@ -269,13 +291,9 @@ _RESOLVE = (
     SET state = f.status,
         result = CASE WHEN f.status = 'done' THEN f.result END
     FROM finished AS f
-    WHERE e.parent_id = ANY (ARRAY(
-              SELECT id FROM finished
-              WHERE (SELECT u.parent_id
-                     FROM pgqueue_job_dependency AS u
-                     WHERE u.state IS NULL
-                     ORDER BY u.parent_id
-                     LIMIT 1) IS NOT NULL))
+    WHERE e.parent_id = ANY (ARRAY(SELECT id FROM finished WHERE """
+    + _ANY_UNRESOLVED
+    + """))
       AND e.parent_id = f.id
       AND e.state IS NULL
     RETURNING e.job_id, e.position, e.parent_id, e.state, e.result
@@ -560,42 +578,71 @@ WITH candidate AS (
 
 
 # Mark a job done with its result, only while this worker still owns this attempt (or
-# 'cancelled' if its cancellation was requested), and resolve what waits on it in the
-# same statement (_RESOLVE). Primary-key lookup; the fence makes a late (zombie)
-# completion update zero rows, so it releases nothing twice.
+# 'cancelled' if its cancellation was requested). Primary-key lookup; the fence makes a
+# late (zombie) completion update zero rows. For a job created without dependants
+# (has_dependants false): "dependants" says whether some were enqueued since, which the
+# caller then resolves (JOB_RESOLVE_PARENTS); JOB_COMPLETE_RELEASING is for the others.
 JOB_COMPLETE = (
     """
-WITH RECURSIVE """
+WITH """
     + _CLOCK
-    + """, ended AS (
-    UPDATE pgqueue_job AS j
-    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
-        result = %(result)s::jsonb,
-        finished_at = clock.now,
-        lease_expires_at = NULL,
-        errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                      ELSE j.errors || jsonb_build_array("""
+    + """
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+    result = %(result)s::jsonb,
+    finished_at = clock.now,
+    lease_expires_at = NULL,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array("""
     + _cancelled_entry("'cancellation requested while running; the task returned'")
     + """) END
-    FROM clock, """
+FROM clock, """
     + _OWNED_ONE
     + """
-    WHERE """
+WHERE """
     + _FENCE
     + """
-    RETURNING j.id, j.status, j.result
-), """
-    + _RESOLVE
-    + """
-SELECT id, status FROM ended
+RETURNING j.id, j.status, """
+    + _HAS_DEPENDANTS
+    + """ AS dependants
 """
 )
 
-# Mark many jobs done in one statement (the batched completion), each fenced, and
-# resolve what waits on them (_RESOLVE). The caller sorts by id, JOB_EXTEND_LEASES's
-# lock order; the 1-based position and new status (done or cancelled) of every row
-# changed come back (a missing one is a lost lease).
+# Mark many jobs done in one statement (the batched completion), each fenced. The caller
+# sorts by id, JOB_EXTEND_LEASES's lock order; the 1-based position and new status (done
+# or cancelled) of every row changed come back (a missing one is a lost lease), and as
+# for JOB_COMPLETE whether it has dependants to resolve. For jobs created without any.
 JOB_COMPLETE_MANY = (
+    """
+WITH """
+    + _CLOCK
+    + """
+UPDATE pgqueue_job AS j
+SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+    result = owned.result,
+    finished_at = clock.now,
+    lease_expires_at = NULL,
+    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancellation requested while running; the task returned'")
+    + """) END
+FROM clock,
+     unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
+            %(results)s::jsonb[]) WITH ORDINALITY AS owned(id, attempt, claimed_at, result, ord)
+WHERE """
+    + _FENCE
+    + """
+RETURNING owned.ord, j.status, """
+    + _HAS_DEPENDANTS
+    + """ AS dependants
+"""
+)
+
+# JOB_COMPLETE_MANY for a batch holding a job created with dependants (a workflow's):
+# what waits on them is resolved in the same statement (_RESOLVE), so a dependant is
+# released in its last parent's completion's transaction, and a zombie, which changes no
+# row, releases nothing twice. Only these batches pay for the fragment's bigger plan.
+JOB_COMPLETE_MANY_RELEASING = (
     """
 WITH RECURSIVE """
     + _CLOCK
@@ -621,6 +668,36 @@ WITH RECURSIVE """
     + _RESOLVE
     + """
 SELECT ord, status FROM ended
+"""
+)
+
+# JOB_COMPLETE for a job created with dependants: resolves them in the same statement
+# (_RESOLVE), as JOB_COMPLETE_MANY_RELEASING does. Primary-key lookup, fenced.
+JOB_COMPLETE_RELEASING = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, ended AS (
+    UPDATE pgqueue_job AS j
+    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+        result = %(result)s::jsonb,
+        finished_at = clock.now,
+        lease_expires_at = NULL,
+        errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                      ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancellation requested while running; the task returned'")
+    + """) END
+    FROM clock, """
+    + _OWNED_ONE
+    + """
+    WHERE """
+    + _FENCE
+    + """
+    RETURNING j.id, j.status, j.result
+), """
+    + _RESOLVE
+    + """
+SELECT id, status FROM ended
 """
 )
 
@@ -988,17 +1065,17 @@ WITH clock AS (
         %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
         %(kwargs)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
         %(run_at)s::timestamptz[], %(parents_left)s::int[], %(parent_results)s::text[],
-        %(on_parent_failure)s::text[]
+        %(on_parent_failure)s::text[], %(has_dependants)s::boolean[]
     ) WITH ORDINALITY AS n(
         backend, queue, task, args, kwargs, priority, max_attempts, run_at, parents_left,
-        parent_results, on_parent_failure, ord
+        parent_results, on_parent_failure, has_dependants, ord
     )
     ORDER BY n.ord
 ), job AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, errors, created_at, parents_left, parent_results, on_parent_failure,
-        workflow_id
+        workflow_id, has_dependants
     )
     SELECT n.id, n.backend, n.queue, n.task, n.args::jsonb, n.kwargs::jsonb, n.priority,
            CASE WHEN n.parents_left IS NOT NULL THEN 'waiting'
@@ -1006,7 +1083,7 @@ WITH clock AS (
                 ELSE 'pending' END,
            0, n.max_attempts, coalesce(n.run_at, clock.now), '[]'::jsonb, clock.now,
            n.parents_left, n.parent_results, n.on_parent_failure,
-           (SELECT min(id) FROM node)
+           (SELECT min(id) FROM node), n.has_dependants
     FROM node AS n, clock
     RETURNING j.status, j.queue
 ), edge AS (
@@ -1474,6 +1551,26 @@ WITH RECURSIVE """
     + _RESOLVE
     + """
 SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM resolved)
+"""
+)
+
+# Resolve the dependants of jobs %(ids)s just finished by a completion that found they
+# had some it did not resolve (JOB_COMPLETE's "dependants": enqueued after the job was
+# created). Their edges are marked for repair, so if this never runs (the worker died
+# in between) the sweeper resolves them. Primary keys, then as _RESOLVE.
+JOB_RESOLVE_PARENTS = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, ended AS (
+    SELECT id, status, result
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('done', 'dead', 'cancelled')
+), """
+    + _RESOLVE
+    + """
+SELECT count(*) FROM resolved
 """
 )
 

@@ -278,6 +278,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
     """A workflow of at most one COPY batch: one statement (``sql.JOB_ENQUEUE_WORKFLOW``),
     atomic by itself, joining the caller's transaction if any."""
     checked = [check(position, node) for position, node in enumerate(nodes)]
+    parents = {parent for node in nodes for parent in node.parents}
     edges = [
         (job + 1, position, parent + 1)
         for job, node in enumerate(nodes)
@@ -295,6 +296,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         "parents_left": [len(node.parents) if node.parents else None for node in nodes],
         "parent_results": [node.parent_results for node in nodes],
         "on_parent_failure": [node.on_parent_failure for node in nodes],
+        "has_dependants": [i in parents for i in range(len(nodes))],
         "edge_job": [e[0] for e in edges],
         "edge_position": [e[1] for e in edges],
         "edge_parent": [e[2] for e in edges],
@@ -305,7 +307,9 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
     ids = [row[0] for row in found]
     now = found[0][1]
     rows = []
-    for node, job_id, (r, _, args, kwargs) in zip(nodes, ids, checked, strict=True):
+    for position, (node, job_id, (r, _, args, kwargs)) in enumerate(
+        zip(nodes, ids, checked, strict=True)
+    ):
         run_at = r.run_at or now
         if node.parents:
             status = Status.WAITING.value
@@ -332,6 +336,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                 node.parent_results,
                 node.on_parent_failure,
                 min(ids),
+                position in parents,
             )
         )
     jobs = Jobs(check.alias, rows)
@@ -359,6 +364,7 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         background = bulk.BackgroundCopy(connection)
         rows: list[tuple[Any, ...]] = []
         woken: set[str] = set()
+        parents = {parent for node in nodes for parent in node.parents}
         try:
             batch: list[tuple[Any, ...]] = []
             for position, (node, job_id) in enumerate(zip(nodes, ids, strict=True)):
@@ -392,6 +398,7 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                         node.parent_results,
                         node.on_parent_failure,
                         workflow_id,
+                        position in parents,
                     )
                 )
                 if len(batch) == size:
@@ -659,6 +666,17 @@ def resolve_late(alias: str, ids: list[int], *, now: dt.datetime | None = None) 
     row = db.row(
         alias,
         sql.JOB_RESOLVE_LATE,
+        {"ids": ids, "now": now, "channel": settings.NOTIFY_CHANNEL},
+    )
+    return int(row[0]) if row else 0
+
+
+def resolve_parents(alias: str, ids: list[int], *, now: dt.datetime | None = None) -> int:
+    """Resolve the dependants of the finished jobs ``ids`` (``sql.JOB_RESOLVE_PARENTS``),
+    which their completion found but did not resolve; return how many edges."""
+    row = db.row(
+        alias,
+        sql.JOB_RESOLVE_PARENTS,
         {"ids": ids, "now": now, "channel": settings.NOTIFY_CHANNEL},
     )
     return int(row[0]) if row else 0

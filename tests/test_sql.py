@@ -94,6 +94,8 @@ WORKFLOW_STATEMENTS = {
     "JOB_CANCEL",
     "JOB_COMPLETE",
     "JOB_COMPLETE_MANY",
+    "JOB_COMPLETE_MANY_RELEASING",
+    "JOB_COMPLETE_RELEASING",
     "JOB_DELETE_DEAD",
     "JOB_DELETE_FINISHED_BEFORE",
     "JOB_ENQUEUE_DEPENDANT",
@@ -104,6 +106,7 @@ WORKFLOW_STATEMENTS = {
     "JOB_RESCUE_EXPIRED",
     "JOB_RESOLVE_LATE",
     "JOB_RESOLVE_MISSED",
+    "JOB_RESOLVE_PARENTS",
     "JOB_RESTORE_DEPENDANTS",
     "JOB_SNOOZE",
 }
@@ -311,7 +314,9 @@ def test_sql__every_claim_leases_its_candidates_alike():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name", ["JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES"])
+@pytest.mark.parametrize(
+    "name", ["JOB_COMPLETE_MANY", "JOB_COMPLETE_MANY_RELEASING", "JOB_EXTEND_LEASES"]
+)
 def test_sql__batched_fenced_writes_look_rows_up_by_primary_key(name):
     with connection.cursor() as cursor:
         insert_jobs(cursor, "done", 20000)

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
 import django_pgqueue
@@ -224,7 +224,7 @@ def test_group__the_last_two_members_completing_at_once_both_reach_the_callback(
     result committed after B's snapshot: B reads it through a row lock. Planted: the
     plain read of the snapshot, which misses it."""
     if planted:
-        for name in ("JOB_COMPLETE_MANY",):
+        for name in ("JOB_COMPLETE_MANY_RELEASING",):
             monkeypatch.setattr(sql, name, getattr(sql, name).replace("FOR SHARE", ""))
     jobs = group(step(add, 1, 0), step(add, 2, 0), then=total).enqueue()
     a, b = claim()
@@ -243,12 +243,14 @@ def test_group__the_last_two_members_completing_at_once_both_reach_the_callback(
             "results": [str(value)],
         }
 
+    assert a.has_dependants and b.has_dependants  # a workflow's: released in-statement
     first = other_connection()  # a transaction left open
-    assert first.execute(sql.JOB_COMPLETE_MANY, batch(a, 10)).fetchall() == [(1, "done")]
+    statement = sql.JOB_COMPLETE_MANY_RELEASING
+    assert first.execute(statement, batch(a, 10)).fetchall() == [(1, "done")]
     second = other_connection(autocommit=True)
     done: list[Any] = []
     thread = threading.Thread(
-        target=lambda: done.append(second.execute(sql.JOB_COMPLETE_MANY, batch(b, 20)).fetchall())
+        target=lambda: done.append(second.execute(statement, batch(b, 20)).fetchall())
     )
     thread.start()
     watcher = other_connection(autocommit=True)
@@ -529,8 +531,10 @@ def test_depends_on__a_job_of_another_jobs_database_is_refused_naming_both():
 
 
 def complete_elsewhere(conn: psycopg.Connection, *jobs: Job) -> list[tuple[Any, ...]]:
-    """The batched completion of ``jobs`` on another connection (its own snapshot)."""
-    return conn.execute(
+    """The batched completion of ``jobs`` on another connection (its own snapshot), as
+    a worker writes it for jobs created without dependants (the plain statement; no
+    follow-up: what it would resolve right after is left to the re-check and sweeper)."""
+    rows = conn.execute(
         sql.JOB_COMPLETE_MANY,
         {
             "worker_id": "w1",
@@ -542,6 +546,7 @@ def complete_elsewhere(conn: psycopg.Connection, *jobs: Job) -> list[tuple[Any, 
             "now": None,
         },
     ).fetchall()
+    return [row[:2] for row in rows]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -800,3 +805,46 @@ def test_claim__waiting_jobs_cost_the_claim_nothing():
     assert entry["Plan"]["Actual Rows"] == 1  # the one pending job
     assert entry["Plan"]["Shared Hit Blocks"] + entry["Plan"]["Shared Read Blocks"] < 50
     assert fresh(parent).status == "running"
+
+
+def test_release__a_workflows_parent_releases_in_its_one_completion_statement(
+    django_assert_num_queries,
+):
+    jobs = chain(step(add, 1, 2), double).enqueue()
+    (first,) = claim()
+    assert first.has_dependants
+    with django_assert_num_queries(1):
+        assert finish([first], lambda j: 3) == [True]
+    assert fresh(jobs[1]).status == "pending"
+
+
+@pytest.mark.parametrize("path", ["batched", "one"])
+def test_release__a_dependant_enqueued_later_is_released_right_after_the_completion(
+    path, django_assert_num_queries
+):
+    parent = Job.objects.enqueue(add, [1, 2])
+    dependant = Job.objects.enqueue(double, depends_on=[parent])  # committed: not racing
+    (claimed,) = claim()
+    assert not claimed.has_dependants  # created without: the plain completion finds it
+    with django_assert_num_queries(2):  # the completion, then the release
+        if path == "batched":
+            assert finish([claimed], lambda j: 3) == [True]
+        else:
+            assert Job.objects.complete(claimed, "w1", result=3)
+    assert fresh(dependant).status == "pending"
+    assert edges(dependant) == [(parent.id, "done", 3)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release__if_the_release_after_a_completion_fails_the_sweeper_does_it(monkeypatch):
+    def broken(*args: Any, **kwargs: Any) -> int:
+        raise DatabaseError("connection lost")
+
+    monkeypatch.setattr(workflows, "resolve_parents", broken)
+    parent = Job.objects.enqueue(add, [1, 2])
+    dependant = Job.objects.enqueue(double, depends_on=[parent])
+    (claimed,) = claim()
+    assert finish([claimed], lambda j: 3) == [True]  # the completion stands
+    assert fresh(dependant).status == "waiting"
+    assert sweeper.sweep().repaired == 1
+    assert fresh(dependant).status == "pending"

@@ -2,8 +2,8 @@
 
 A job that depends on others (``depends_on``, chains, groups) waits in the new status
 ``waiting`` with a count of its unfinished parents (``parents_left``); its edges are
-rows of ``pgqueue_job_dependency``. Every new column is NULL (a catalog-only change,
-no table rewrite); the edges table is new and empty, and its indexes, like the jobs
+rows of ``pgqueue_job_dependency``. Every new column is NULL or has a constant default
+(a catalog-only change, no table rewrite); the edges table is new and empty, and its indexes, like the jobs
 table's new ones, are built CONCURRENTLY in 0014. The status CHECK constraint is
 widened as in 0005: swapped for the new one ``NOT VALID`` (instant, under a brief
 lock), then validated in its own transaction, under a lock that lets workers go on
@@ -64,6 +64,11 @@ class Migration(migrations.Migration):
             model_name="job",
             name="workflow_id",
             field=models.BigIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="has_dependants",
+            field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.AlterField(
             model_name="job",
