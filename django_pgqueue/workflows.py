@@ -3,12 +3,15 @@
 
 A job with parents is stored ``waiting``, with ``parents_left`` (how many of them have
 not finished) and one ``JobDependency`` row (an edge) per parent. It is never claimed:
-the claim reads only ``pending`` rows. The statement that finishes its last parent
-(the fenced completion, batched or transactional, and every other statement that ends a
-job: ``sql._RESOLVE``) releases it in the same transaction: pending (or scheduled, if
-its ``run_at`` is ahead), with its parents' results prepended to its args if it takes
-them. A late (zombie) completion changes no row, so nothing is released twice; a crash
-after the completion's commit loses nothing, since the release was part of it.
+the claim reads only ``pending`` rows. A parent created with its dependants (a chain's
+or a group's, ``has_dependants``) is completed by a statement that releases them in
+place, as is any job ending otherwise (failed, rescued, cancelled: ``sql._RESOLVE``):
+pending (or scheduled, if its ``run_at`` is ahead), its parents' results prepended to
+its args if it takes them. A late (zombie) completion changes no row, so nothing is
+released twice; a crash after the completion's commit loses nothing, since the release
+was part of it. A parent that got a dependant after it was created is completed by the
+plain statement, which says so, and its dependants are resolved right after
+(``Job.objects._completed``; the sweeper if the worker died in between).
 
 A parent that ends ``dead`` or ``cancelled`` cancels what waits on it, and what waits on
 that, unless the dependant was enqueued with ``on_parent_failure="run"``: then it runs
