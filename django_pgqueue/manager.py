@@ -225,6 +225,7 @@ class JobManager(models.Manager["Job"]):
             "idempotency_key": params["idempotency_key"],
             "errors": [],
             "snoozes": 0,
+            "has_dependants": False,
             "created_at": created_at,
             "trace_context": None if trace_context is None else json.loads(trace_context),
         }

@@ -657,6 +657,7 @@ def enqueue_dependant(
             parents_left=parents_left,
             on_parent_failure=on_parent_failure,
             workflow_id=workflow_id,
+            has_dependants=False,
         )
         return _instance(model, alias, values)
     raise RuntimeError("idempotency key kept changing hands; giving up")

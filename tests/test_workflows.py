@@ -848,3 +848,14 @@ def test_release__if_the_release_after_a_completion_fails_the_sweeper_does_it(mo
     assert fresh(dependant).status == "waiting"
     assert sweeper.sweep().repaired == 1
     assert fresh(dependant).status == "pending"
+
+
+def test_admin__the_workflow_section_shows_only_for_a_job_that_has_one(admin_client):
+    plain = Job.objects.enqueue(add, [1, 1])
+    parent = Job.objects.enqueue(add, [2, 2])
+    Job.objects.enqueue(double, depends_on=[parent])  # a dependant it got later
+    page = lambda job: admin_client.get(  # noqa: E731
+        reverse("admin:django_pgqueue_job_change", args=[job.id])
+    ).content.decode()
+    assert ">Workflow</h2>" not in page(plain)
+    assert ">Workflow</h2>" in page(parent)

@@ -25,7 +25,7 @@ from .base import (
     pretty_json,
 )
 from .paginator import EstimatedCountPaginator
-from .workflow import WorkflowDisplay
+from .workflow import WORKFLOW, WorkflowDisplay, in_workflow
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -88,14 +88,19 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
             },
         ),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
-        (
-            "Workflow",
-            {"fields": ("workflow_display", "parents_display", "dependants_display")},
-        ),
+        (WORKFLOW, {"fields": ("workflow_display", "parents_display", "dependants_display")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
         ("Progress", {"fields": ("progress_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
     )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The detail page's sections; the workflow's only for a job that has one (a
+        parent, a dependant, a chain's or group's job)."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or in_workflow(obj):
+            return fieldsets
+        return [section for section in fieldsets if section[0] != WORKFLOW]
 
     # No one adds or edits a job by hand: the task path decides what code runs, and a
     # running job belongs to the worker holding its lease.

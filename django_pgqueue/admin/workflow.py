@@ -20,6 +20,16 @@ from ..states import Status
 
 #: How many parents, or dependants, a job's page lists; the rest are counted.
 SHOWN = 50
+#: The detail page's section these fields are shown in.
+WORKFLOW = "Workflow"
+
+
+def in_workflow(obj: Job) -> bool:
+    """Whether ``obj`` has a workflow to show: parents, a chain or group, or dependants
+    (one index probe for a job that got them after it was created)."""
+    if obj.workflow_id is not None or obj.parents_left is not None or obj.has_dependants:
+        return True
+    return JobDependency.objects.using(obj._state.db).filter(parent_id=obj.id).exists()
 
 
 class WorkflowDisplay:
