@@ -859,3 +859,32 @@ def test_admin__the_workflow_section_shows_only_for_a_job_that_has_one(admin_cli
     ).content.decode()
     assert ">Workflow</h2>" not in page(plain)
     assert ">Workflow</h2>" in page(parent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_monitoring__waiting_jobs_are_counted_by_status_and_metrics(client, settings):
+    """pgqueue_status (table and --json) and the Prometheus gauge count waiting jobs."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from prometheus_client.parser import text_string_to_metric_families
+
+    chain(step(add.using(queue_name="flow"), 1, 2), double.using(queue_name="flow")).enqueue()
+    group(step(add, 1, 1), then=step(total.using(queue_name="flow"))).enqueue()
+    out = StringIO()
+    call_command("pgqueue_status", "--json", stdout=out)
+    assert json.loads(out.getvalue())["queues"]["flow"]["waiting"] == 2
+    out = StringIO()
+    call_command("pgqueue_status", stdout=out)
+    header, *lines = out.getvalue().splitlines()
+    column = header.split().index("waiting")
+    flow = next(line for line in lines if line.startswith("flow"))
+    assert flow.split()[column] == "2"
+    settings.PGQUEUE_METRICS_TOKEN = "t"
+    text = client.get("/metrics/pgqueue", HTTP_AUTHORIZATION="Bearer t").content.decode()
+    gauges = {
+        (s.name, s.labels.get("queue")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert gauges[("pgqueue_jobs_waiting", "flow")] == 2
