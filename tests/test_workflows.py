@@ -888,3 +888,37 @@ def test_monitoring__waiting_jobs_are_counted_by_status_and_metrics(client, sett
         for s in family.samples
     }
     assert gauges[("pgqueue_jobs_waiting", "flow")] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("planted", [False, True], ids=["release-notify", "planted-ignored"])
+def test_worker__a_released_job_behind_the_claim_position_is_claimed_at_once(
+    settings, monkeypatch, planted
+):
+    """Three chains: their first steps are claimed together (the worker's position then
+    lies past the second steps of the first two chains, which keep their older ids).
+    The release's NOTIFY makes the next claim start at the head, so the chains finish
+    well within the rescan interval (60 s here). Planted: the listener takes it for a
+    plain wake-up, and the released steps wait behind the position."""
+    from django_pgqueue.worker import Worker, listener
+
+    settings.PGQUEUE_CLAIM_RESCAN_SECONDS = 60.0
+    if planted:
+        monkeypatch.setattr(listener, "RELEASE_NOTIFY_PREFIX", "ignored:")
+    with transaction.atomic():
+        chains = [chain(step(add, n, 0), double, double).enqueue() for n in range(3)]
+    worker = Worker(concurrency=3, batch_size=3, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        last = [c[-1].id for c in chains]
+        finished = lambda: Job.objects.filter(pk__in=last, status="done").count() == 3  # noqa: E731
+        if planted:
+            with pytest.raises(AssertionError):
+                wait_for(finished, timeout=3)
+        else:
+            wait_for(finished, timeout=15)
+            assert [fresh(c[-1]).result for c in chains] == [0, 4, 8]
+    finally:
+        worker.stop()
+        thread.join(15)
