@@ -107,7 +107,7 @@ def snooze(runner: JobRunner, job: Job, request: Snooze) -> BaseException | None
         "now": None,
     }
     written, found = runner.write_retrying(
-        lambda: db.rows(runner.alias, sql.JOB_SNOOZE, params),
+        lambda: db.rows(runner.alias, sql.JOB_SNOOZE, params, prepare=True),
         jobs=[job],
         outcome="snooze",
     )

@@ -489,6 +489,9 @@ class JobManager(models.Manager["Job"]):
                 "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
+            # Prepared: the statement resolves what waits on a job that ends (its plan
+            # is big); planned once per connection rather than once per failure.
+            prepare=True,
         )
         return rows[0][0] if rows else None
 
