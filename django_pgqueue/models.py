@@ -66,6 +66,25 @@ class Job(models.Model):
     snoozes = models.IntegerField(default=0, db_default=0)
     #: What the running task last said of its progress (``current_job().set_progress``).
     progress = models.JSONField(null=True, blank=True)
+    #: How many of the jobs it depends on have not finished (``JobDependency`` rows of
+    #: it without a ``state``); None for a job without parents. Kept exact by every
+    #: statement that finishes a parent: at 0 a waiting job is released (see workflows.py).
+    parents_left = models.IntegerField(null=True, blank=True)
+    #: How its parents' results reach the task when it is released, prepended to its
+    #: args: ``"value"``, its one parent's result (a chain's step); ``"list"``, the list of
+    #: them in ``depends_on`` order (a group's callback); None, not at all.
+    parent_results = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
+    #: ``"run"``: released once every parent finished, whatever their outcome. None: the
+    #: default, cancelled as soon as a parent ends dead or cancelled.
+    on_parent_failure = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
+    #: The chain or group the job belongs to: the id of the workflow's first job (a job
+    #: enqueued with ``depends_on`` joins its first parent's). None: no workflow.
+    workflow_id = models.BigIntegerField(null=True, blank=True)
+    #: Created with dependants (a workflow's parent): its completion resolves them in
+    #: the same statement (``sql.JOB_COMPLETE_RELEASING``). A job that gets dependants
+    #: later keeps False: its completion finds them (``sql.JOB_COMPLETE``'s
+    #: ``dependants``) and resolves them right after.
+    has_dependants = models.BooleanField(default=False, db_default=False)
 
     objects = JobManager()
 
@@ -124,6 +143,20 @@ class Job(models.Model):
                 fields=["finished_at"],
                 name="pgqueue_job_cancelled_idx",
                 condition=Q(status="cancelled"),
+            ),
+            # Jobs waiting for their parents (status counts, the admin's list): never in
+            # the claim index. Built CONCURRENTLY in its own migration (0014).
+            models.Index(
+                fields=["id"],
+                name="pgqueue_job_waiting_idx",
+                condition=Q(status="waiting"),
+            ),
+            # A workflow's jobs (the admin's progress of a chain or group); only jobs of
+            # one are in it. Built CONCURRENTLY in its own migration (0014).
+            models.Index(
+                fields=["workflow_id", "id"],
+                name="pgqueue_job_workflow_idx",
+                condition=Q(workflow_id__isnull=False),
             ),
         ]
         constraints = [
@@ -188,6 +221,54 @@ class JobKey(models.Model):
 
     def __str__(self) -> str:
         return f"JobKey {self.kind} {self.queue}/{self.key} -> {self.job_id}"
+
+
+class JobDependency(models.Model):
+    """One edge of a workflow: job ``job_id`` waits for job ``parent_id``, its
+    ``position``-th parent (``depends_on`` order, the order of a group's results).
+
+    ``state`` is NULL until the parent finishes, then the parent's final status
+    (``done``, ``dead``, ``cancelled``), with its ``result`` when done: the edge keeps
+    the parent's outcome, so nothing needs the parent's row once its edges are resolved
+    (retention may prune it). Written only by the statements of ``sql.py``; each edge is
+    resolved once (``state IS NULL`` is every resolving UPDATE's guard). ``repair``
+    marks an edge whose parent's finishing statement may not see it (the parent existed
+    before the dependant was enqueued, or a cascade stopped at its depth); the sweeper
+    resolves such an edge once its parent finished (``sql.JOB_RESOLVE_MISSED``). Not
+    foreign keys: a pruned parent leaves its edges, which the dependant's pruning
+    deletes."""
+
+    pk = models.CompositePrimaryKey("job_id", "position")
+    job_id = models.BigIntegerField()
+    position = models.IntegerField()
+    parent_id = models.BigIntegerField()
+    state = models.CharField(max_length=16, null=True, blank=True)  # noqa: DJ001
+    result = models.JSONField(null=True, blank=True)
+    repair = models.BooleanField(default=False, db_default=False)
+
+    class Meta:
+        db_table = "pgqueue_job_dependency"  # sql.py hard-codes this name too
+        indexes = [
+            # A job's dependants, resolved or not (the admin, a requeue's restore).
+            # Built CONCURRENTLY (0014), as the two below.
+            models.Index(fields=["parent_id"], name="pgqueue_job_dep_parent_idx"),
+            # Unresolved edges only: whether there is any at all is the one probe a
+            # completion makes when no workflow is in flight (sql._RESOLVE).
+            models.Index(
+                fields=["parent_id"],
+                name="pgqueue_job_dep_unresolved_idx",
+                condition=Q(state__isnull=True),
+            ),
+            # The sweeper's missed edges: few, and only while their parent runs.
+            models.Index(
+                fields=["parent_id"],
+                name="pgqueue_job_dep_repair_idx",
+                condition=Q(repair=True, state__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"JobDependency {self.job_id} <- {self.parent_id} (#{self.position})"
 
 
 class DeadLetter(Job):

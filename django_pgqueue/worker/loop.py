@@ -292,6 +292,9 @@ class Worker:
                 with bounded(
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 ):
+                    if self._state.released.is_set():
+                        self._state.released.clear()
+                        self._position.rescan()  # released dependants are behind it
                     after = self._position.start()
                     jobs = self._state.jobs.claim(
                         self.worker_id,
