@@ -385,17 +385,17 @@ def accept_json_text(cursor: Any) -> None:
 
 def copy_rows(
     cursor: Any,
-    statement: str,
+    query: str,
     types: Sequence[str],
     rows: Sequence[tuple[Any, ...]],
     started: threading.Event | None = None,
 ) -> int:
     """COPY ``rows`` (one bounded batch, in binary, ``types`` per column) with
-    ``statement``, on a psycopg cursor that :func:`accept_json_text`; return the row
+    ``query`` (a COPY statement of sql.py), on a psycopg cursor that :func:`accept_json_text`; return the row
     count the server reports. ``started`` is set once the COPY holds the connection's
     lock (or has failed to start)."""
     try:
-        with cursor.copy(statement) as copy:
+        with cursor.copy(query) as copy:
             if started is not None:
                 started.set()
             copy.set_types(types)
