@@ -100,6 +100,16 @@ class Settings:
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""
 
+    FRAMEWORK_LOG_LINES: bool | None = None
+    """Whether the worker has Django's own per-job log lines written (``Task id=...
+    state=RUNNING``, then ``SUCCESSFUL`` or ``FAILED``, from the framework's receivers
+    of ``task_started`` and ``task_finished`` on the ``django.tasks`` logger) beside
+    its own line per job, which says the same and more (id, task, outcome, duration,
+    attempt). None: only where they would be written somewhere the worker's own line
+    is not (a handler on ``django.tasks`` or ``django`` that the worker's line does not
+    reach). True: wherever logging sends them. False: never. Other receivers of the
+    two signals get every signal in all three cases."""
+
     CHECK_SESSION_STATE: bool = True
     """After an ordinary task that opened a cursor on the jobs database, check with one
     statement (about 0.1-0.5 ms) that it left no session state behind (a session SET,

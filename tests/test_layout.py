@@ -47,6 +47,7 @@ def test_tests__hold_no_shared_helper() -> None:
         "broken_at_import",
         "broken_dependency",
         "raises_at_import",
+        "settings_root_logging",
         "settings_without_app",
         "settings_without_postgres",
     }
