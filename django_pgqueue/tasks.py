@@ -176,17 +176,59 @@ class CurrentJob:
         return self.cancel.is_set()
 
 
-_current: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar(
+class RunningJob:
+    """What a worker sets as the job being run (``_current``): the job, and what the
+    worker knows of this run of it. Its :class:`CurrentJob` is made the first time
+    something asks for it (``current_job()``): most tasks never do, and making one
+    for every job cost a tenth of a no-op job."""
+
+    __slots__ = ("job", "worker_id", "transactional", "cancel", "alias", "_made")
+
+    def __init__(
+        self, job: Any, worker_id: str, transactional: bool, cancel: CancelFlag, alias: str
+    ) -> None:
+        self.job = job  # a claimed Job (typed Any: the models sit above this module)
+        self.worker_id = worker_id
+        self.transactional = transactional
+        self.cancel = cancel
+        self.alias = alias
+        self._made: CurrentJob | None = None
+
+    def current(self) -> CurrentJob:
+        """This run's :class:`CurrentJob`, made once."""
+        made = self._made
+        if made is None:
+            job = self.job
+            made = self._made = CurrentJob(
+                id=job.id,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                idempotency_key=job.idempotency_key,
+                queue=job.queue,
+                worker_id=self.worker_id,
+                transactional=self.transactional,
+                run_at=job.run_at,
+                cancel=self.cancel,
+                snoozes=job.snoozes,
+                claimed_at=job.last_attempted_at,
+                alias=self.alias,
+            )
+        return made
+
+
+_current: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar(
     "pgqueue_current_job", default=None
 )
 
 
 def current_job() -> CurrentJob | None:
-    """The job being run by this thread (None outside a worker).
+    """The job being run by this thread, or by this coroutine task (None outside a
+    worker).
 
     Ordinary tasks run at least once: key their effects on ``id`` (or on the
     ``idempotency_key`` given at enqueue) so a second run changes nothing."""
-    return _current.get()
+    running = _current.get()
+    return None if running is None else running.current()
 
 
 def task_option(task: Task, name: str) -> Any:

@@ -44,7 +44,7 @@ from ..models import Job
 from ..reconnect import close_connection
 from ..states import Status
 from ..taskapi import Task, TaskResult
-from ..tasks import CurrentJob
+from ..tasks import RunningJob
 from .connections import configure_session
 from .outcomes import Reporter
 from .state import DataRefused, WorkerPart, WorkerState
@@ -66,7 +66,7 @@ class Completion:
     value: Any
     elapsed: float
     task_result: TaskResult | None  # None: no receiver of task_finished wanted one
-    current: CurrentJob | None
+    current: RunningJob | None
     #: ``value``'s JSON text, made when the runner validated it (None: encode here).
     text: str | None = None
     #: The job's task, to build a ``TaskResult`` if a failure's signal needs one.
@@ -201,9 +201,9 @@ class Completer(WorkerPart):
         if statuses is None:
             return  # given up
         self.flushes += 1
+        self.state.stats.count("done", statuses.count(Status.DONE))
         for c, status in zip(batch, statuses, strict=True):
             if status == Status.DONE:
-                self.state.stats.count("done")
                 self.reporter.done(
                     c.job,
                     c.value,

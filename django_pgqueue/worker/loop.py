@@ -44,6 +44,7 @@ from ..models import Job
 from ..reconnect import Retry, close_connection
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
+from .catalog import Catalog
 from .completer import Completer
 from .connections import bounded, recycle_connections
 from .heartbeat import Heartbeat
@@ -128,7 +129,10 @@ class Worker:
             interval=float(settings.COMPLETION_FLUSH_INTERVAL),
             max_batch=max(1, int(settings.COMPLETION_BATCH_SIZE)),
         )
-        self._runner = JobRunner(state, reporter=reporter, completer=self._completer)
+        self._catalog = Catalog()
+        self._runner = JobRunner(
+            state, reporter=reporter, completer=self._completer, catalog=self._catalog
+        )
         self._heartbeat = Heartbeat(state)
         # No listener (and no LISTEN connection) when the worker only polls.
         self._listener = (

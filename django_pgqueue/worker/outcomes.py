@@ -57,7 +57,7 @@ from ..taskapi import (
     TaskResultStatus,
     task_finished,
 )
-from ..tasks import CurrentJob, _current
+from ..tasks import RunningJob, _current
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,8 @@ class Reporter:
         self.sender = sender
         self.worker_id = worker_id
         self._framework_log = logging.getLogger(FRAMEWORK)
-        #: (signal, level) -> (its receivers' keys, answer valid until, answer).
-        self._plans: dict[tuple[int, int], tuple[tuple[object, ...], float, Send]] = {}
+        #: (signal, level) -> (a copy of its receivers, answer valid until, answer).
+        self._plans: dict[tuple[int, int], tuple[list[Any], float, Send]] = {}
 
     def wants(self, signal: Signal, level: int = logging.INFO) -> bool:
         """Whether sending ``signal`` could do anything (else its ``TaskResult`` need
@@ -161,16 +161,13 @@ class Reporter:
         its receivers other than the framework's log receivers get it always; those
         get it if their line is wanted (:meth:`framework_lines`). Cached per signal and
         level for ``RECHECK_SECONDS`` while its receivers stay the same."""
-        try:
-            keys = tuple(entry[0] for entry in signal.receivers)
-        except (TypeError, IndexError):  # another Django's layout: ask every time
-            return self._decide(signal, level)
+        receivers = signal.receivers  # (connect() and disconnect() change this list)
         now = time.monotonic()
         cached = self._plans.get((id(signal), level))
-        if cached is not None and cached[0] == keys and now < cached[1]:
+        if cached is not None and now < cached[1] and cached[0] == receivers:
             return cached[2]
         answer = self._decide(signal, level)
-        self._plans[(id(signal), level)] = (keys, now + RECHECK_SECONDS, answer)
+        self._plans[(id(signal), level)] = (list(receivers), now + RECHECK_SECONDS, answer)
         return answer
 
     def _decide(self, signal: Signal, level: int) -> Send:
@@ -272,7 +269,7 @@ class Reporter:
         task_result: TaskResult | None,
         *,
         transactional: bool,
-        current: CurrentJob | None = None,
+        current: RunningJob | None = None,
     ) -> None:
         """Report a success that was recorded: the "done" line, then ``task_finished``
         (with ``current_job()`` set to ``current`` while the receivers run, as it was
@@ -302,7 +299,7 @@ class Reporter:
         task_result: TaskResult | None,
         elapsed: float,
         *,
-        current: CurrentJob | None = None,
+        current: RunningJob | None = None,
     ) -> None:
         """Report a job whose recorded outcome is ``cancelled`` although its task
         returned (its result is kept): the line, then ``task_finished`` FAILED."""

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from inspect import iscoroutinefunction
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -33,7 +32,7 @@ from ..exceptions import (
     exception_line,
     first_line,
 )
-from ..framework import TaskGone, load_task, to_task_result
+from ..framework import TaskGone, to_task_result
 from ..models import Job
 from ..reconnect import close_connection
 from ..states import Status
@@ -45,13 +44,15 @@ from ..taskapi import (
     task_finished,
     task_started,
 )
-from ..tasks import CancelFlag, CurrentJob, _current, task_option
+from ..tasks import CancelFlag, RunningJob, _current
+from .catalog import Catalog, Known
 from .completer import Completer, Completion
 from .connections import (
     configure_session,
     discard_connection,
     recycle_connections,
     session_leftovers,
+    thread_connections,
     watch_session,
 )
 from .outcomes import Reporter
@@ -100,19 +101,19 @@ class JobRunner(WorkerPart):
     completions are recorded here. Outcomes are counted in ``stats`` and reported
     through ``reporter``."""
 
-    def __init__(self, state: WorkerState, *, reporter: Reporter, completer: Completer) -> None:
+    def __init__(
+        self,
+        state: WorkerState,
+        *,
+        reporter: Reporter,
+        completer: Completer,
+        catalog: Catalog | None = None,
+    ) -> None:
         super().__init__(state)
         self.reporter = reporter
         self.completer = completer
         #: Tasks already imported, by path (a worker runs few distinct tasks, many times).
-        self._tasks: dict[str, Task] = {}
-
-    def _load(self, path: str) -> Task:
-        """The task at ``path`` (see ``framework.load_task``), imported once per worker."""
-        task = self._tasks.get(path)
-        if task is None:
-            task = self._tasks[path] = load_task(path)
-        return task
+        self.catalog = Catalog() if catalog is None else catalog
 
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
@@ -146,18 +147,17 @@ class JobRunner(WorkerPart):
         """Run one held job on this thread's connection and record its outcome. Return
         True if the job went to the completer, which removes it from ``held`` once its
         completion is written; otherwise the caller removes it afterwards."""
-        recycle_connections()
+        recycle_connections(thread_connections())
         try:
-            task: Task | None = self._load(job.task)
+            known: Known | None = self.catalog.get(job.task)
             error: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - recorded below, once started
-            task, error = None, exc
-        timeout = task_option(task, "timeout") if task is not None else None
+            known, error = None, exc
         with self.state.lock:
             held = self.state.entry(job)
             if held is not None and not held.lost:
                 held.started = time.monotonic()
-                held.timeout = float(timeout) if isinstance(timeout, int | float) else None
+                held.timeout = None if known is None else known.timeout
         if held is None or held.lost:
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused), or that was claimed again: another run owns it;
@@ -189,7 +189,7 @@ class JobRunner(WorkerPart):
             # Never retried: the code is gone or the path is not a Task.
             self._record_failure(job, TaskNotFound(str(error)), retry=False)
             return False
-        if task is None:
+        if known is None:
             # The task's module raised on import (a dependency missing after a bad
             # deploy, say): recorded like a task error and retried with backoff (it may
             # be a deploy in progress), and logged with its traceback.
@@ -204,48 +204,38 @@ class JobRunner(WorkerPart):
             )
             self._record_failure(job, error)
             return False
-        transactional = bool(task_option(task, "transactional"))
+        transactional = known.transactional
         token = _current.set(
-            CurrentJob(
-                id=job.id,
-                attempt=job.attempts,
-                max_attempts=job.max_attempts,
-                idempotency_key=job.idempotency_key,
-                queue=job.queue,
-                worker_id=self.worker_id,
-                transactional=transactional,
-                run_at=job.run_at,
-                cancel=held.cancel,
-                snoozes=job.snoozes,
-                claimed_at=job.last_attempted_at,
-                alias=self.alias,
-            )
+            RunningJob(job, self.worker_id, transactional, held.cancel, self.alias)
         )
         try:
             with tracing.job_span(job):
-                return self._run(job, task, transactional=transactional, cancel=held.cancel)
+                return self._run(job, known, cancel=held.cancel)
         finally:
             _current.reset(token)
 
     def _call(
-        self, job: Job, task: Task, task_result: TaskResult | None, cancel: CancelFlag
+        self, job: Job, known: Known, task_result: TaskResult | None, cancel: CancelFlag
     ) -> tuple[object, str]:
         """Call the task; return its JSON-safe value and that value's JSON text (a bad
         value raises ``InvalidResult`` here, which fails the job for good; the text is
         what the batched completion stores, so it is not encoded twice). A coroutine
-        task is cancelled (``asyncio.CancelledError`` inside it) once ``cancel`` is set.
+        task run here (a transactional one, or one of a worker without an event loop)
+        is cancelled (``asyncio.CancelledError`` inside it) once ``cancel`` is set.
         ``task_result`` is built whenever the task takes a context."""
+        task = known.task
         args: list[Any] = list(job.args)
         if task.takes_context:
             assert task_result is not None
             args.insert(0, TaskContext(task_result=task_result))
-        if iscoroutinefunction(task.func):
+        if known.coroutine:
             value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.call(*args, **job.kwargs)
+            value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
         return validation.returned(value)  # a bad value fails the job here
 
-    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: CancelFlag) -> bool:
+    def _run(self, job: Job, known: Known, *, cancel: CancelFlag) -> bool:
+        task, transactional = known.task, known.transactional
         log_extra = {"job_id": job.id, "worker_id": self.worker_id}
         # Django's TaskResult only when something reads it: the task's context, or a
         # receiver of task_started or of a successful task_finished that would do
@@ -277,7 +267,7 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value, _ = self._call(job, task, task_result, cancel)
+                    value, _ = self._call(job, known, task_result, cancel)
                     # A leak on another database fails the job before its commit.
                     self._fail_on_leftovers(skip=self.alias)
                     if cancel.is_set():
@@ -303,7 +293,7 @@ class JobRunner(WorkerPart):
                 # SET, an advisory lock) must still not reach the next job.
                 self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
-                value, text = self._call(job, task, task_result, cancel)
+                value, text = self._call(job, known, task_result, cancel)
                 # Before anything is recorded: the completion must not join a leaked
                 # transaction, and later jobs must get a clean session.
                 self._fail_on_leftovers()

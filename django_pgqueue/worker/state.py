@@ -172,8 +172,10 @@ class WorkerState:
         self.slot_freed()
 
     def slot_freed(self) -> None:
-        """A held job no longer takes a slot: wake the claim loop if it wants to know."""
-        if self.slots_wanted.is_set():
+        """A held job no longer takes a slot: wake the claim loop if it wants to know.
+        (Not set again while set: the claim loop clears it before it counts the free
+        slots, so a slot freed before the clear is counted, and one after it sets it.)"""
+        if self.slots_wanted.is_set() and not self.wakeup.is_set():
             self.wakeup.set()
 
 
