@@ -90,6 +90,19 @@ class Settings:
     """How long a ``--burst`` worker retries through database errors (an unreachable
     server) before it gives up and exits with code 3, naming the database."""
 
+    ASYNC_CONCURRENCY: int = 100
+    """Coroutine jobs (of ``async def`` tasks, not transactional) a worker process runs
+    side by side on its event loop, besides its ``--concurrency`` thread slots;
+    ``--async-concurrency`` overrides it. A coroutine waiting on I/O holds no thread and
+    no database connection, only a few kilobytes, so a hundred cost little; 0 runs
+    coroutine tasks on the thread slots instead, one at a time per slot."""
+
+    ASYNC_THREADS: int = 4
+    """Threads (each with its own database connection, opened when first used) on which
+    a worker's coroutine jobs make their blocking calls: their Django ORM calls
+    (``sync_to_async``) and the worker's own writes for them. Each job keeps one of
+    them; many jobs share each. The bound on the connections coroutine jobs use."""
+
     COMPLETION_FLUSH_INTERVAL: float = 0.01
     """Longest wait, in seconds, between a job's success and the batched write that
     records it (jobs stay leased meanwhile), while other jobs of the worker are running

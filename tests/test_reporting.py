@@ -286,6 +286,20 @@ def test_worker__django_lines_still_logged_when_a_handler_takes_them(job_factory
 # --- CancelFlag ---------------------------------------------------------------------------
 
 
+def test_cancel_flag__calls_back_when_set_or_at_once_if_set_already():
+    calls: list[str] = []
+    flag = CancelFlag()
+    flag.on_set(lambda: calls.append("later"))
+    assert calls == []
+    threading.Thread(target=flag.set).start()
+    wait_until = time.monotonic() + 10
+    while not calls and time.monotonic() < wait_until:
+        time.sleep(0.01)
+    assert calls == ["later"]
+    flag.on_set(lambda: calls.append("at once"))  # set already: called here
+    assert calls == ["later", "at once"]
+
+
 def test_cancel_flag__is_an_event():
     flag = CancelFlag()
     assert not flag.is_set()

@@ -93,15 +93,17 @@ class Completer(WorkerPart):
         #: Statements written (flushes that reached the database), for tests and stats.
         self.flushes = 0
 
-    def submit(self, completion: Completion, *, last: bool) -> None:
+    def submit(self, completion: Completion, *, last: bool, inline: bool = True) -> None:
         """Queue a successful run for the next flush (its held entry stays). ``last``:
         no other job of this worker runs or waits to run, so nothing more is coming
         soon and the batch is written at once: by the calling (runner) thread itself
-        when nothing else is pending, which saves the hand-over to this thread (a
-        wake-up and a GIL switch) on the path of an idle worker's job."""
+        when nothing else is pending and ``inline`` allows it (not on the event loop,
+        which must not wait for the database), which saves the hand-over to this
+        thread (a wake-up and a GIL switch) on the path of an idle worker's job."""
         with self._cond:
             inline = (
-                last
+                inline
+                and last
                 and not self._pending
                 and not self._stopping
                 and self.interval <= IDLE_FLUSH_MAX_INTERVAL

@@ -207,18 +207,31 @@ def _fetch(raw: Any, query: str, params: dict[str, Any] | None = None) -> dict[s
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """A connection a task opens on a runner thread (to any database): its baseline is
-    read before the task's first statement on it. A failure leaves it without one: it
-    is then discarded after the job, without blaming the task."""
+    """A connection a task opens on a runner thread or a coroutine lane (to any
+    database): its baseline is read before the task's first statement on it (on a
+    lane, once it is labelled: see :func:`watch_lane`). A failure leaves it without
+    one: it is then discarded after the job, without blaming the task."""
     known = getattr(_runner, "wrappers", None)
     if known is None or connection.connection is None:
         return
     if all(wrapper is not connection for wrapper in known):
         known.append(connection)
     try:
+        label = getattr(_runner, "label", None)
+        if label is not None:
+            configure_session(connection.alias, *label)
         _watch(connection.connection)
-    except psycopg.Error:
-        connection.connection._pgqueue_baseline = None
+    except (psycopg.Error, DatabaseError):
+        if connection.connection is not None:
+            connection.connection._pgqueue_baseline = None
+
+
+def watch_lane(worker_id: str) -> None:
+    """Set up a coroutine lane's thread (see ``coroutines.py``): every connection it
+    opens, the worker's or a task's own, is labelled ``pgqueue async <worker id>`` and
+    gets its clean-session baseline as it opens, for the checks after each job."""
+    _runner.label = ("async", worker_id)
+    thread_connections()
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="django_pgqueue.watch")
