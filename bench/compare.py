@@ -31,7 +31,11 @@ Figures (rates by the database clock where a worker is involved):
   machine), while django-pgqueue's claim connection keeps to its index either way;
 * drain of a ``--backlog`` (300,000) with 2 processes, the same way;
 * pickup: one job at a time on an idle 1-process queue; start = claim - enqueue,
-  finish = recorded completion - enqueue (p50 of ``--latency-samples``);
+  finish = recorded completion - enqueue (p50 of ``--latency-samples``); beside them
+  the floor of this machine at that moment: one thread of plain psycopg that LISTENs,
+  runs django-pgqueue's own claim statement on a claim connection set up as the
+  worker's, and its completion statement on a third (what any worker built on these
+  statements needs: the enqueue's commit, the NOTIFY, two round trips);
 * CPU per job of each drain: the worker processes' and their PostgreSQL backends'
   (user + system time from ``/proc/<pid>/stat`` before and after, the backends being
   every client of the bench database but the bench's own): unlike the rates, this
@@ -52,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -395,6 +400,71 @@ class PgQueueSide(Side):
             os.unlink(path)
 
 
+class Floor:
+    """The pickup floor (see the module docstring): a thread of plain psycopg."""
+
+    name = "floor"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        import psycopg
+        from psycopg import sql as pgsql
+
+        from django_pgqueue import sql
+        from django_pgqueue.conf import settings
+
+        url = self.args.database_url
+        stop = threading.Event()
+        ready = threading.Event()
+
+        def loop() -> None:
+            with (
+                psycopg.connect(url, autocommit=True) as listen,
+                psycopg.connect(url, autocommit=True) as claim,
+                psycopg.connect(url, autocommit=True) as complete,
+            ):
+                listen.execute(
+                    pgsql.SQL(sql.SESSION_LISTEN).format(
+                        channel=pgsql.Identifier(settings.NOTIFY_CHANNEL)
+                    )
+                )
+                claim.execute(sql.SESSION_CONFIGURE_CLAIM)
+                ready.set()
+                params = {"worker_id": "floor", "limit": 1, "lease_seconds": 300.0, "now": None}
+                while not stop.is_set():
+                    for _ in listen.notifies(timeout=0.25):
+                        cur = claim.execute(sql.JOB_CLAIM, params, prepare=True)
+                        names = [column.name for column in cur.description or ()]
+                        for row in cur.fetchall():
+                            job = dict(zip(names, row, strict=True))
+                            complete.execute(
+                                sql.JOB_COMPLETE_MANY,
+                                {
+                                    "worker_id": "floor",
+                                    "ids": [job["id"]],
+                                    "attempts": [job["attempts"]],
+                                    "claimed_at": [job["last_attempted_at"]],
+                                    "results": ["null"],
+                                    "now": None,
+                                },
+                                prepare=True,
+                            ).fetchall()
+                        break
+
+        sql_one("TRUNCATE pgqueue_job")
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        ready.wait(30)
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(10)
+
+
 # --- the run ----------------------------------------------------------------------------
 
 
@@ -485,6 +555,11 @@ def main() -> None:
                 record("bulk", side.name, side.bulk(args.bulk_jobs))
                 if side is enqueuer:
                     record("bulk", "psql", enqueuer.psql_copy(args.bulk_jobs))
+        if wanted("pickup"):
+            with Floor(args).running():
+                start, finish = enqueuer.latency(args.latency_samples)
+                record("start_p50", "floor", median(start))
+                record("finish_p50", "floor", median(finish))
         for side in sides:
             if wanted("drain1") or wanted("pickup"):
                 with side.workers(1):
@@ -575,9 +650,10 @@ def report(
             if not got or side.name not in got:
                 continue
             spread = ", ".join(f"{v:.2f}" for v in got[side.name])
+            floor = f"floor {median(got['floor']):.2f} ms" if "floor" in got else ""
             print(
                 f"| {label} | {median(got[pgq.name]):.2f} ms | "
-                f"{median(got[side.name]):.2f} ms ({spread}) | | | | {target[key]} |"
+                f"{median(got[side.name]):.2f} ms ({spread}) | {floor} | | | {target[key]} |"
             )
     enqueue_rows = [
         ("loop", "enqueue() one by one, autocommit", ">= 1.0x"),
