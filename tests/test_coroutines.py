@@ -188,25 +188,34 @@ def test_coroutines__every_guarantee_on_the_loop(job_factory, manage):
 
 
 @pytest.mark.slow
-def test_coroutines__sigkilled_workers_coroutine_jobs_are_recovered(job_factory, manage):
-    """A worker killed with coroutine jobs in flight: the sweeper takes them back at
-    lease expiry, and another worker finishes them (their second attempt)."""
-    jobs = [job_factory(task=tasks.async_nap, args=[30], max_attempts=3) for _ in range(5)]
-    worker = manage(
-        "pgqueue_worker", "--async-concurrency", "10", "--lease-seconds", "1",
-        "--poll-interval", "0.1",
-    )  # fmt: skip
-    wait_for(lambda: all(fresh(j).status == "running" for j in jobs), timeout=30)
-    worker.signal(signal.SIGKILL)
-    worker.wait(10)
-    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(args=[0.1])  # (shorter now)
+def test_coroutines__cut_short_by_the_grace_period_or_sigkill_are_recovered(job_factory, manage):
+    """Coroutine jobs still running when a worker's grace period ends are cancelled with
+    nothing recorded (the worker exits 0); those of a SIGKILLed worker just stop. Either
+    way the sweeper takes them back at lease expiry, and another worker finishes them
+    (their second attempt)."""
+    flags = ("--concurrency", "1", "--async-concurrency", "5", "--lease-seconds", "1")
+    graced = [job_factory(task=tasks.async_nap, args=[30], max_attempts=3) for _ in range(5)]
+    first = manage("pgqueue_worker", *flags, "--grace-seconds", "0.3", "--worker-id", "w-a")
+    wait_for(lambda: all(fresh(j).status == "running" for j in graced), timeout=30)
+    killed = [job_factory(task=tasks.async_nap, args=[30], max_attempts=3) for _ in range(5)]
+    second = manage("pgqueue_worker", *flags, "--worker-id", "w-b")
+    wait_for(lambda: all(fresh(j).status == "running" for j in killed), timeout=30)
+    assert {fresh(j).lease_owner for j in killed} == {"w-b"}
+    first.signal(signal.SIGTERM)
+    assert first.wait(30) == 0, first.output()
+    assert first.output().count("cancelled, nothing recorded") == 5
+    second.signal(signal.SIGKILL)
+    second.wait(10)
+    everything = [*graced, *killed]
+    assert all((fresh(j).status, fresh(j).errors) == ("running", []) for j in everything)
+    Job.objects.filter(pk__in=[j.pk for j in everything]).update(args=[0.1])  # (shorter now)
     sweeper = manage("pgqueue_sweep", "--loop", "--interval", "0.2")
-    wait_for(lambda: all(fresh(j).status == "pending" for j in jobs), timeout=30)
+    wait_for(lambda: all(fresh(j).status == "pending" for j in everything), timeout=30)
     sweeper.signal(signal.SIGTERM)
     assert sweeper.wait(30) == 0
-    second = manage("pgqueue_worker", "--burst", "--async-concurrency", "10")
-    assert second.wait(60) == 0, second.output()
-    for job in jobs:
+    third = manage("pgqueue_worker", "--burst", "--async-concurrency", "10")
+    assert third.wait(60) == 0, third.output()
+    for job in everything:
         row = fresh(job)
         assert (row.status, row.attempts) == ("done", 2)
         assert row.errors[0]["exception_class_path"].endswith("LeaseExpired")

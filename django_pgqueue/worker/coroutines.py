@@ -356,6 +356,10 @@ class EventLoop(WorkerPart):
                 value, text = await self._call(job, begun)
             except Abandoned:
                 raise
+            except asyncio.CancelledError as exc:
+                if self._abandon:  # shutdown past the grace period: record nothing
+                    raise
+                failure = exc  # the job's own cancellation
             except BaseException as exc:  # noqa: BLE001 - the job's own failure
                 failure = exc
             if running.lane_calls:
