@@ -13,7 +13,8 @@ One ``pgqueue_worker --concurrency 4`` process (``-v 0``) at a time, started idl
 * ``in flight``: ``--in-flight`` jobs of ``nap(30)`` at once on a loop of that size:
   the worker's RSS once all of them are running, against its RSS idle (the target: no
   more than 60 MB above it), and its connections to the database by role;
-* ``mix``: half no-op thread jobs (``add``), half coroutine jobs, interleaved; jobs/s.
+* ``mix``: half no-op thread jobs (``add``), half coroutine jobs, interleaved; jobs/s
+  (``--mix-batch-size``: that worker's ``--batch-size``).
 
 Each figure is the median of ``--rounds`` rounds (a fresh worker each). Database:
 ``pgqueue_bench_async`` on the embedded server, or ``DATABASE_URL`` (whose jobs table is
@@ -190,7 +191,7 @@ def mix(args: argparse.Namespace) -> tuple[float, float]:
             else:
                 yield {"task": ADD, "args": [i, i]}
 
-    with worker(args.async_concurrency) as proc:
+    with worker(args.async_concurrency, args.mix_batch_size) as proc:
         committed = enqueue(rows())
         return drain_rate(args.jobs, committed, proc.pid)
 
@@ -203,6 +204,12 @@ def main() -> None:
         "--async-concurrency", type=int, default=1000, help="(default: %(default)r)"
     )
     parser.add_argument("--in-flight", type=int, default=1000, help="(default: %(default)r)")
+    parser.add_argument(
+        "--mix-batch-size",
+        type=int,
+        default=None,
+        help="--batch-size of the mix's worker (default: the worker's own)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="(default: %(default)r)")
     parser.add_argument(
         "--only", default="", help="comma-separated: coroutines,inflight,mix (default: all)"
@@ -256,9 +263,10 @@ def main() -> None:
         )
     if "mix" in results:
         rates = [rate for rate, _ in results["mix"]]
+        batch = "" if args.mix_batch_size is None else f", --batch-size {args.mix_batch_size}"
         print(
             f"| {args.jobs:,} jobs, half no-op thread jobs, half coroutine jobs of "
-            f"`asyncio.sleep({args.seconds:g})` | {statistics.median(rates):,.0f} jobs/s "
+            f"`asyncio.sleep({args.seconds:g})`{batch} | {statistics.median(rates):,.0f} jobs/s "
             f"({', '.join(f'{r:,.0f}' for r in rates)}) | |"
         )
 

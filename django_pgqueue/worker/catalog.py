@@ -2,7 +2,7 @@
 
 A worker runs few distinct tasks, many times: each is imported once
 (``framework.load_task``) and described once: whether it is a coroutine function (it
-then runs on the worker's event loop, see ``aio.py``), transactional, and its timeout.
+then runs on the worker's event loop, see ``coroutines.py``), transactional, and its timeout.
 Asking ``inspect.iscoroutinefunction`` and the task's options for every job cost about
 as much as a no-op task's own call.
 """
