@@ -91,25 +91,20 @@ def unfinished() -> bool:
 
 
 @contextmanager
-def worker(async_concurrency: int, concurrency: int = 4) -> Iterator[subprocess.Popen[bytes]]:
+def worker(
+    async_concurrency: int, batch_size: int | None = None, concurrency: int = 4
+) -> Iterator[subprocess.Popen[bytes]]:
     """An idle worker process, warmed up (it ran one job of each kind)."""
     from django_pgqueue.models import Job
 
     sql_one("TRUNCATE pgqueue_job")
+    command = [sys.executable, str(MANAGE), "pgqueue_worker", "-v", "0"]
+    command += ["--concurrency", str(concurrency), "--async-concurrency", str(async_concurrency)]
+    command += ["--worker-id", "bench-async"]
+    if batch_size is not None:
+        command += ["--batch-size", str(batch_size)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(MANAGE),
-            "pgqueue_worker",
-            "-v",
-            "0",
-            "--concurrency",
-            str(concurrency),
-            "--async-concurrency",
-            str(async_concurrency),
-            "--worker-id",
-            "bench-async",
-        ],  # fmt: skip
+        command,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -179,7 +174,12 @@ def in_flight(args: argparse.Namespace) -> tuple[float, float, dict[str, int]]:
                 "WHERE application_name LIKE 'pgqueue %% bench-async' GROUP BY 1 ORDER BY 1"
             )
             roles = dict(cursor.fetchall())
-        sql_one("UPDATE pgqueue_job SET status = 'done' WHERE status = 'pending'")
+        # Cancelled (their coroutines at once), so that the worker stops without
+        # waiting for them.
+        from django_pgqueue.models import Job
+
+        Job.objects.cancel(Job.objects.filter(status="running").values_list("id", flat=True))
+        wait_until(lambda: not unfinished(), 120, "the cancellations")
         return idle, busy, roles
 
 
