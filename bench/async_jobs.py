@@ -134,20 +134,29 @@ def enqueue(rows: Iterator[dict[str, Any]]) -> Any:
     return sql_one("SELECT clock_timestamp()")
 
 
-def drain_rate(jobs: int, committed: Any, pid: int) -> tuple[float, float]:
-    """Wait for the drain; (jobs/s by the database clock, the worker's peak RSS)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drain_rate(jobs: int, committed: Any, pid: int, cpu: float) -> tuple[float, float, float]:
+    """Wait for the drain; (jobs/s by the database clock, the worker's peak RSS, its CPU
+    per job in µs since ``cpu``)."""
     wait_until(lambda: not unfinished(), 3600, "the drain")
+    used = (cpu_seconds(pid) - cpu) / jobs * 1e6
     seconds = sql_one(
         "SELECT extract(epoch FROM max(finished_at) - %s::timestamptz) FROM pgqueue_job",
         [committed],
     )
-    return jobs / float(seconds), rss_mb(pid, "VmHWM")
+    return jobs / float(seconds), rss_mb(pid, "VmHWM"), used
 
 
-def coroutines(args: argparse.Namespace) -> tuple[float, float]:
+def coroutines(args: argparse.Namespace) -> tuple[float, float, float]:
     with worker(args.async_concurrency) as proc:
+        cpu = cpu_seconds(proc.pid)
         committed = enqueue({"task": NAP, "args": [args.seconds]} for _ in range(args.jobs))
-        return drain_rate(args.jobs, committed, proc.pid)
+        return drain_rate(args.jobs, committed, proc.pid, cpu)
 
 
 def in_flight(args: argparse.Namespace) -> tuple[float, float, dict[str, int]]:
@@ -183,7 +192,7 @@ def in_flight(args: argparse.Namespace) -> tuple[float, float, dict[str, int]]:
         return idle, busy, roles
 
 
-def mix(args: argparse.Namespace) -> tuple[float, float]:
+def mix(args: argparse.Namespace) -> tuple[float, float, float]:
     def rows() -> Iterator[dict[str, Any]]:
         for i in range(args.jobs):
             if i % 2:
@@ -192,8 +201,9 @@ def mix(args: argparse.Namespace) -> tuple[float, float]:
                 yield {"task": ADD, "args": [i, i]}
 
     with worker(args.async_concurrency, args.mix_batch_size) as proc:
+        cpu = cpu_seconds(proc.pid)
         committed = enqueue(rows())
-        return drain_rate(args.jobs, committed, proc.pid)
+        return drain_rate(args.jobs, committed, proc.pid, cpu)
 
 
 def main() -> None:
@@ -226,14 +236,22 @@ def main() -> None:
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
         if not only or "coroutines" in only:
-            rate, peak = coroutines(args)
-            record("coroutines", (rate, peak), f"{rate:,.0f} jobs/s, peak RSS {peak:.1f} MB")
+            rate, peak, used = coroutines(args)
+            record(
+                "coroutines",
+                (rate, peak, used),
+                f"{rate:,.0f} jobs/s, peak RSS {peak:.1f} MB, {used:.0f} µs CPU a job",
+            )
         if not only or "inflight" in only:
             idle, busy, roles = in_flight(args)
             record("inflight", (idle, busy, roles), f"idle {idle:.1f} MB, busy {busy:.1f} MB")
         if not only or "mix" in only:
-            rate, peak = mix(args)
-            record("mix", (rate, peak), f"{rate:,.0f} jobs/s, peak RSS {peak:.1f} MB")
+            rate, peak, used = mix(args)
+            record(
+                "mix",
+                (rate, peak, used),
+                f"{rate:,.0f} jobs/s, peak RSS {peak:.1f} MB, {used:.0f} µs CPU a job",
+            )
     load = os.getloadavg()
     print(
         f"\nPostgreSQL {sql_one('SHOW server_version')}, {os.cpu_count()} cores, load "
@@ -242,14 +260,16 @@ def main() -> None:
     )
     print(f"| figure | result | target |\n|{'---|' * 3}")
     if "coroutines" in results:
-        rates = [rate for rate, _ in results["coroutines"]]
+        rates = [rate for rate, _, _ in results["coroutines"]]
+        used = statistics.median(u for _, _, u in results["coroutines"])
         bound = args.async_concurrency / args.seconds
         print(
             f"| {args.jobs:,} coroutine jobs of `asyncio.sleep({args.seconds:g})`, "
             f"--async-concurrency {args.async_concurrency} | "
             f"{statistics.median(rates):,.0f} jobs/s "
             f"({', '.join(f'{r:,.0f}' for r in rates)}; bound {bound:,.0f}), peak RSS "
-            f"{statistics.median(p for _, p in results['coroutines']):.1f} MB | |"
+            f"{statistics.median(p for _, p, _ in results['coroutines']):.1f} MB, worker CPU "
+            f"{used:.0f} µs a job | |"
         )
     if "inflight" in results:
         idle = statistics.median(i for i, _, _ in results["inflight"])
@@ -262,12 +282,13 @@ def main() -> None:
             "| within 60 MB of idle |"
         )
     if "mix" in results:
-        rates = [rate for rate, _ in results["mix"]]
+        rates = [rate for rate, _, _ in results["mix"]]
+        used = statistics.median(u for _, _, u in results["mix"])
         batch = "" if args.mix_batch_size is None else f", --batch-size {args.mix_batch_size}"
         print(
             f"| {args.jobs:,} jobs, half no-op thread jobs, half coroutine jobs of "
             f"`asyncio.sleep({args.seconds:g})`{batch} | {statistics.median(rates):,.0f} jobs/s "
-            f"({', '.join(f'{r:,.0f}' for r in rates)}) | |"
+            f"({', '.join(f'{r:,.0f}' for r in rates)}), worker CPU {used:.0f} µs a job | |"
         )
 
 
