@@ -316,6 +316,12 @@ async def async_nap(seconds: float, query: bool = False) -> int:
 
 
 @task()
+async def async_stuck_on_lane(seconds: float) -> None:
+    """A coroutine whose sync call holds its lane thread (a query that hangs, say)."""
+    await sync_to_async(time.sleep)(seconds)
+
+
+@task()
 async def async_block(seconds: float) -> float:
     """A coroutine that blocks the event loop: what a coroutine task must not do."""
     time.sleep(seconds)

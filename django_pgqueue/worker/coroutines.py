@@ -46,15 +46,17 @@ thread) and its outcome is written fenced as any job's. Besides:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import queue
 import sys
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
@@ -86,15 +88,87 @@ class Lane(ThreadSensitiveContext):
     lane run on its :class:`LaneExecutor`."""
 
 
-class LaneExecutor(ThreadPoolExecutor):
+class DaemonExecutor(Executor):
+    """Up to ``workers`` daemon threads, started as work comes. ``ThreadPoolExecutor``'s
+    threads are joined when the interpreter exits, so one stuck in a task's call (a
+    query that hangs, a coroutine job abandoned at the end of the grace period) would
+    keep a stopped worker from ever exiting; these are left behind instead, as a runner
+    thread is."""
+
+    def __init__(
+        self,
+        workers: int,
+        name: str,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+    ) -> None:
+        self._workers = workers
+        self._name = name
+        self._initializer = initializer
+        self._initargs = initargs
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._shut = False
+        #: Calls running now (read without the lock: a snapshot).
+        self.busy = 0
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if len(self._threads) < self._workers:
+                thread = threading.Thread(
+                    target=self._serve, name=f"{self._name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            self._work.put((future, functools.partial(fn, *args, **kwargs)))
+        return future
+
+    def _serve(self) -> None:
+        if self._initializer is not None:
+            self._initializer(*self._initargs)
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            future, call = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            with self._lock:
+                self.busy += 1
+            try:
+                result = call()
+            except BaseException as exc:  # noqa: BLE001 - handed to whoever awaits it
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                with self._lock:
+                    self.busy -= 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._work.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
+
+
+class LaneExecutor(DaemonExecutor):
     """One thread, and its database connections, shared by the coroutine jobs of its
     lane. Each call submitted is counted on the job that submits it (its
     ``RunningJob``), so that the job's end knows whether to check the lane."""
 
     def __init__(self, name: str, worker_id: str) -> None:
-        super().__init__(
-            max_workers=1, thread_name_prefix=name, initializer=watch_lane, initargs=(worker_id,)
-        )
+        super().__init__(1, name, initializer=watch_lane, initargs=(worker_id,))
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         running = _current.get()
@@ -171,6 +245,8 @@ class EventLoop(WorkerPart):
         if self._thread_id is None or self._closed.is_set():
             return 0
         self._ready.wait()
+        if self._closed.is_set():
+            return 0
         if self._drained.wait(timeout):
             return 0
         assert self._loop is not None
@@ -201,24 +277,27 @@ class EventLoop(WorkerPart):
     def run(self) -> None:
         """The loop thread's body."""
         self._thread_id = threading.get_ident()
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        loop.set_default_executor(
-            ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pgqueue-async-pool")
-        )
-        for lane, executor in zip(self._lanes, self._executors, strict=True):
-            SyncToAsync.context_to_thread_executor[lane] = executor
-        self._loop = loop
+        loop: asyncio.AbstractEventLoop | None = None
+        # asyncio's own executor (``to_thread``, ``thread_sensitive=False``), bounded.
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pgqueue-async-pool")
         try:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            loop.set_default_executor(pool)
+            for lane, executor in zip(self._lanes, self._executors, strict=True):
+                SyncToAsync.context_to_thread_executor[lane] = executor
+            self._loop = loop
             loop.run_until_complete(self._main())
-            loop.run_until_complete(loop.shutdown_default_executor())
         finally:
+            pool.shutdown(wait=False, cancel_futures=True)
             self._close_lanes()
-            asyncio.set_event_loop(None)
-            loop.close()
+            if loop is not None:
+                asyncio.set_event_loop(None)
+                loop.close()
+            # Also when it failed before it was ready: nobody waits for it for ever.
             self._closed.set()
             self._drained.set()
-            self._ready.set()  # (if it failed before: nobody waits for it for ever)
+            self._ready.set()
 
     async def _main(self) -> None:
         self._finish = asyncio.Event()
@@ -295,13 +374,16 @@ class EventLoop(WorkerPart):
             self._drained.set()
 
     def _close_lanes(self) -> None:
-        """Close each lane's connections on its own thread, then end the threads."""
+        """Close each lane's connections on its own thread, then end the threads. A
+        lane still in a call (of a job abandoned at the end of the grace period) is
+        left behind with its connection: the process's exit closes it."""
         for executor in self._executors:
-            try:
-                executor.submit(connections.close_all).result(10)
-            except Exception:  # noqa: BLE001, S110 - closing: nothing more to do
-                pass
-            executor.shutdown(wait=True)
+            if not executor.busy:
+                try:
+                    executor.submit(connections.close_all).result(10)
+                except Exception:  # noqa: BLE001, S110 - closing: nothing more to do
+                    pass
+            executor.shutdown(wait=False)
 
     # --- one job ----------------------------------------------------------------------
 
