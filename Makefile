@@ -17,7 +17,7 @@ MATRIX ?=
 DEV := bash scripts/dev.sh
 PY := .venv/bin/python
 # Not benches: the package, the chaos runs' settings, bench.compare's PgQueuer side.
-BENCHES := $(filter-out __init__ chaos_settings pgqueuer_side,$(basename $(notdir $(wildcard bench/*.py))))
+BENCHES := $(filter-out __init__ chaos_settings stock_settings pgqueuer_side,$(basename $(notdir $(wildcard bench/*.py))))
 
 .PHONY: help setup demo test lint docs dist matrix bench stop ci
 

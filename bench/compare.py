@@ -1,7 +1,8 @@
 """Side-by-side benchmark: PgQueuer 1.6.0 and django-pgqueue on one PostgreSQL server.
 
     python -m bench.compare [--jobs 20000] [--rounds 3] [--backlog 300000]
-                            [--concurrency 4] [--batch-size 50] [--database-url URL]
+                            [--configs stock,quiet] [--concurrency 4] [--batch-size 50]
+                            [--database-url URL]
 
 Both queues run on the same server, in one database of the bench's own
 (``pgqueue_bench_compare`` on ``127.0.0.1:5432`` unless ``--database-url``), with the
@@ -10,7 +11,14 @@ and the median of ``--rounds`` printed with the ratio. PgQueuer is a bench-only 
 it is installed into ``bench/.venv-pgqueuer`` (git-ignored) by this script, never into
 the project's environment, and driven from ``bench/pgqueuer_side.py`` with its
 defaults (asyncpg, uvloop, batch size 10). django-pgqueue runs ``manage.py
-pgqueue_worker --concurrency 4 --batch-size 50``.
+pgqueue_worker --concurrency 4 --batch-size 50`` in two configurations, each measured
+in every round beside PgQueuer (the three interleaved, the order turning each round):
+
+* ``stock``: logging as most projects have it (``bench/stock_settings.py``: a console
+  handler on the root logger at INFO, Django's defaults below it), the worker at its
+  default verbosity, its output in a file; the table says how many lines the worker
+  wrote per job;
+* ``quiet``: the test project's settings and ``-v 0`` (warnings only).
 
 Figures (rates by the database clock where a worker is involved):
 
@@ -23,7 +31,15 @@ Figures (rates by the database clock where a worker is involved):
   machine), while django-pgqueue's claim connection keeps to its index either way;
 * drain of a ``--backlog`` (300,000) with 2 processes, the same way;
 * pickup: one job at a time on an idle 1-process queue; start = claim - enqueue,
-  finish = recorded completion - enqueue (p50 of ``--latency-samples``);
+  finish = recorded completion - enqueue (p50 of ``--latency-samples``); beside them
+  the floor of this machine at that moment: one thread of plain psycopg that LISTENs,
+  runs django-pgqueue's own claim statement on a claim connection set up as the
+  worker's, and its completion statement on a third (what any worker built on these
+  statements needs: the enqueue's commit, the NOTIFY, two round trips);
+* CPU per job of each drain: the worker processes' and their PostgreSQL backends'
+  (user + system time from ``/proc/<pid>/stat`` before and after, the backends being
+  every client of the bench database but the bench's own): unlike the rates, this
+  hardly moves with the load other processes put on the machine;
 * ``enqueue()`` one by one in autocommit (``--loop-jobs``), timed by the client;
 * bulk: ``Job.objects.bulk_enqueue`` (binary COPY) against PgQueuer's batch
   ``enqueue`` and against psql's ``\\copy ... (FORMAT BINARY)`` of the very rows
@@ -40,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -116,6 +133,30 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 # --- the two sides ----------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far, in seconds;
+    0 for a process that is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rpartition(")")[2].split()  # from field 3 (state) on
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backend_pids() -> list[int]:
+    """The bench database's client backends but the bench's own connection's: those of
+    the workers (sampled while they idle, before a drain's enqueue connects)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 class Side:
     """One queue under test: how to start its workers and read its figures."""
 
@@ -124,32 +165,40 @@ class Side:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        #: CPU per job (µs) of the last drain: (worker processes, their backends).
+        self.cpu: tuple[float, float] = (float("nan"), float("nan"))
 
     def worker_command(self) -> list[str]:
         raise NotImplementedError
+
+    def worker_output(self, index: int) -> Any:
+        """Where worker ``index`` writes its output (a file object or DEVNULL)."""
+        return subprocess.DEVNULL
 
     @contextmanager
     def workers(self, n: int) -> Iterator[None]:
         """``n`` worker processes, warmed up (each ran a job) before the block runs."""
         self.truncate()
-        procs = [
-            subprocess.Popen(
-                self.worker_command(),
-                env=self.env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+        self.procs = []
+        for i in range(n):
+            output = self.worker_output(i)
+            self.procs.append(
+                subprocess.Popen(
+                    self.worker_command(), env=self.env, stdout=output, stderr=subprocess.STDOUT
+                )
             )
-            for _ in range(n)
-        ]
+            if output is not subprocess.DEVNULL:
+                output.close()  # the child has its own
         try:
             for _ in range(2 * n):  # every process has surely connected and run one
                 self.enqueue_one()
             wait_until(lambda: not self.unfinished(), 60, f"{self.name} workers to start")
             yield
         finally:
-            for proc in procs:
+            for proc in self.procs:
                 proc.send_signal(signal.SIGTERM)
-            for proc in procs:
+            for proc in self.procs:
                 try:
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
@@ -157,42 +206,20 @@ class Side:
 
     def drain(self, jobs: int) -> float:
         """Enqueue ``jobs`` at once to the running workers; jobs/s by the database
-        clock, from the enqueue's commit to the last recorded completion."""
+        clock, from the enqueue's commit to the last recorded completion. CPU per job
+        of the workers and of their backends goes to ``cpu``."""
+        pids = [proc.pid for proc in self.procs]
+        backends = backend_pids()
+        before = (sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, backends)))
         committed = self.bulk_for_drain(jobs)
         wait_until(lambda: not self.unfinished(), 3600, f"{self.name} to drain")
+        after = (sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, backends)))
+        self.cpu = ((after[0] - before[0]) / jobs * 1e6, (after[1] - before[1]) / jobs * 1e6)
         seconds = sql_one(
             "SELECT extract(epoch FROM %s::timestamptz - %s::timestamptz)",
             [self.last_finish(), committed],
         )
         return jobs / float(seconds)
-
-    # Implemented by each side.
-    def truncate(self) -> None:
-        raise NotImplementedError
-
-    def enqueue_one(self) -> None:
-        raise NotImplementedError
-
-    def bulk_for_drain(self, jobs: int) -> Any:
-        raise NotImplementedError
-
-    def unfinished(self) -> bool:
-        """Whether any job is still to be done: an EXISTS that stops at the first row
-        (polled every 20 ms while a drain runs, so it must cost the server next to
-        nothing: a count over the table would be a scan competing with the queue)."""
-        raise NotImplementedError
-
-    def last_finish(self) -> Any:
-        raise NotImplementedError
-
-    def latency(self, samples: int) -> tuple[list[float], list[float]]:
-        raise NotImplementedError
-
-    def loop(self, jobs: int) -> float:
-        raise NotImplementedError
-
-    def bulk(self, jobs: int) -> float:
-        raise NotImplementedError
 
 
 class PgQueuerSide(Side):
@@ -245,14 +272,38 @@ class PgQueuerSide(Side):
 
 
 class PgQueueSide(Side):
-    name = "django-pgqueue"
+    """django-pgqueue in one of ``CONFIGS``."""
+
+    def __init__(self, args: argparse.Namespace, config: str, logs: Path) -> None:
+        super().__init__(args)
+        self.config = config
+        self.name = f"ours, {config}"
+        self.logs = logs
+        if config == "stock":
+            self.env["DJANGO_SETTINGS_MODULE"] = "bench.stock_settings"
 
     def worker_command(self) -> list[str]:
+        verbosity = ["-v", "0"] if self.config == "quiet" else []
         return [
-            sys.executable, str(MANAGE), "pgqueue_worker", "-v", "0",
+            sys.executable, str(MANAGE), "pgqueue_worker", *verbosity,
             "--concurrency", str(self.args.concurrency),
             "--batch-size", str(self.args.batch_size),
         ]  # fmt: skip
+
+    def worker_output(self, index: int) -> Any:
+        if self.config == "quiet":
+            return subprocess.DEVNULL
+        return (self.logs / f"worker-{index}.log").open("ab")
+
+    def lines_written(self) -> int:
+        """Lines in the stock workers' output files so far."""
+        total = 0
+        for path in self.logs.glob("worker-*.log"):
+            with path.open("rb") as f:
+                total += sum(
+                    chunk.count(b"\n") for chunk in iter(lambda f=f: f.read(1 << 20), b"")
+                )
+        return total
 
     def truncate(self) -> None:
         sql_one("TRUNCATE pgqueue_job")
@@ -349,11 +400,80 @@ class PgQueueSide(Side):
             os.unlink(path)
 
 
+class Floor:
+    """The pickup floor (see the module docstring): a thread of plain psycopg."""
+
+    name = "floor"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        import psycopg
+        from psycopg import sql as pgsql
+
+        from django_pgqueue import sql
+        from django_pgqueue.conf import settings
+
+        url = self.args.database_url
+        stop = threading.Event()
+        ready = threading.Event()
+
+        def loop() -> None:
+            with (
+                psycopg.connect(url, autocommit=True) as listen,
+                psycopg.connect(url, autocommit=True) as claim,
+                psycopg.connect(url, autocommit=True) as complete,
+            ):
+                listen.execute(
+                    pgsql.SQL(sql.SESSION_LISTEN).format(
+                        channel=pgsql.Identifier(settings.NOTIFY_CHANNEL)
+                    )
+                )
+                claim.execute(sql.SESSION_CONFIGURE_CLAIM)
+                ready.set()
+                params = {"worker_id": "floor", "limit": 1, "lease_seconds": 300.0, "now": None}
+                while not stop.is_set():
+                    for _ in listen.notifies(timeout=0.25):
+                        cur = claim.execute(sql.JOB_CLAIM, params, prepare=True)
+                        names = [column.name for column in cur.description or ()]
+                        for row in cur.fetchall():
+                            job = dict(zip(names, row, strict=True))
+                            complete.execute(
+                                sql.JOB_COMPLETE_MANY,
+                                {
+                                    "worker_id": "floor",
+                                    "ids": [job["id"]],
+                                    "attempts": [job["attempts"]],
+                                    "claimed_at": [job["last_attempted_at"]],
+                                    "results": ["null"],
+                                    "now": None,
+                                },
+                                prepare=True,
+                            ).fetchall()
+                        break
+
+        sql_one("TRUNCATE pgqueue_job")
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        ready.wait(30)
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(10)
+
+
 # --- the run ----------------------------------------------------------------------------
 
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+#: django-pgqueue's configurations (see the module docstring).
+CONFIGS = ("stock", "quiet")
 
 
 def main() -> None:
@@ -366,6 +486,11 @@ def main() -> None:
         "--backlog", type=int, default=300_000, help="0 skips (default: %(default)r)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="(default: %(default)r)")
+    parser.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="django-pgqueue configurations to measure, comma-separated (default: %(default)r)",
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="(default: %(default)r)")
     parser.add_argument("--batch-size", type=int, default=50, help="(default: %(default)r)")
     parser.add_argument("--latency-samples", type=int, default=40, help="(default: %(default)r)")
@@ -384,6 +509,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
+    configs = [c for c in args.configs.split(",") if c]
+    if not configs or set(configs) - set(CONFIGS):
+        parser.error(f"--configs: choose among {', '.join(CONFIGS)}")
 
     def wanted(figure: str) -> bool:
         return not only or figure in only
@@ -391,7 +519,13 @@ def main() -> None:
     ensure_pgqueuer_venv()
     ensure_database(args.database_url)
     setup_django(args.database_url)
-    pgq, ours = PgQueuerSide(args), PgQueueSide(args)
+    logs = Path(tempfile.mkdtemp(prefix="pgqueue-compare-"))
+    pgq = PgQueuerSide(args)
+    ours = {config: PgQueueSide(args, config, logs / config) for config in configs}
+    for side in ours.values():
+        side.logs.mkdir()
+    # Enqueueing involves no worker: measured once, by the first configuration's side.
+    enqueuer = ours[configs[0]]
     pgq.run("install")
 
     results: dict[str, dict[str, list[float]]] = {}
@@ -400,22 +534,37 @@ def main() -> None:
         results.setdefault(figure, {}).setdefault(side, []).append(value)
         print(f"  {figure:<22} {side:<15} {value:>12,.1f}", flush=True)
 
+    def drain(side: Side, figure: str, jobs: int) -> None:
+        lines = side.lines_written() if isinstance(side, PgQueueSide) else 0
+        record(figure, side.name, side.drain(jobs))
+        record(f"{figure}_cpu_worker", side.name, side.cpu[0])
+        record(f"{figure}_cpu_pg", side.name, side.cpu[1])
+        if isinstance(side, PgQueueSide) and side.config == "stock":
+            record(f"{figure}_lines", side.name, (side.lines_written() - lines) / jobs)
+
+    everyone: list[Side] = [pgq, *ours.values()]
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
-        sides: list[Side] = [pgq, ours] if r % 2 == 0 else [ours, pgq]
+        # Each side goes first in turn.
+        sides = everyone[r % len(everyone) :] + everyone[: r % len(everyone)]
         if wanted("loop"):
-            for side in sides:
+            for side in (pgq, enqueuer) if r % 2 == 0 else (enqueuer, pgq):
                 record("loop", side.name, side.loop(args.loop_jobs))
         if wanted("bulk"):
-            for side in sides:
+            for side in (pgq, enqueuer) if r % 2 == 0 else (enqueuer, pgq):
                 record("bulk", side.name, side.bulk(args.bulk_jobs))
-                if side is ours:
-                    record("bulk", "psql", ours.psql_copy(args.bulk_jobs))
+                if side is enqueuer:
+                    record("bulk", "psql", enqueuer.psql_copy(args.bulk_jobs))
+        if wanted("pickup"):
+            with Floor(args).running():
+                start, finish = enqueuer.latency(args.latency_samples)
+                record("start_p50", "floor", median(start))
+                record("finish_p50", "floor", median(finish))
         for side in sides:
             if wanted("drain1") or wanted("pickup"):
                 with side.workers(1):
                     if wanted("drain1"):
-                        record("drain1", side.name, side.drain(args.jobs))
+                        drain(side, "drain1", args.jobs)
                     if wanted("pickup"):
                         start, finish = side.latency(args.latency_samples)
                         record("start_p50", side.name, median(start))
@@ -424,14 +573,24 @@ def main() -> None:
             if wanted("drain2") or (wanted("backlog") and args.backlog):
                 with side.workers(2):
                     if wanted("drain2"):
-                        record("drain2", side.name, side.drain(args.jobs))
+                        drain(side, "drain2", args.jobs)
                     if wanted("backlog") and args.backlog:
                         side.truncate()
-                        record("backlog", side.name, side.drain(args.backlog))
-    report(args, results)
+                        drain(side, "backlog", args.backlog)
+    report(args, results, pgq, list(ours.values()), enqueuer)
 
 
-def report(args: argparse.Namespace, results: dict[str, dict[str, list[float]]]) -> None:
+def cell(values: list[float] | None, fmt: str) -> str:
+    return "" if not values else format(median(values), fmt)
+
+
+def report(
+    args: argparse.Namespace,
+    results: dict[str, dict[str, list[float]]],
+    pgq: Side,
+    ours: list[PgQueueSide],
+    enqueuer: PgQueueSide,
+) -> None:
     load = os.getloadavg()
     print()
     print(
@@ -440,35 +599,81 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, list[float]]])
         f"medians of {args.rounds} interleaved rounds; django-pgqueue --concurrency "
         f"{args.concurrency} --batch-size {args.batch_size}, PgQueuer 1.6.0 defaults"
     )
-    rows = [
-        ("drain1", f"drain, 1 worker process ({args.jobs:,} jobs)", "jobs/s", ">= 2.0x"),
-        ("drain2", f"drain, 2 worker processes ({args.jobs:,} jobs)", "jobs/s", ">= 2.0x"),
-        ("backlog", f"drain {args.backlog:,} backlog, 2 processes", "jobs/s", ">= 2.0x"),
-        ("start_p50", "pickup: start p50", "ms", "<= 1.5 ms"),
-        ("finish_p50", "pickup: finish p50", "ms", "<= 3 ms"),
-        ("loop", "enqueue() one by one, autocommit", "jobs/s", ">= 1.0x"),
-        ("bulk", "bulk enqueue (COPY)", "jobs/s", ">= 0.8x psql"),
+    drains = [
+        ("drain1", f"drain, 1 worker process ({args.jobs:,} jobs)"),
+        ("drain2", f"drain, 2 worker processes ({args.jobs:,} jobs)"),
+        ("backlog", f"drain {args.backlog:,} backlog, 2 processes"),
     ]
-    print(f"| figure | PgQueuer | django-pgqueue | ratio | target |\n|{'---|' * 5}")
-    for key, label, unit, target in rows:
+    targets = {
+        "stock": {"drain": ">= 2.0x", "start_p50": "<= 1.2 ms", "finish_p50": "<= 2.5 ms"},
+        "quiet": {"drain": ">= 3.0x", "start_p50": "", "finish_p50": ""},
+    }
+    for side in ours:
+        target = targets[side.config]
+        print(
+            f"\n{side.config}: "
+            + (
+                "root console handler at INFO (bench/stock_settings.py), default "
+                "verbosity, output to a file"
+                if side.config == "stock"
+                else "-v 0, the test project's logging"
+            )
+        )
+        print(
+            "| figure | PgQueuer | django-pgqueue | ratio | CPU/job worker + PG, "
+            f"PgQueuer | CPU/job worker + PG, ours | target |\n|{'---|' * 7}"
+        )
+        for key, label in drains:
+            got = results.get(key)
+            if not got or side.name not in got:
+                continue
+            theirs = median(got[pgq.name])
+            mine = median(got[side.name])
+            spread = ", ".join(f"{v:,.0f}" for v in got[side.name])
+            cpu = [
+                f"{cell(results[f'{key}_cpu_worker'].get(s.name), '.0f')} + "
+                f"{cell(results[f'{key}_cpu_pg'].get(s.name), '.0f')} µs"
+                for s in (pgq, side)
+            ]
+            label_lines = ""
+            if f"{key}_lines" in results and side.name in results[f"{key}_lines"]:
+                label_lines = f"; {median(results[f'{key}_lines'][side.name]):.2f} lines/job"
+            print(
+                f"| {label}{label_lines} | {theirs:,.0f} | {mine:,.0f} ({spread}) | "
+                f"{mine / theirs:.2f}x | {cpu[0]} | {cpu[1]} | {target['drain']} |"
+            )
+        for key, label in (
+            ("start_p50", "pickup: start p50"),
+            ("finish_p50", "pickup: finish p50"),
+        ):
+            got = results.get(key)
+            if not got or side.name not in got:
+                continue
+            spread = ", ".join(f"{v:.2f}" for v in got[side.name])
+            floor = f"floor {median(got['floor']):.2f} ms" if "floor" in got else ""
+            print(
+                f"| {label} | {median(got[pgq.name]):.2f} ms | "
+                f"{median(got[side.name]):.2f} ms ({spread}) | {floor} | | | {target[key]} |"
+            )
+    enqueue_rows = [
+        ("loop", "enqueue() one by one, autocommit", ">= 1.0x"),
+        ("bulk", "bulk enqueue (COPY)", ">= 0.8x psql"),
+    ]
+    if any(key in results for key, _, _ in enqueue_rows):
+        print("\nenqueue (no worker involved)")
+        print(f"| figure | PgQueuer | django-pgqueue | ratio | target |\n|{'---|' * 5}")
+    for key, label, target_text in enqueue_rows:
         got = results.get(key)
         if not got:
             continue
-        theirs = median(got.get("PgQueuer", [float("nan")]))
-        mine = median(got.get("django-pgqueue", [float("nan")]))
-        spread = ", ".join(f"{v:,.1f}" for v in got.get("django-pgqueue", []))
-        if unit == "ms":
-            ratio = ""
-            cells = f"{theirs:.2f} ms | {mine:.2f} ms ({spread})"
-        else:
-            ratio = f"{mine / theirs:.2f}x"
-            cells = f"{theirs:,.0f} | {mine:,.0f} ({spread})"
+        theirs = median(got[pgq.name])
+        mine = median(got[enqueuer.name])
+        spread = ", ".join(f"{v:,.0f}" for v in got[enqueuer.name])
+        ratio = f"{mine / theirs:.2f}x"
         if key == "bulk" and "psql" in got:
             psql = median(got["psql"])
             ratio += f"; psql \\copy binary {psql:,.0f}: {mine / psql:.2f}x"
-        if key == "backlog" and "drain2" in results:
-            ratio += f"; vs 20k figure {mine / median(results['drain2']['django-pgqueue']):.2f}"
-        print(f"| {label} | {cells} | {ratio} | {target} |")
+        print(f"| {label} | {theirs:,.0f} | {mine:,.0f} ({spread}) | {ratio} | {target_text} |")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ LEASE_SECONDS = Bounds(1, DAY, unit="seconds")
 CONCURRENCY = Bounds(1, 1000, integer=True)
 #: Worker processes under one supervisor (each holds concurrency + 4 connections).
 PROCESSES = Bounds(1, 256, integer=True)
+#: Coroutine jobs on a worker's event loop: each a few kilobytes while it waits.
+ASYNC_CONCURRENCY = Bounds(0, 100_000, integer=True)
 #: Jobs claimed per statement (and held locally, leased, when above the concurrency).
 BATCH_SIZE = Bounds(1, 10_000, integer=True)
 #: Below 10 ms polling is a busy loop; NOTIFY wakes a worker sooner anyway.
@@ -141,6 +143,9 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
     "MAX_SNOOZES": (Bounds(0, 2**31 - 1, integer=True), False, "pgqueue.E029"),
     # Progress is written every few seconds: a row, not a file store.
     "MAX_PROGRESS_BYTES": (Bounds(1, 10_000_000, integer=True), False, "pgqueue.E031"),
+    "ASYNC_CONCURRENCY": (ASYNC_CONCURRENCY, False, "pgqueue.E060"),
+    # Each a thread and a database connection.
+    "ASYNC_THREADS": (Bounds(1, 256, integer=True), False, "pgqueue.E062"),
 }
 
 

@@ -37,6 +37,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id=check_id,
                 )
             )
+    lines = settings.FRAMEWORK_LOG_LINES
+    if lines is not None and not isinstance(lines, bool):
+        messages.append(
+            checks.Error(
+                f"PGQUEUE_FRAMEWORK_LOG_LINES: {lines!r} is not True, False or None.",
+                hint="Use None (Django's per-job lines only where the worker's own line "
+                "is not written), True (always) or False (never).",
+                id="pgqueue.E061",
+            )
+        )
     lease = settings.LEASE_SECONDS
     timeout = settings.JOB_TIMEOUT_SECONDS
     if (

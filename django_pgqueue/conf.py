@@ -90,6 +90,19 @@ class Settings:
     """How long a ``--burst`` worker retries through database errors (an unreachable
     server) before it gives up and exits with code 3, naming the database."""
 
+    ASYNC_CONCURRENCY: int = 100
+    """Coroutine jobs (of ``async def`` tasks, not transactional) a worker process runs
+    side by side on its event loop, besides its ``--concurrency`` thread slots;
+    ``--async-concurrency`` overrides it. A coroutine waiting on I/O holds no thread and
+    no database connection, only a few kilobytes, so a hundred cost little; 0 runs
+    coroutine tasks on the thread slots instead, one at a time per slot."""
+
+    ASYNC_THREADS: int = 4
+    """Threads (each with its own database connection, opened when first used) on which
+    a worker's coroutine jobs make their blocking calls: their Django ORM calls
+    (``sync_to_async``) and the worker's own writes for them. Each job keeps one of
+    them; many jobs share each. The bound on the connections coroutine jobs use."""
+
     COMPLETION_FLUSH_INTERVAL: float = 0.01
     """Longest wait, in seconds, between a job's success and the batched write that
     records it (jobs stay leased meanwhile), while other jobs of the worker are running
@@ -99,6 +112,16 @@ class Settings:
 
     COMPLETION_BATCH_SIZE: int = 100
     """Most successful jobs one completion write records (one statement)."""
+
+    FRAMEWORK_LOG_LINES: bool | None = None
+    """Whether the worker has Django's own per-job log lines written (``Task id=...
+    state=RUNNING``, then ``SUCCESSFUL`` or ``FAILED``, from the framework's receivers
+    of ``task_started`` and ``task_finished`` on the ``django.tasks`` logger) beside
+    its own line per job, which says the same and more (id, task, outcome, duration,
+    attempt). None: only where they would be written somewhere the worker's own line
+    is not (a handler on ``django.tasks`` or ``django`` that the worker's line does not
+    reach). True: wherever logging sends them. False: never. Other receivers of the
+    two signals get every signal in all three cases."""
 
     CHECK_SESSION_STATE: bool = True
     """After an ordinary task that opened a cursor on a connection, check with one round

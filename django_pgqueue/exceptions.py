@@ -69,6 +69,13 @@ class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExp
     its transaction, so its effects roll back; a cooperative task may raise it too."""
 
 
+class JobTimeout(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
+    """A coroutine task ran past its timeout (``@task(timeout=...)``,
+    ``PGQUEUE_JOB_TIMEOUT_SECONDS``) and was cancelled: the attempt fails (and is
+    retried with backoff). A task on a thread slot cannot be stopped: its lease is no
+    longer extended instead, and the sweeper takes the job back."""
+
+
 class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
     """A probe's statements did not finish within its time limit (``deadline.within``):
     the database is overloaded, unreachable in time, or a table they read is locked

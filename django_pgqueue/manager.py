@@ -112,9 +112,14 @@ class JobManager(models.Manager["Job"]):
         return self._db or default_database()
 
     def _rows(
-        self, query: str, params: dict[str, Any], *, prepare: bool = False
+        self,
+        query: str,
+        params: dict[str, Any],
+        *,
+        prepare: bool = False,
+        binary_lists: bool = False,
     ) -> list[tuple[Any, ...]]:
-        return db.rows(self.db_alias, query, params, prepare=prepare)
+        return db.rows(self.db_alias, query, params, prepare=prepare, binary_lists=binary_lists)
 
     # --- enqueue --------------------------------------------------------------------
 
@@ -448,6 +453,7 @@ class JobManager(models.Manager["Job"]):
                 "now": now,
             },
             prepare=True,
+            binary_lists=True,
         )
         statuses: list[str | None] = [None] * len(completions)
         for row in rows:

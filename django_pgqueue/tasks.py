@@ -86,9 +86,11 @@ class CancelFlag:
     """Set once a job's cancellation was requested; what ``threading.Event`` offers
     (``is_set``, ``set``, ``wait``) at a fraction of its cost to create. The worker
     makes one per claimed job and almost never sets it, so the ``Event`` (a lock and a
-    condition) behind ``wait`` is only made when something waits."""
+    condition) behind ``wait`` is only made when something waits. A callback given to
+    :meth:`on_set` is called when it is set (the event loop cancels a coroutine job
+    through it)."""
 
-    __slots__ = ("_set", "_event")
+    __slots__ = ("_set", "_event", "_callback")
 
     #: Guards the lazy creation of ``_event`` (shared: creations are rare).
     _creating = threading.Lock()
@@ -96,6 +98,7 @@ class CancelFlag:
     def __init__(self) -> None:
         self._set = False
         self._event: threading.Event | None = None
+        self._callback: Callable[[], object] | None = None
 
     def is_set(self) -> bool:
         return self._set
@@ -105,6 +108,17 @@ class CancelFlag:
         event = self._event
         if event is not None:
             event.set()
+        callback = self._callback
+        if callback is not None:
+            callback()
+
+    def on_set(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (on the thread that sets the flag) when the flag is set; at
+        once, here, if it is set already. When the two race it may be called twice, so
+        it must not mind that (cancelling a task twice is cancelling it)."""
+        self._callback = callback
+        if self._set:  # set() may have run before the callback was there
+            callback()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until set (True) or until ``timeout`` seconds passed (False)."""
@@ -164,8 +178,8 @@ class CurrentJob:
         )
 
     async def aset_progress(self, value: Any) -> None:
-        """``set_progress`` from a coroutine task: run on the worker's runner thread,
-        whose database connection the job's fence belongs to."""
+        """``set_progress`` from a coroutine task, on the thread its sync calls run on
+        (a coroutine job's lane, or the runner thread of one run there)."""
         await sync_to_async(self.set_progress, thread_sensitive=True)(value)
 
     def parents(self) -> list[lifecycle.ParentOutcome]:
@@ -191,17 +205,61 @@ class CurrentJob:
         return self.cancel.is_set()
 
 
-_current: contextvars.ContextVar[CurrentJob | None] = contextvars.ContextVar(
+class RunningJob:
+    """What a worker sets as the job being run (``_current``): the job, and what the
+    worker knows of this run of it. Its :class:`CurrentJob` is made the first time
+    something asks for it (``current_job()``): most tasks never do, and making one
+    for every job cost a tenth of a no-op job."""
+
+    __slots__ = ("job", "worker_id", "transactional", "cancel", "alias", "lane_calls", "_made")
+
+    def __init__(
+        self, job: Any, worker_id: str, transactional: bool, cancel: CancelFlag, alias: str
+    ) -> None:
+        self.job = job  # a claimed Job (typed Any: the models sit above this module)
+        self.worker_id = worker_id
+        self.transactional = transactional
+        self.cancel = cancel
+        self.alias = alias
+        #: Calls this (coroutine) job made on its lane thread (see ``worker/coroutines.py``).
+        self.lane_calls = 0
+        self._made: CurrentJob | None = None
+
+    def current(self) -> CurrentJob:
+        """This run's :class:`CurrentJob`, made once."""
+        made = self._made
+        if made is None:
+            job = self.job
+            made = self._made = CurrentJob(
+                id=job.id,
+                attempt=job.attempts,
+                max_attempts=job.max_attempts,
+                idempotency_key=job.idempotency_key,
+                queue=job.queue,
+                worker_id=self.worker_id,
+                transactional=self.transactional,
+                run_at=job.run_at,
+                cancel=self.cancel,
+                snoozes=job.snoozes,
+                claimed_at=job.last_attempted_at,
+                alias=self.alias,
+            )
+        return made
+
+
+_current: contextvars.ContextVar[RunningJob | None] = contextvars.ContextVar(
     "pgqueue_current_job", default=None
 )
 
 
 def current_job() -> CurrentJob | None:
-    """The job being run by this thread (None outside a worker).
+    """The job being run by this thread, or by this coroutine task (None outside a
+    worker).
 
     Ordinary tasks run at least once: key their effects on ``id`` (or on the
     ``idempotency_key`` given at enqueue) so a second run changes nothing."""
-    return _current.get()
+    running = _current.get()
+    return None if running is None else running.current()
 
 
 def task_option(task: Task, name: str) -> Any:

@@ -337,12 +337,24 @@ def _to_json(value: list[Any] | tuple[Any, ...] | dict[str, Any], where: str) ->
 def returned(value: Any) -> tuple[Any, str]:
     """A task's return value as Django's ``TaskResult`` keeps it (``normalize_json``)
     and its JSON text for the result column (see :func:`result_json`). Raises
-    :class:`InvalidResult` saying what is wrong and where in the value."""
+    :class:`InvalidResult` saying what is wrong and where in the value. None, a bool
+    and an int of at most 15 digits (most tasks' values) are what they are."""
+    if value is None:
+        return None, "null"
+    kind = type(value)
+    if kind is bool:
+        return value, "true" if value else "false"
+    if kind is int and -SMALL_INT < value < SMALL_INT:
+        return value, str(value)
     try:
         normal = normalize_json(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise invalid_result(value, exc) from None
     return normal, result_json(normal)
+
+
+#: Ints below this (in size) are their own JSON text, whatever the digit limits.
+SMALL_INT = 10**15
 
 
 def result_json(value: Any, *, max_bytes: int | None = None) -> str:

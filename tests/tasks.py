@@ -9,6 +9,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
+from django.db import connection
+
 from django_pgqueue.exceptions import Retry, Snooze
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
@@ -314,3 +317,87 @@ def parents_seen(values: list[int | None]) -> dict[str, object]:
             None if p.error is None else p.error["exception_class_path"] for p in job.parents()
         ],
     }
+
+
+# --- coroutine jobs on the worker's event loop (test_coroutines.py) ----------------------
+
+
+def _mark(kind: str) -> str:
+    """A ``demo_execution`` row for the running job, stamped with the database's clock,
+    on the thread that runs this (a coroutine job's lane); that thread's name."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO demo_execution (job_id, attempt, kind, worker_id, created_at) "
+            "VALUES (%s, %s, %s, %s, clock_timestamp())",
+            [job.id, job.attempt, kind, threading.current_thread().name],
+        )
+    return threading.current_thread().name
+
+
+@task()
+async def async_nap(seconds: float, query: bool = False) -> int:
+    """A coroutine job that waits (after a query on its lane, with ``query``): many of
+    them share the worker's event loop. Returns the id ``current_job()`` says."""
+    if query:
+        await sync_to_async(_mark)("nap")
+    await asyncio.sleep(seconds)
+    job = current_job()
+    assert job is not None
+    return job.id
+
+
+@task()
+async def async_stuck_on_lane(seconds: float) -> None:
+    """A coroutine whose sync call holds its lane thread (a query that hangs, say)."""
+    await sync_to_async(time.sleep)(seconds)
+
+
+@task()
+async def async_block(seconds: float) -> float:
+    """A coroutine that blocks the event loop: what a coroutine task must not do."""
+    time.sleep(seconds)
+    return seconds
+
+
+@task()
+async def async_until_cancelled(seconds: float = 60.0) -> str:
+    """Mark its start, then wait; mark the cancellation when it comes (database time)."""
+    await sync_to_async(_mark)("start")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        await sync_to_async(_mark)("cancelled")
+        raise
+    return "slept"
+
+
+@task(timeout=0.5, max_attempts=2)
+async def async_overrun(seconds: float = 30.0) -> None:
+    """Runs past its timeout: cancelled there, each attempt."""
+    await asyncio.sleep(seconds)
+
+
+@task(max_attempts=1)
+async def async_leaks() -> None:
+    """Leaves session state on its lane's connection: a leak the worker catches."""
+
+    def leak() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SET search_path = pg_catalog, public")
+
+    await sync_to_async(leak)()
+
+
+@task(transactional=True)
+async def async_transactional() -> dict[str, object]:
+    """A transactional coroutine: its ORM calls run inside the job's transaction."""
+
+    def look() -> dict[str, object]:
+        return {
+            "thread": _mark("tx"),
+            "atomic": connection.in_atomic_block,
+        }
+
+    return await sync_to_async(look)()

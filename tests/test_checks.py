@@ -103,3 +103,13 @@ def test_checks__worker_and_sweeper_refuse_to_start_on_a_bad_setting(manage):
             proc.output()
         )
         assert "HINT: Use a number of seconds from 0 to 86400" in proc.output()
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "None"])
+def test_checks__framework_log_lines_is_true_false_or_none(settings, value):
+    settings.PGQUEUE_FRAMEWORK_LOG_LINES = value
+    (error,) = [m for m in check_settings() if m.id == "pgqueue.E061"]
+    assert error.msg == f"PGQUEUE_FRAMEWORK_LOG_LINES: {value!r} is not True, False or None."
+    for fine in (True, False, None):
+        settings.PGQUEUE_FRAMEWORK_LOG_LINES = fine
+        assert [m for m in check_settings() if m.id == "pgqueue.E061"] == []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from django_pgqueue import sql
+from django_pgqueue import sql, validation
 from django_pgqueue.framework import load_task, to_task_result
 from django_pgqueue.models import Job
 from django_pgqueue.sweeper import sweep
@@ -405,3 +405,14 @@ def test_process__a_result_jsonb_cannot_hold_fails_its_job_alone(
     ]
     runs = Execution.objects.filter(job_id__in=ids).values_list("job_id", flat=True)
     assert sorted(runs) == sorted(ids)  # each ran once
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, False, 0, -7, 10**15 - 1, -(10**15) + 1, 10**15, 2**70, 1.5, "x", [1], {}],
+)
+def test_returned__fast_path_gives_what_the_general_path_gives(value):
+    from django_pgqueue.taskapi import normalize_json
+
+    normal = normalize_json(value)
+    assert validation.returned(value) == (normal, validation.result_json(normal))

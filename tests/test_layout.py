@@ -49,6 +49,7 @@ def test_tests__hold_no_shared_helper() -> None:
         "raises_at_import",
         "plain_tasks",
         "settings_only_the_app",
+        "settings_root_logging",
         "settings_without_app",
         "settings_without_postgres",
     }

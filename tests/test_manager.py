@@ -7,6 +7,7 @@ timestamp the database writes can be compared exactly.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import sys
 import threading
@@ -551,6 +552,27 @@ def test_jobs__extra_returned_columns_become_attributes():
     )
     assert job.extra == "x"
     assert (job.id, job.args, job.errors) == (made.id, [1, 2], [])
+
+
+@pytest.mark.django_db
+def test_jobs__columns_in_another_order_and_json_as_json_loads_reads_it():
+    """The row builder takes columns in any order, and reads each JSON value as
+    ``json.loads`` does (its fast path for PostgreSQL's own jsonb text included)."""
+    values = [[], {}, [1, {"a": [None, True, 1.5, "\u00e9\n"]}], {"k": {}}, "s", 12, None]
+    made = Job.objects.enqueue(tasks.add, values, {"nested": values})
+    (job,) = db.jobs(
+        Job,
+        "default",
+        "SELECT kwargs, 'x' AS extra, * FROM pgqueue_job WHERE id = %(id)s",
+        {"id": made.id},
+    )
+    assert (job.args, job.kwargs, job.errors, job.extra) == (values, {"nested": values}, [], "x")
+    for text in ("[]", "{}", "[1, 2]", '{"a": "b"}', "null", "1e400", '"x"', "[] ", " 1"):
+        assert db.load_json(text) == json.loads(text)
+    for bad in ("", "[1,", "[] x"):
+        with pytest.raises(json.JSONDecodeError):
+            db.load_json(bad)
+    assert db.load_json("[]") is not db.load_json("[]")  # a new list each time
 
 
 @pytest.mark.django_db

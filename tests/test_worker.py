@@ -448,6 +448,9 @@ def test_worker__final_failure_has_one_traceback_and_one_task_finished(
     job_factory, run_worker, settings, finished
 ):
     settings.PGQUEUE_RETRY_BACKOFF_BASE = 0
+    # Django's own line of the failure written too (by default it is folded into the
+    # worker's where both would go to the same handlers, as here).
+    settings.PGQUEUE_FRAMEWORK_LOG_LINES = True
     job = job_factory(task=tasks.always_fails, args=["kaput"], max_attempts=2)
     with Collect() as logs:
         run_worker()

@@ -18,6 +18,7 @@ from django_pgqueue.databases import backend_database, default_database
 from django_pgqueue.exceptions import NotMigrated, UnsupportedServerError, first_line
 from django_pgqueue.schema import check_migrated
 from django_pgqueue.server import check_server_version
+from django_pgqueue.taskapi import FRAMEWORK
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,17 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging(verbosity: int) -> None:
+    """Set django-pgqueue's loggers from ``--verbosity``: 0 warnings only, 1 (the
+    default) info, 2 and 3 debug; with no handler on them or on the root logger, add
+    one that writes to stderr. At 0, the framework's logger (``django.tasks``) is set
+    to warnings too: a worker's per-job lines then include none of Django's either,
+    whatever the project's logging would print."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logger = logging.getLogger("django_pgqueue")
     logger.setLevel(level)
+    if verbosity == 0:
+        framework = logging.getLogger(FRAMEWORK)
+        framework.setLevel(max(framework.getEffectiveLevel(), logging.WARNING))
     if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))

@@ -44,7 +44,7 @@ from ..models import Job
 from ..reconnect import close_connection
 from ..states import Status
 from ..taskapi import Task, TaskResult
-from ..tasks import CurrentJob
+from ..tasks import RunningJob
 from .connections import configure_session
 from .outcomes import Reporter
 from .state import DataRefused, WorkerPart, WorkerState
@@ -66,7 +66,7 @@ class Completion:
     value: Any
     elapsed: float
     task_result: TaskResult | None  # None: no receiver of task_finished wanted one
-    current: CurrentJob | None
+    current: RunningJob | None
     #: ``value``'s JSON text, made when the runner validated it (None: encode here).
     text: str | None = None
     #: The job's task, to build a ``TaskResult`` if a failure's signal needs one.
@@ -93,15 +93,17 @@ class Completer(WorkerPart):
         #: Statements written (flushes that reached the database), for tests and stats.
         self.flushes = 0
 
-    def submit(self, completion: Completion, *, last: bool) -> None:
+    def submit(self, completion: Completion, *, last: bool, inline: bool = True) -> None:
         """Queue a successful run for the next flush (its held entry stays). ``last``:
         no other job of this worker runs or waits to run, so nothing more is coming
         soon and the batch is written at once: by the calling (runner) thread itself
-        when nothing else is pending, which saves the hand-over to this thread (a
-        wake-up and a GIL switch) on the path of an idle worker's job."""
+        when nothing else is pending and ``inline`` allows it (not on the event loop,
+        which must not wait for the database), which saves the hand-over to this
+        thread (a wake-up and a GIL switch) on the path of an idle worker's job."""
         with self._cond:
             inline = (
-                last
+                inline
+                and last
                 and not self._pending
                 and not self._stopping
                 and self.interval <= IDLE_FLUSH_MAX_INTERVAL
@@ -201,9 +203,9 @@ class Completer(WorkerPart):
         if statuses is None:
             return  # given up
         self.flushes += 1
+        self.state.stats.count("done", statuses.count(Status.DONE))
         for c, status in zip(batch, statuses, strict=True):
             if status == Status.DONE:
-                self.state.stats.count("done")
                 self.reporter.done(
                     c.job,
                     c.value,

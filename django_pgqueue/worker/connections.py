@@ -106,13 +106,15 @@ def bounded(alias: str, role: str, worker_id: str, statement_timeout: float) -> 
         yield
 
 
-def recycle_connections() -> None:
-    """Between jobs: drop this thread's connections that broke or outlived CONN_MAX_AGE.
+def recycle_connections(wrappers: list[Any] | None = None) -> None:
+    """Between jobs: drop this thread's connections that broke or outlived CONN_MAX_AGE
+    (``wrappers``: this thread's Django connections, if the caller knows them: see
+    :func:`thread_connections`).
 
     Unlike ``close_old_connections()``, a connection is kept when CONN_MAX_AGE is 0:
     a worker is one long "request", and reconnecting per job would cost more than
     most jobs."""
-    for conn in connections.all(initialized_only=True):
+    for conn in connections.all(initialized_only=True) if wrappers is None else wrappers:
         if conn.connection is None:
             continue
         if conn.errors_occurred:
@@ -163,7 +165,8 @@ def reset_server_session(raw: Any) -> None:
 
 # Cursor classes that count their creations on their connection, by the class they wrap.
 _COUNTING: dict[type, type] = {}
-# A runner thread's connections (_wrappers): those it opens get a baseline as they open.
+# A runner thread's connections (thread_connections): those it opens get a baseline as
+# they open.
 _runner = threading.local()
 
 
@@ -204,18 +207,31 @@ def _fetch(raw: Any, query: str, params: dict[str, Any] | None = None) -> dict[s
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """A connection a task opens on a runner thread (to any database): its baseline is
-    read before the task's first statement on it. A failure leaves it without one: it
-    is then discarded after the job, without blaming the task."""
+    """A connection a task opens on a runner thread or a coroutine lane (to any
+    database): its baseline is read before the task's first statement on it (on a
+    lane, once it is labelled: see :func:`watch_lane`). A failure leaves it without
+    one: it is then discarded after the job, without blaming the task."""
     known = getattr(_runner, "wrappers", None)
     if known is None or connection.connection is None:
         return
     if all(wrapper is not connection for wrapper in known):
         known.append(connection)
     try:
+        label = getattr(_runner, "label", None)
+        if label is not None:
+            configure_session(connection.alias, *label)
         _watch(connection.connection)
-    except psycopg.Error:
-        connection.connection._pgqueue_baseline = None
+    except (psycopg.Error, DatabaseError):
+        if connection.connection is not None:
+            connection.connection._pgqueue_baseline = None
+
+
+def watch_lane(worker_id: str) -> None:
+    """Set up a coroutine lane's thread (see ``coroutines.py``): every connection it
+    opens, the worker's or a task's own, is labelled ``pgqueue async <worker id>`` and
+    gets its clean-session baseline as it opens, for the checks after each job."""
+    _runner.label = ("async", worker_id)
+    thread_connections()
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="django_pgqueue.watch")
@@ -228,7 +244,7 @@ def watch_session(alias: str) -> Any:
     connection of ``alias`` (connected and labelled by the caller), whose failing
     baseline read raises ``DatabaseError``; another database's connection that fails
     it is dropped (the task reconnects if it needs it)."""
-    for wrapper in _wrappers():
+    for wrapper in thread_connections():
         raw = wrapper.connection
         if raw is None or raw.closed:
             continue
@@ -245,10 +261,10 @@ def watch_session(alias: str) -> Any:
     return connections[alias].connection
 
 
-def _wrappers() -> list[Any]:
-    """This runner thread's Django connections: those it had when it first watched,
-    then each one it opens (``connection_created``). Kept per thread, as looking them
-    up in Django's per-context connection handler every job costs more than the checks."""
+def thread_connections() -> list[Any]:
+    """This runner thread's Django connections: those it had when it first asked, then
+    each one it opens (``connection_created``). Kept per thread, as looking them up in
+    Django's per-context connection handler every job costs more than the checks."""
     known = getattr(_runner, "wrappers", None)
     if known is None:
         known = _runner.wrappers = list(connections.all(initialized_only=True))
@@ -260,7 +276,7 @@ def session_leftovers(*, skip: str | None = None) -> dict[str, list[str]]:
     and then by name (empty: nothing); ``skip`` is an alias not to look at (the jobs
     database inside a transactional task's own transaction). See :func:`leftovers`."""
     found: dict[str, list[str]] = {}
-    for wrapper in _wrappers():
+    for wrapper in thread_connections():
         if wrapper.alias != skip:
             left = leftovers(wrapper)
             if left:

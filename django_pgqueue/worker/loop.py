@@ -8,6 +8,11 @@ Threads of one worker process, each on its own database connection:
 * ``concurrency`` runner threads (here) take claimed jobs from a local queue and run
   them with :class:`~django_pgqueue.worker.runner.JobRunner`, which records failures and
   transactional completions fenced on (owner, attempt);
+* an event loop thread (``coroutines.py``) runs the jobs of coroutine tasks, up to
+  ``async_concurrency`` side by side, with its lane threads for their blocking calls
+  and a watchdog thread that reports a blocked loop; the claim loop routes each
+  claimed job to a thread slot or to the loop by its task's kind, and sizes its claims
+  by the free slots of both and the mix of kinds it has been claiming;
 * a completer thread (``completer.py``) records the runners' successful ordinary jobs
   in batches, one fenced statement per batch;
 * a heartbeat thread (``heartbeat.py``) extends the leases of jobs this worker holds
@@ -44,8 +49,10 @@ from ..models import Job
 from ..reconnect import Retry, close_connection
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
+from .catalog import Catalog, Known
 from .completer import Completer
 from .connections import bounded, recycle_connections
+from .coroutines import EventLoop
 from .heartbeat import Heartbeat
 from .listener import Listener
 from .outcomes import Reporter
@@ -54,6 +61,10 @@ from .runner import JobRunner
 from .state import WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
+
+#: How much of the estimated share of coroutine jobs each claimed job keeps: the
+#: estimate moves halfway to a new mix in about 35 jobs.
+SHARE_KEEP = 0.98
 
 
 def describe_database(alias: str) -> str:
@@ -85,10 +96,18 @@ class Worker:
         poll_interval: float | None = None,
         grace_seconds: float | None = None,
         backend: str | None = None,
+        async_concurrency: int | None = None,
     ) -> None:
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
+        #: Coroutine jobs run side by side on the event loop (0: none; coroutine tasks
+        #: then run on the thread slots, one at a time each).
+        self.async_concurrency = int(
+            settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
+        )
         self.batch_size = batch_size or concurrency
+        #: Most jobs one claim takes: the batch size if given, else every slot.
+        self._claim_limit = batch_size or concurrency + self.async_concurrency
         self.lease_seconds = float(lease_seconds or settings.LEASE_SECONDS)
         self.burst = burst
         self.max_jobs = max_jobs
@@ -128,8 +147,23 @@ class Worker:
             interval=float(settings.COMPLETION_FLUSH_INTERVAL),
             max_batch=max(1, int(settings.COMPLETION_BATCH_SIZE)),
         )
-        self._runner = JobRunner(state, reporter=reporter, completer=self._completer)
+        self._catalog = Catalog()
+        self._runner = JobRunner(
+            state, reporter=reporter, completer=self._completer, catalog=self._catalog
+        )
         self._heartbeat = Heartbeat(state)
+        self._coroutines = (
+            EventLoop(
+                state,
+                runner=self._runner,
+                capacity=self.async_concurrency,
+                threads=int(settings.ASYNC_THREADS),
+            )
+            if self.async_concurrency
+            else None
+        )
+        #: The share of coroutine jobs among those claimed lately (None: none claimed).
+        self._share: float | None = None
         # No listener (and no LISTEN connection) when the worker only polls.
         self._listener = (
             None
@@ -150,6 +184,14 @@ class Worker:
         self._runner_threads = [
             self._thread(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)
         ]
+        self._loop_threads = (
+            []
+            if self._coroutines is None
+            else [
+                self._thread(self._coroutines.run, "loop"),
+                self._thread(self._coroutines.watch, "loop-watchdog"),
+            ]
+        )
 
     # --- public ---------------------------------------------------------------------
 
@@ -165,11 +207,12 @@ class Worker:
     def run(self) -> WorkerStats:
         """Work until stopped, ``max_jobs`` is reached, or (``burst``) no work is left."""
         logger.info(
-            "worker %s starting: database=%s queues=%s concurrency=%d lease=%ss",
+            "worker %s starting: database=%s queues=%s concurrency=%d async=%d lease=%ss",
             self.worker_id,
             self.alias,
             ",".join(self.queues) if self.queues else "*",
             self.concurrency,
+            self.async_concurrency,
             self.lease_seconds,
             extra={"action": "start", "worker_id": self.worker_id},
         )
@@ -221,22 +264,35 @@ class Worker:
     # --- main thread: claiming ------------------------------------------------------
 
     def _free_slots(self) -> int:
-        """How many jobs the window of ``max(concurrency, batch_size)`` has room for: a
-        batch size above the concurrency prefetches (claimed jobs wait locally, their
-        leases kept alive by the heartbeat)."""
+        """How many jobs the thread slots' window of ``max(concurrency, batch_size)``
+        has room for: a batch size above the concurrency prefetches (claimed jobs wait
+        locally, their leases kept alive by the heartbeat)."""
+        return self._free()[0]
+
+    def _free(self) -> tuple[int, int]:
+        """Room for jobs (thread slots' window, event loop's slots)."""
         with self._state.lock:
             # Jobs waiting for their batched completion hold no slot (they stay held
             # only so that the heartbeat keeps extending their leases), unless more
             # than a full batch of them waits: then the completer is behind, and
             # claiming slows down until it catches up (back-pressure).
-            completing = sum(1 for h in self._state.held.values() if h.completing)
-            busy = len(self._state.held) - completing
-            busy += max(0, completing - self._completer.max_batch)
-            return max(self.concurrency, self.batch_size) - busy
+            completing = threads = looping = 0
+            for held in self._state.held.values():
+                if held.completing:
+                    completing += 1
+                elif held.on_loop:
+                    looping += 1
+                else:
+                    threads += 1
+        behind = max(0, completing - self._completer.max_batch)
+        return (
+            max(self.concurrency, self.batch_size) - threads - behind,
+            self.async_concurrency - looping - behind,
+        )
 
     def _claim_size(self, free: int) -> int:
-        """How many to claim now out of ``free`` slots (0: wait). Whole batches while
-        claimed jobs still wait locally: a claim costs a round trip and a commit
+        """How many to claim now for ``free`` thread slots (0: wait). Whole batches
+        while claimed jobs still wait locally: a claim costs a round trip and a commit
         whatever its size, so a few freed slots wait for more unless the runners are
         about to run dry."""
         if free <= 0:
@@ -245,15 +301,84 @@ class Worker:
             return 0
         return min(free, self.batch_size)
 
+    def _claim_total(self, thread_free: int, loop_free: int) -> int:
+        """How many to claim now for ``thread_free`` thread slots and ``loop_free``
+        event loop slots. A claim cannot choose the kind of the jobs it takes, so it is
+        sized by the share ``s`` of coroutine jobs among those claimed lately: enough
+        to fill one side's room when the other side can take its expected part, with
+        at most one job over on the thread side (it waits there, leased, as a
+        prefetched job does) and up to the loop's capacity over on the loop side
+        (waiting coroutine jobs hold no thread and no connection). With no coroutine
+        job claimed yet, as a worker without a loop; the loop's room counts once a
+        quarter of it (or of a claim) is free, or the loop is empty."""
+        threads = self._claim_size(thread_free)
+        loop = self._coroutines
+        if loop is None:
+            return threads
+        capacity = self.async_concurrency
+        room = max(0, loop_free)
+        if room < max(1, min(self._claim_limit, capacity) // 4) and loop.in_flight:
+            room = 0
+        share = self._share or 0.0
+        if share <= 0.0:
+            wanted = threads
+        elif share >= 1.0:
+            wanted = room
+        else:
+            fill_threads = min(threads / (1 - share), (room + capacity) / share)
+            fill_loop = min(room / share, (threads + 1) / (1 - share))
+            wanted = int(max(fill_threads, fill_loop))
+        return max(0, min(wanted, self._claim_limit))
+
+    def _route(self, jobs: list[Job]) -> None:
+        """Hold claimed jobs and hand each to its side: a coroutine task's (not
+        transactional) to the event loop, any other to the runner threads (which also
+        record a task that fails to import). Update the share of coroutine jobs."""
+        to_loop: list[tuple[Job, Known]] = []
+        for job in jobs:
+            known = self._loop_task(job)
+            if known is None:
+                self._state.hold(job)
+                self._jobs.put(job)
+            else:
+                self._state.hold(job, on_loop=True)
+                to_loop.append((job, known))
+        if self._coroutines is None or not jobs:
+            return
+        self._coroutines.submit(to_loop)
+        share = len(to_loop) / len(jobs)
+        if self._share is None:
+            self._share = share
+        else:  # decays by half every 35 jobs or so
+            weight = 1 - SHARE_KEEP ** len(jobs)
+            self._share += weight * (share - self._share)
+
+    def _loop_task(self, job: Job) -> Known | None:
+        """``job``'s task if its jobs run on the event loop (imported here, once)."""
+        if self._coroutines is None:
+            return None
+        try:
+            known = self._catalog.get(job.task)
+        except BaseException:  # noqa: BLE001 - a runner thread records it
+            return None
+        return known if known.on_loop else None
+
     def _heartbeat_alive(self) -> bool:
-        """A dead heartbeat thread means nobody extends leases: stop claiming, exit."""
-        if self._heartbeat_thread.is_alive():
+        """A dead heartbeat thread means nobody extends leases, a dead event loop
+        thread that nobody runs coroutine jobs: stop claiming, exit."""
+        dead = None
+        if not self._heartbeat_thread.is_alive():
+            dead = "the heartbeat thread"
+        elif self._loop_threads and not self._loop_threads[0].is_alive():
+            dead = "the event loop thread"
+        if dead is None:
             return True
-        self.fatal = "the heartbeat thread died"
+        self.fatal = f"{dead} died"
         logger.error(
-            "worker %s: the heartbeat thread died; stopping (running jobs' leases will "
-            "expire and the sweeper will recover them)",
+            "worker %s: %s died; stopping (running jobs' leases will expire and the "
+            "sweeper will recover them)",
             self.worker_id,
+            dead,
             extra={"action": "fatal", "worker_id": self.worker_id},
         )
         self.stop()
@@ -277,12 +402,12 @@ class Worker:
             recycle_connections()
             if not self._heartbeat_alive():
                 break
-            free = self._free_slots() + self._ahead
+            thread_free, loop_free = self._free()
+            free = self._claim_total(thread_free + self._ahead, loop_free)
             if self.max_jobs is not None:
                 free = min(free, self.max_jobs - self.stats.claimed)
                 if free <= 0 and not self._state.held:
                     break  # max_jobs reached and all finished
-            free = self._claim_size(free)
             if free <= 0 or not self._heartbeat.healthy():
                 self._wait(self.poll_interval)
                 continue
@@ -353,9 +478,7 @@ class Worker:
                 retry.wait()
                 continue
             retry.succeeded()
-            for job in jobs:
-                self._state.hold(job)
-                self._jobs.put(job)
+            self._route(jobs)
             self.stats.count("claimed", len(jobs))
             if jobs and len(jobs) < free and not always_wake:
                 # Fewer than asked for: the queue is drained for now. Claim again on a
@@ -425,7 +548,12 @@ class Worker:
 
     @property
     def _threads(self) -> list[threading.Thread]:
-        threads = [self._heartbeat_thread, self._completer_thread, *self._runner_threads]
+        threads = [
+            self._heartbeat_thread,
+            self._completer_thread,
+            *self._runner_threads,
+            *self._loop_threads,
+        ]
         if self._listener_thread is not None:
             threads.insert(1, self._listener_thread)
         return threads
@@ -450,6 +578,8 @@ class Worker:
             self._state.forget([unstarted])
         for _ in range(self.concurrency):
             self._jobs.put(None)
+        if self._coroutines is not None:
+            self._coroutines.stop()  # coroutine jobs not started yet are released
         grace = self.grace_seconds
         deadline = None if grace is None else time.monotonic() + grace
         for thread in self._runner_threads:
@@ -464,6 +594,9 @@ class Worker:
                 len(unfinished),
                 extra={"action": "exit", "worker_id": self.worker_id},
             )
+        if self._coroutines is not None:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._coroutines.drain(remaining)  # (logs each job it had to cancel)
         # Write the completions still pending (the heartbeat still runs meanwhile); a
         # runner still busy past the grace period may hand over one more, which then
         # waits for its lease to expire like the job of a worker that died.
@@ -479,6 +612,10 @@ class Worker:
                 self.worker_id,
                 extra={"action": "exit", "worker_id": self.worker_id},
             )
+        if self._coroutines is not None:
+            self._coroutines.close()
+            for thread in self._loop_threads:
+                thread.join(5)
         self._state.done.set()
         # The listener notices _done within a quarter second; wait that long so its
         # connection is closed when run() returns (tests drop the database next).

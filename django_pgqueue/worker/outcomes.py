@@ -6,23 +6,45 @@ them, so neither needs the other. Reporting is on the path of every job, so it d
 nothing it need not: no log record below the logger's level, no ``TaskResult`` and no
 signal that would change nothing.
 
-"Would change nothing" includes Django's own receivers: the framework connects
-``log_task_started`` and ``log_task_finished`` itself, and Django's default logging
-sends the ``django`` loggers' INFO records to a console handler that drops them unless
-``DEBUG`` is on. Building a ``TaskResult`` and a log record per job only to have them
-dropped was about a sixth of a no-op job's cost in the worker, so a signal whose only
-receivers are those two is not sent while the line they would log reaches no handler
-(:func:`would_log`, asked again every ``RECHECK_SECONDS`` and whenever the signal's
-receivers change).
+**One line per job.** The worker logs one line per recorded outcome (``job 42
+app.tasks.send done in 0.004s (attempt 1)``: id, task, outcome, duration, attempt) on
+``django_pgqueue.worker.outcomes``. Django's framework logs two more per job from its
+own receivers of ``task_started`` and ``task_finished`` (``Task id=42 path=... state=
+RUNNING``, then ``SUCCESSFUL`` or ``FAILED``, on ``django.tasks``), which say nothing
+the worker's line does not. With a console handler on the root logger (how most
+projects configure logging) each job wrote all three, and with ``DEBUG`` on Django's
+two twice (Django's own console handler and the root's); written per job, each line
+cost more than the rest of a no-op job (``bench.compare``, stock configuration).
+
+So the worker *folds* Django's per-job lines into its own: it calls the framework's
+two log receivers only when their line would reach a destination that the worker's own
+line does not reach (:func:`destinations`: a handler's stream or file, else the
+handler itself), for example a handler the project put on ``django.tasks`` or on
+``django`` (Django's ``mail_admins`` takes a failure's ERROR line). Every other
+receiver of the two signals (the project's, a library's) gets every signal, whatever
+the logging. ``PGQUEUE_FRAMEWORK_LOG_LINES = True`` writes Django's lines wherever
+logging sends them, beside the worker's; ``False`` never. The answer is kept for
+``RECHECK_SECONDS`` and asked again sooner whenever the signal's receivers change.
+
+Without its lines and without other receivers, a signal is not sent at all, and its
+``TaskResult`` is not built (unless the task takes a context). The worker's own line is
+made without the caller lookup that ``Logger.info`` does (:meth:`Reporter.line`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
+from collections.abc import Callable, Hashable
+from enum import Enum
+from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.dispatch import Signal
 
+from ..conf import settings
 from ..exceptions import exception_line
 from ..framework import to_task_result
 from ..models import Job
@@ -35,37 +57,84 @@ from ..taskapi import (
     TaskResultStatus,
     task_finished,
 )
-from ..tasks import CurrentJob, _current
+from ..tasks import RunningJob, _current
 
 logger = logging.getLogger(__name__)
 
-#: How long an answer of :meth:`Reporter.wants` is kept (seconds) while the signal's
+#: How long an answer of :meth:`Reporter.plan` is kept (seconds) while the signal's
 #: receivers stay the same: a logging configuration changed at run time is seen
 #: within this long.
 RECHECK_SECONDS = 1.0
 
 
-def would_log(log: logging.Logger, level: int) -> bool:
-    """Whether a record of ``level`` on ``log`` would reach a handler that emits it:
-    the logger's level and filters, then each handler's level and filters up the
-    hierarchy (as ``Logger.handle`` and ``callHandlers`` apply them), and Python's
-    last-resort handler when there is no handler at all. A filter that decides by
-    something other than the record (a clock, a counter) is asked once, with a probe."""
+class Send(Enum):
+    """What sending a signal takes (see :meth:`Reporter.plan`)."""
+
+    #: Nothing would change: no ``TaskResult``, no signal.
+    NOTHING = 0
+    #: Every receiver but the framework's log receivers (their line is folded).
+    OTHERS = 1
+    #: Every receiver, as ``Signal.send_robust`` sends it.
+    ALL = 2
+
+
+def _handlers(log: logging.Logger, level: int) -> list[logging.Handler] | None:
+    """The handlers that would emit a record of ``level`` on ``log``: the logger's
+    level and filters, then each handler's level and filters up the hierarchy (as
+    ``Logger.handle`` and ``callHandlers`` apply them), and Python's last-resort
+    handler when there is no handler at all. None: the logger drops the record. A
+    filter that decides by something other than the record (a clock, a counter) is
+    asked once, with a probe."""
     if log.disabled or not log.isEnabledFor(level):
-        return False
+        return None
     record = log.makeRecord(log.name, level, __file__, 0, "probe", (), None)
     if not log.filter(record):
-        return False
+        return None
     found = False
+    emitting: list[logging.Handler] = []
     current: logging.Logger | None = log
     while current is not None:
         for handler in current.handlers:
             found = True
             if level >= handler.level and handler.filter(record):
-                return True
+                emitting.append(handler)
         current = current.parent if current.propagate else None
     last = logging.lastResort
-    return not found and last is not None and level >= last.level
+    if not found and last is not None and level >= last.level:
+        emitting.append(last)
+    return emitting
+
+
+def would_log(log: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` on ``log`` would reach a handler that emits it."""
+    return bool(_handlers(log, level))
+
+
+def destination(handler: logging.Handler) -> Hashable:
+    """Where ``handler`` writes: the file it writes to (by device and inode, so that a
+    ``StreamHandler`` on a redirected ``stderr`` and a ``FileHandler`` on the same file
+    are one place, as are two handlers on one ``stderr``), else its stream, else the
+    handler itself (a mail, socket or queue handler)."""
+    stream = getattr(handler, "stream", None)
+    if stream is None and isinstance(handler, logging.FileHandler):  # opened lazily
+        try:
+            found = os.stat(handler.baseFilename)
+        except OSError:
+            return ("path", handler.baseFilename)
+        return ("file", found.st_dev, found.st_ino)
+    if stream is not None:
+        try:
+            found = os.fstat(stream.fileno())
+        except (AttributeError, OSError, ValueError):  # no file behind it (StringIO)
+            return ("stream", id(stream))
+        return ("file", found.st_dev, found.st_ino)
+    return ("handler", id(handler))
+
+
+def destinations(log: logging.Logger, level: int) -> set[Hashable]:
+    """Where a record of ``level`` on ``log`` would be written (see :func:`destination`);
+    empty if nowhere."""
+    return {destination(handler) for handler in _handlers(log, level) or ()}
 
 
 class Reporter:
@@ -79,45 +148,66 @@ class Reporter:
         self.sender = sender
         self.worker_id = worker_id
         self._framework_log = logging.getLogger(FRAMEWORK)
-        #: (signal, level) -> (its receivers' keys, answer valid until, answer).
-        self._wants: dict[tuple[int, int], tuple[tuple[object, ...], float, bool]] = {}
+        #: (signal, level) -> (a copy of its receivers, answer valid until, answer).
+        self._plans: dict[tuple[int, int], tuple[list[Any], float, Send]] = {}
 
     def wants(self, signal: Signal, level: int = logging.INFO) -> bool:
-        """Whether sending ``signal`` could do anything (else its ``TaskResult`` need not
-        exist): it has a receiver other than the framework's own log receivers, or
-        their line, logged at ``level``, would be emitted. Cached per signal and level
-        for ``RECHECK_SECONDS`` while its receivers stay the same."""
-        try:
-            keys = tuple(entry[0] for entry in signal.receivers)
-        except (TypeError, IndexError):  # another Django's layout: ask every time
-            return self._decide(signal, level)
+        """Whether sending ``signal`` could do anything (else its ``TaskResult`` need
+        not exist): see :meth:`plan`."""
+        return self.plan(signal, level) is not Send.NOTHING
+
+    def plan(self, signal: Signal, level: int = logging.INFO) -> Send:
+        """What sending ``signal`` (whose framework line is logged at ``level``) takes:
+        its receivers other than the framework's log receivers get it always; those
+        get it if their line is wanted (:meth:`framework_lines`). Cached per signal and
+        level for ``RECHECK_SECONDS`` while its receivers stay the same."""
+        receivers = signal.receivers  # (connect() and disconnect() change this list)
         now = time.monotonic()
-        cached = self._wants.get((id(signal), level))
-        if cached is not None and cached[0] == keys and now < cached[1]:
+        cached = self._plans.get((id(signal), level))
+        if cached is not None and now < cached[1] and cached[0] == receivers:
             return cached[2]
         answer = self._decide(signal, level)
-        self._wants[(id(signal), level)] = (keys, now + RECHECK_SECONDS, answer)
+        self._plans[(id(signal), level)] = (list(receivers), now + RECHECK_SECONDS, answer)
         return answer
 
-    def _decide(self, signal: Signal, level: int) -> bool:
+    def _decide(self, signal: Signal, level: int) -> Send:
         try:
             sync, asynchronous = signal._live_receivers(self.sender)
         except (AttributeError, TypeError, ValueError):  # not Django 5.0+: be safe, send
-            return signal.has_listeners(self.sender)
+            return Send.ALL if signal.has_listeners(self.sender) else Send.NOTHING
         receivers = [*sync, *asynchronous]
-        if not receivers:
-            return False
-        if any(receiver not in LOG_RECEIVERS for receiver in receivers):
-            return True
-        return would_log(self._framework_log, level)
+        logs = [receiver for receiver in receivers if receiver in LOG_RECEIVERS]
+        if logs and self.framework_lines(level):
+            return Send.ALL
+        return Send.OTHERS if len(logs) < len(receivers) else Send.NOTHING
 
-    def signal(self, signal: Signal, task_result: TaskResult | None) -> None:
-        """Send a Django task signal; a failing receiver is logged, never fatal to the
-        job (it would otherwise lose the job to a lease expiry with no error kept).
-        ``task_result`` is None only when the signal had no receivers at the start."""
+    def framework_lines(self, level: int) -> bool:
+        """Whether the framework's own log line of a job at ``level`` is to be written
+        (see the module docstring): per ``PGQUEUE_FRAMEWORK_LOG_LINES``, or by default
+        if it would be written somewhere the worker's own line at that level is not."""
+        choice = settings.FRAMEWORK_LOG_LINES
+        if choice is not None:
+            return bool(choice) and would_log(self._framework_log, level)
+        theirs = destinations(self._framework_log, level)
+        return bool(theirs - destinations(logger, level))
+
+    def signal(
+        self, signal: Signal, task_result: TaskResult | None, level: int = logging.INFO
+    ) -> None:
+        """Send a Django task signal as :meth:`plan` says; a failing receiver is logged,
+        never fatal to the job (it would otherwise lose the job to a lease expiry with
+        no error kept). ``task_result`` is None only when the signal had no receivers
+        at the start."""
         if task_result is None:
             return
-        for receiver, response in signal.send_robust(self.sender, task_result=task_result):
+        plan = self.plan(signal, level)
+        if plan is Send.NOTHING:
+            return
+        if plan is Send.ALL:
+            responses = signal.send_robust(self.sender, task_result=task_result)
+        else:
+            responses = self._send_others(signal, task_result)
+        for receiver, response in responses:
             if isinstance(response, Exception):
                 logger.error(
                     "signal receiver %r raised; the job goes on",
@@ -125,6 +215,51 @@ class Reporter:
                     exc_info=response,
                     extra={"action": "signal", "job_id": task_result.id},
                 )
+
+    def _send_others(
+        self, signal: Signal, task_result: TaskResult
+    ) -> list[tuple[Callable[..., Any], Any]]:
+        """``signal.send_robust`` to every receiver but the framework's log receivers:
+        synchronous ones in order, then the asynchronous ones together (as Django
+        sends them)."""
+        sync, asynchronous = signal._live_receivers(self.sender)
+        named = {"signal": signal, "sender": self.sender, "task_result": task_result}
+        responses: list[tuple[Callable[..., Any], Any]] = []
+        for receiver in sync:
+            if receiver in LOG_RECEIVERS:
+                continue
+            try:
+                responses.append((receiver, receiver(**named)))
+            except Exception as err:  # noqa: BLE001 - reported by the caller
+                responses.append((receiver, err))
+        wanted = [receiver for receiver in asynchronous if receiver not in LOG_RECEIVERS]
+        if wanted:
+
+            async def call(receiver: Callable[..., Any]) -> Any:
+                try:
+                    return await receiver(**named)
+                except Exception as err:  # noqa: BLE001 - reported by the caller
+                    return err
+
+            async def gather() -> list[Any]:
+                return list(await asyncio.gather(*(call(r) for r in wanted)))
+
+            responses.extend(zip(wanted, async_to_sync(gather)(), strict=True))
+        return responses
+
+    def line(self, level: int, msg: str, args: tuple[Any, ...], action: str, job_id: int) -> None:
+        """Log one of the worker's per-job lines on this module's logger, with the
+        ``extra`` fields ``action``, ``job_id`` and ``worker_id``. What ``Logger.info``
+        does, less its search of the call stack for the caller (the record names this
+        module, and the method of the outcome as ``funcName``): a few microseconds of
+        every job's line."""
+        if not logger.isEnabledFor(level):
+            return
+        record = logger.makeRecord(logger.name, level, __file__, 0, msg, args, None, action)
+        record.action = action
+        record.job_id = job_id
+        record.worker_id = self.worker_id
+        logger.handle(record)
 
     def done(
         self,
@@ -134,21 +269,18 @@ class Reporter:
         task_result: TaskResult | None,
         *,
         transactional: bool,
-        current: CurrentJob | None = None,
+        current: RunningJob | None = None,
     ) -> None:
         """Report a success that was recorded: the "done" line, then ``task_finished``
         (with ``current_job()`` set to ``current`` while the receivers run, as it was
         while the task ran, when the report comes from another thread)."""
-        if logger.isEnabledFor(logging.INFO):
-            logger.info(
-                "job %s %s done in %.3fs (attempt %d%s)",
-                job.id,
-                job.task,
-                elapsed,
-                job.attempts,
-                ", transactional" if transactional else "",
-                extra={"action": "done", "job_id": job.id, "worker_id": self.worker_id},
-            )
+        self.line(
+            logging.INFO,
+            "job %s %s done in %.3fs (attempt %d%s)",
+            (job.id, job.task, elapsed, job.attempts, ", transactional" if transactional else ""),
+            "done",
+            job.id,
+        )
         if task_result is None:
             return
         object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
@@ -167,17 +299,17 @@ class Reporter:
         task_result: TaskResult | None,
         elapsed: float,
         *,
-        current: CurrentJob | None = None,
+        current: RunningJob | None = None,
     ) -> None:
         """Report a job whose recorded outcome is ``cancelled`` although its task
         returned (its result is kept): the line, then ``task_finished`` FAILED."""
-        logger.info(
-            "job %s %s cancelled after %.3fs (the task returned; its cancellation was "
-            "requested while it ran)",
+        self.line(
+            logging.INFO,
+            "job %s %s cancelled after %.3fs (attempt %d; the task returned, its "
+            "cancellation was requested while it ran)",
+            (job.id, job.task, elapsed, job.attempts),
+            "cancel",
             job.id,
-            job.task,
-            elapsed,
-            extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
         )
         token = None if current is None else _current.set(current)
         try:
@@ -218,10 +350,11 @@ class Reporter:
             return
         if status == Status.CANCELLED:
             logger.info(
-                "job %s %s cancelled after %.3fs (%s)",
+                "job %s %s cancelled after %.3fs (attempt %d: %s)",
                 job.id,
                 job.task,
                 elapsed,
+                job.attempts,
                 exception_line(exc),
                 extra={"action": "cancel", **log_extra},
             )
@@ -248,4 +381,4 @@ class Reporter:
                 return
             task_result = to_task_result(job, task)
         object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
-        self.signal(task_finished, task_result)
+        self.signal(task_finished, task_result, logging.ERROR)

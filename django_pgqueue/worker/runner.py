@@ -15,8 +15,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from inspect import iscoroutinefunction
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
@@ -33,7 +33,7 @@ from ..exceptions import (
     exception_line,
     first_line,
 )
-from ..framework import TaskGone, load_task, to_task_result
+from ..framework import TaskGone, to_task_result
 from ..models import Job
 from ..reconnect import close_connection
 from ..states import Status
@@ -45,17 +45,19 @@ from ..taskapi import (
     task_finished,
     task_started,
 )
-from ..tasks import CancelFlag, CurrentJob, _current, task_option
+from ..tasks import CancelFlag, RunningJob, _current
+from .catalog import Catalog, Known
 from .completer import Completer, Completion
 from .connections import (
     configure_session,
     discard_connection,
     recycle_connections,
     session_leftovers,
+    thread_connections,
     watch_session,
 )
 from .outcomes import Reporter
-from .state import DataRefused, WorkerPart, WorkerState, refused_data
+from .state import DataRefused, Held, WorkerPart, WorkerState, refused_data
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,46 @@ async def cancellable(
     return await job
 
 
+def arguments(job: Job, task: Task, task_result: TaskResult | None) -> list[Any]:
+    """The positional arguments of ``job``'s task: its args, after a ``TaskContext`` if
+    the task takes one (``task_result`` is built then)."""
+    args: list[Any] = list(job.args)
+    if task.takes_context:
+        assert task_result is not None
+        args.insert(0, TaskContext(task_result=task_result))
+    return args
+
+
+@dataclass(slots=True)
+class Begun:
+    """A job that may run (see :meth:`JobRunner.begin`)."""
+
+    known: Known
+    held: Held
+    #: Django's TaskResult of the run, RUNNING (None: nothing reads it).
+    task_result: TaskResult | None
+    #: ``task_started`` would do something: the caller sends it before the task runs.
+    started_wanted: bool
+    #: What ``current_job()`` says while the task runs.
+    running: RunningJob
+
+
+@dataclass(slots=True)
+class Refusal:
+    """A job that must not run (see :meth:`JobRunner.begin`), and why."""
+
+    LOST: ClassVar[str] = "lost"  # its lease was taken back before it started
+    CANCELLED: ClassVar[str] = "cancelled"  # cancelled before it started: released
+    IMPORT: ClassVar[str] = "import"  # its task's module raised on import: retried
+    FAILED: ClassVar[str] = "failed"  # ``error`` fails the attempt
+
+    kind: str
+    error: BaseException | None = None
+    retry: bool = True
+    #: Report the failure (log line, ``task_finished``) once recorded.
+    report: bool = False
+
+
 def describe_leftovers(leftovers: dict[str, list[str]]) -> str:
     """``"SET work_mem on its connection to database 'default'"``, one part per database."""
     return "; ".join(
@@ -100,19 +142,19 @@ class JobRunner(WorkerPart):
     completions are recorded here. Outcomes are counted in ``stats`` and reported
     through ``reporter``."""
 
-    def __init__(self, state: WorkerState, *, reporter: Reporter, completer: Completer) -> None:
+    def __init__(
+        self,
+        state: WorkerState,
+        *,
+        reporter: Reporter,
+        completer: Completer,
+        catalog: Catalog | None = None,
+    ) -> None:
         super().__init__(state)
         self.reporter = reporter
         self.completer = completer
         #: Tasks already imported, by path (a worker runs few distinct tasks, many times).
-        self._tasks: dict[str, Task] = {}
-
-    def _load(self, path: str) -> Task:
-        """The task at ``path`` (see ``framework.load_task``), imported once per worker."""
-        task = self._tasks.get(path)
-        if task is None:
-            task = self._tasks[path] = load_task(path)
-        return task
+        self.catalog = Catalog() if catalog is None else catalog
 
     def release(self, job: Job) -> None:
         """Give back a job claimed but not started (shutdown): pending again, with its
@@ -146,19 +188,68 @@ class JobRunner(WorkerPart):
         """Run one held job on this thread's connection and record its outcome. Return
         True if the job went to the completer, which removes it from ``held`` once its
         completion is written; otherwise the caller removes it afterwards."""
-        recycle_connections()
+        recycle_connections(thread_connections())
         try:
-            task: Task | None = self._load(job.task)
+            known: Known | None = self.catalog.get(job.task)
             error: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - recorded below, once started
-            task, error = None, exc
-        timeout = task_option(task, "timeout") if task is not None else None
+            known, error = None, exc
+        begun = self.begin(job, known, error)
+        if isinstance(begun, Refusal):
+            self.refuse(job, begun)
+            return False
+        if begun.started_wanted:
+            self.reporter.signal(task_started, begun.task_result)
+        token = _current.set(begun.running)
+        try:
+            with tracing.job_span(job):
+                return self._run(job, begun)
+        finally:
+            _current.reset(token)
+
+    def begin(self, job: Job, known: Known | None, error: BaseException | None) -> Begun | Refusal:
+        """Start a held job whose task is ``known`` (None: importing it raised
+        ``error``): mark its entry started (with the task's timeout), and build its
+        ``TaskResult`` if anything reads it. No I/O: a job that must not run is
+        returned as a :class:`Refusal`, for :meth:`refuse` to record (on a thread that
+        may write), and ``task_started`` is left to the caller (``started_wanted``)."""
         with self.state.lock:
             held = self.state.entry(job)
             if held is not None and not held.lost:
                 held.started = time.monotonic()
-                held.timeout = float(timeout) if isinstance(timeout, int | float) else None
+                held.timeout = None if known is None else known.timeout
         if held is None or held.lost:
+            return Refusal(Refusal.LOST)
+        if held.cancel.is_set():
+            return Refusal(Refusal.CANCELLED)
+        if isinstance(error, TaskGone):
+            # Never retried: the code is gone or the path is not a Task.
+            return Refusal(Refusal.FAILED, TaskNotFound(str(error)), retry=False)
+        if known is None:
+            assert error is not None
+            return Refusal(Refusal.IMPORT, error)
+        task = known.task
+        # Django's TaskResult only when something reads it: the task's context, or a
+        # receiver of task_started or of a successful task_finished that would do
+        # something (see Reporter.wants). A failure builds one then if it must.
+        task_result = None
+        started_wanted = self.reporter.wants(task_started)
+        if task.takes_context or started_wanted or self.reporter.wants(task_finished):
+            try:
+                task_result = to_task_result(job, task)
+            except RecursionError:  # args stored before the depth was enforced
+                error = InvalidJob(
+                    f"job {job.id}'s args or kwargs are nested more than "
+                    f"{validation.MAX_DEPTH} levels deep"
+                )
+                return Refusal(Refusal.FAILED, error, retry=False, report=True)
+            object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+        running = RunningJob(job, self.worker_id, known.transactional, held.cancel, self.alias)
+        return Begun(known, held, task_result, started_wanted, running)
+
+    def refuse(self, job: Job, refusal: Refusal) -> None:
+        """Record what :meth:`begin` refused, on this thread's connection."""
+        if refusal.kind == Refusal.LOST:
             # A prefetched job whose lease the heartbeat already found taken back (the
             # process was paused), or that was claimed again: another run owns it;
             # running it here too would only duplicate its effects.
@@ -168,8 +259,7 @@ class JobRunner(WorkerPart):
                 job.id,
                 extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
-            return False
-        if held.cancel.is_set():
+        elif refusal.kind == Refusal.CANCELLED:
             # Prefetched, and cancelled before it started: never run it. The release
             # statement ends a cancel-requested job 'cancelled' (attempt not charged).
             written, _ = self.write_retrying(
@@ -184,92 +274,53 @@ class JobRunner(WorkerPart):
                     job.id,
                     extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
                 )
-            return False
-        if isinstance(error, TaskGone):
-            # Never retried: the code is gone or the path is not a Task.
-            self._record_failure(job, TaskNotFound(str(error)), retry=False)
-            return False
-        if task is None:
-            # The task's module raised on import (a dependency missing after a bad
-            # deploy, say): recorded like a task error and retried with backoff (it may
-            # be a deploy in progress), and logged with its traceback.
+        else:
+            error = refusal.error
             assert error is not None
-            logger.error(
-                "job %s: task %s failed to import: %s",
-                job.id,
-                job.task,
-                exception_line(error),
-                exc_info=error,
-                extra={"action": "import_error", "job_id": job.id, "worker_id": self.worker_id},
-            )
-            self._record_failure(job, error)
-            return False
-        transactional = bool(task_option(task, "transactional"))
-        token = _current.set(
-            CurrentJob(
-                id=job.id,
-                attempt=job.attempts,
-                max_attempts=job.max_attempts,
-                idempotency_key=job.idempotency_key,
-                queue=job.queue,
-                worker_id=self.worker_id,
-                transactional=transactional,
-                run_at=job.run_at,
-                cancel=held.cancel,
-                snoozes=job.snoozes,
-                claimed_at=job.last_attempted_at,
-                alias=self.alias,
-            )
-        )
-        try:
-            with tracing.job_span(job):
-                return self._run(job, task, transactional=transactional, cancel=held.cancel)
-        finally:
-            _current.reset(token)
+            if refusal.kind == Refusal.IMPORT:
+                # The task's module raised on import (a dependency missing after a bad
+                # deploy, say): recorded like a task error and retried with backoff (it
+                # may be a deploy in progress), and logged with its traceback.
+                logger.error(
+                    "job %s: task %s failed to import: %s",
+                    job.id,
+                    job.task,
+                    exception_line(error),
+                    exc_info=error,
+                    extra={
+                        "action": "import_error",
+                        "job_id": job.id,
+                        "worker_id": self.worker_id,
+                    },
+                )
+            status = self._record_failure(job, error, retry=refusal.retry)
+            if status is not None and refusal.report:
+                # (No TaskResult: building one is what failed.)
+                self.reporter.failed(job, None, None, error, status, 0.0)
 
     def _call(
-        self, job: Job, task: Task, task_result: TaskResult | None, cancel: CancelFlag
+        self, job: Job, known: Known, task_result: TaskResult | None, cancel: CancelFlag
     ) -> tuple[object, str]:
         """Call the task; return its JSON-safe value and that value's JSON text (a bad
         value raises ``InvalidResult`` here, which fails the job for good; the text is
         what the batched completion stores, so it is not encoded twice). A coroutine
-        task is cancelled (``asyncio.CancelledError`` inside it) once ``cancel`` is set.
+        task run here (a transactional one, or one of a worker without an event loop)
+        is cancelled (``asyncio.CancelledError`` inside it) once ``cancel`` is set.
         ``task_result`` is built whenever the task takes a context."""
-        args: list[Any] = list(job.args)
-        if task.takes_context:
-            assert task_result is not None
-            args.insert(0, TaskContext(task_result=task_result))
-        if iscoroutinefunction(task.func):
+        task = known.task
+        args = arguments(job, task, task_result)
+        if known.coroutine:
             value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.call(*args, **job.kwargs)
+            value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
         return validation.returned(value)  # a bad value fails the job here
 
-    def _run(self, job: Job, task: Task, *, transactional: bool, cancel: CancelFlag) -> bool:
-        log_extra = {"job_id": job.id, "worker_id": self.worker_id}
-        # Django's TaskResult only when something reads it: the task's context, or a
-        # receiver of task_started or of a successful task_finished that would do
-        # something (see Reporter.wants). A failure builds one then if it must.
-        task_result = None
-        started_wanted = self.reporter.wants(task_started)
-        if task.takes_context or started_wanted or self.reporter.wants(task_finished):
-            try:
-                task_result = to_task_result(job, task)
-            except RecursionError:  # args stored before the depth was enforced
-                error = InvalidJob(
-                    f"job {job.id}'s args or kwargs are nested more than "
-                    f"{validation.MAX_DEPTH} levels deep"
-                )
-                status = self._record_failure(job, error, retry=False)
-                if status is not None:  # (no TaskResult: building one is what overflowed)
-                    self.reporter.failed(job, None, None, error, status, 0.0)
-                return False
-            object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
-            if started_wanted:
-                self.reporter.signal(task_started, task_result)
+    def _run(self, job: Job, begun: Begun) -> bool:
+        known, task_result, cancel = begun.known, begun.task_result, begun.held.cancel
+        transactional = known.transactional
         started = time.perf_counter()
         completed_in_tx = False
-        failure: tuple[BaseException, str, float] | None = None
+        failure: BaseException | None = None
         raw = None
         try:
             raw = self._prepare_session()
@@ -277,7 +328,7 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value, _ = self._call(job, task, task_result, cancel)
+                    value, _ = self._call(job, known, task_result, cancel)
                     # A leak on another database fails the job before its commit.
                     self._fail_on_leftovers(skip=self.alias)
                     if cancel.is_set():
@@ -303,7 +354,7 @@ class JobRunner(WorkerPart):
                 # SET, an advisory lock) must still not reach the next job.
                 self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
-                value, text = self._call(job, task, task_result, cancel)
+                value, text = self._call(job, known, task_result, cancel)
                 # Before anything is recorded: the completion must not join a leaked
                 # transaction, and later jobs must get a clean session.
                 self._fail_on_leftovers()
@@ -315,7 +366,7 @@ class JobRunner(WorkerPart):
                 "job %s: lease lost while running (transactional: effects rolled back, "
                 "nothing recorded); another worker owns it now",
                 job.id,
-                extra={"action": "lease_lost", **log_extra},
+                extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
             )
             return False
         except BaseException as exc:
@@ -343,36 +394,60 @@ class JobRunner(WorkerPart):
                     job.id,
                     job.task,
                     exc_info=exc,
-                    extra={"action": "done", **log_extra},
+                    extra={"action": "done", "job_id": job.id, "worker_id": self.worker_id},
                 )
                 return False
             for wrapper in connections.all(initialized_only=True):
                 if wrapper.in_atomic_block:  # a task that leaked atomic() and raised
                     discard_connection(wrapper.alias)
-            if isinstance(exc, Snooze):
-                # Not a failure (lifecycle.py), unless the job snoozed too often.
-                exc = lifecycle.snooze(self, job, exc) or exc
-                if isinstance(exc, Snooze):
-                    return False
-            tracing.outcome(tracing.FAILED, exc)
-            # A return value that cannot be stored would be the same on every attempt.
-            status = self._record_failure(job, exc, retry=not isinstance(exc, InvalidResult))
-            if status is None:
-                return False
-            failure = (exc, status, elapsed)
+            failure = exc
         if failure is not None:
-            # Reported here, outside the except block: Django's own task_finished
-            # receiver logs the traceback of the exception being handled, if any, and
-            # ours already holds it (once, for the final failure only).
-            self.reporter.failed(job, task, task_result, *failure)
+            # Recorded outside the except block: Django's own task_finished receiver
+            # logs the traceback of the exception being handled, if any, and ours
+            # already holds it (once, for the final failure only).
+            self.failed(job, begun, failure, time.perf_counter() - started)
             return False
         elapsed = time.perf_counter() - started
-        tracing.outcome(tracing.SUCCEEDED)
         if transactional:
+            tracing.outcome(tracing.SUCCEEDED)
             self.state.stats.count("done")
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
             return False
-        if cancel.is_set():
+        return self.succeeded(job, begun, value, text, elapsed, inline=True)
+
+    def failed(self, job: Job, begun: Begun, exc: BaseException, elapsed: float) -> None:
+        """Record and report a run of ``job`` that raised ``exc`` (on this thread's
+        connection): a ``Snooze`` (lifecycle.py), or a failed attempt, retried unless
+        its return value could never be stored."""
+        if isinstance(exc, Snooze):
+            # Not a failure (lifecycle.py), unless the job snoozed too often.
+            exc = lifecycle.snooze(self, job, exc) or exc
+            if isinstance(exc, Snooze):
+                return
+        tracing.outcome(tracing.FAILED, exc)
+        # A return value that cannot be stored would be the same on every attempt.
+        status = self._record_failure(job, exc, retry=not isinstance(exc, InvalidResult))
+        if status is not None:
+            self.reporter.failed(job, begun.known.task, begun.task_result, exc, status, elapsed)
+
+    def succeeded(
+        self,
+        job: Job,
+        begun: Begun,
+        value: object,
+        text: str,
+        elapsed: float,
+        *,
+        inline: bool,
+    ) -> bool:
+        """Hand a successful (non-transactional) run to the completer; True. A job whose
+        cancellation was requested while it ran is written here instead (False), so
+        its line and signal say "cancelled": call on a thread that may write when the
+        job's cancel flag is set. ``inline``: this thread may write the completion
+        itself when nothing else is in flight (see ``Completer.submit``)."""
+        tracing.outcome(tracing.SUCCEEDED)
+        task, task_result = begun.known.task, begun.task_result
+        if begun.held.cancel.is_set():
             # Cancelled, and the task returned (a cooperative stop): written now rather
             # than in a batch, so the log and the signal say "cancelled", not "done".
             self._record_cancelled(job, task, value, elapsed, task_result)
@@ -382,9 +457,21 @@ class JobRunner(WorkerPart):
         # extended) until then.
         last = not self.state.mark_completing(job)
         self.completer.submit(
-            Completion(job, value, elapsed, task_result, _current.get(), text, task), last=last
+            Completion(job, value, elapsed, task_result, begun.running, text, task),
+            last=last,
+            inline=inline,
         )
         return True
+
+    def lane_leftovers(self) -> TransactionLeak | None:
+        """On a coroutine lane: what its jobs left on this thread's connections, as the
+        ``TransactionLeak`` to fail the job that just ended with (those connections
+        discarded), or None."""
+        try:
+            self._fail_on_leftovers()
+        except TransactionLeak as exc:
+            return exc
+        return None
 
     def _mark_recording(self, job: Job) -> None:
         self.mark_recording(job)  # see WorkerPart.mark_recording

@@ -64,6 +64,7 @@ class Held:
     timeout: float | None = None  # the task's own timeout option, once it is loaded
     timed_out: bool = False
     completing: bool = False  # finished; waiting for the completer to record it
+    on_loop: bool = False  # a coroutine job, run on the event loop (not a thread slot)
     # Its outcome (fail, release, inline or transactional completion) is being written:
     # a lease extension that misses it is that write's to report, not a loss.
     recording: bool = False
@@ -149,12 +150,13 @@ class WorkerState:
         ones waiting for the completer)."""
         return any(not h.completing for h in reversed(self.held.values()))
 
-    def hold(self, job: Job) -> None:
-        """Add a claimed job's entry. It replaces the entry of an older attempt this
-        worker still runs (its lease was taken back): only the newest is extended, and
-        the old run, once over, finds it is no longer its claim (``entry``)."""
+    def hold(self, job: Job, *, on_loop: bool = False) -> None:
+        """Add a claimed job's entry (``on_loop``: a coroutine job, for the event loop).
+        It replaces the entry of an older attempt this worker still runs (its lease was
+        taken back): only the newest is extended, and the old run, once over, finds it
+        is no longer its claim (``entry``)."""
         with self.lock:
-            self.held[job.id] = Held(job)
+            self.held[job.id] = Held(job, on_loop=on_loop)
 
     def mark_completing(self, job: Job) -> bool:
         """Mark ``job``'s entry as waiting for its batched completion; return whether
@@ -175,8 +177,10 @@ class WorkerState:
         self.slot_freed()
 
     def slot_freed(self) -> None:
-        """A held job no longer takes a slot: wake the claim loop if it wants to know."""
-        if self.slots_wanted.is_set():
+        """A held job no longer takes a slot: wake the claim loop if it wants to know.
+        (Not set again while set: the claim loop clears it before it counts the free
+        slots, so a slot freed before the clear is counted, and one after it sets it.)"""
+        if self.slots_wanted.is_set() and not self.wakeup.is_set():
             self.wakeup.set()
 
 

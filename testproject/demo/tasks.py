@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
@@ -51,3 +52,10 @@ def always_fails(message: str = "boom") -> None:
 
 def not_a_task() -> None:
     """A plain function: the worker must refuse to run it."""
+
+
+@task()
+async def nap(seconds: float = 0.1) -> None:
+    """A coroutine that waits, as one waiting on a remote service would: many of them
+    share a worker's event loop (``bench.async_jobs``)."""
+    await asyncio.sleep(seconds)

@@ -56,11 +56,20 @@ class Command(PgQueueCommand):
             f"{bounds.CONCURRENCY.describe()} (default: %(default)r)",
         )
         parser.add_argument(
+            "--async-concurrency",
+            type=bounds.ASYNC_CONCURRENCY.parse,
+            default=None,
+            help="Coroutine jobs (async def tasks) run at once on the worker's event loop, "
+            f"besides the --concurrency threads; 0 runs them on the threads: "
+            f"{bounds.ASYNC_CONCURRENCY.describe()} (default: PGQUEUE_ASYNC_CONCURRENCY)",
+        )
+        parser.add_argument(
             "--batch-size",
             type=bounds.BATCH_SIZE.parse,
             default=None,
             help="Most jobs claimed per statement: "
-            f"{bounds.BATCH_SIZE.describe()} (default: the concurrency)",
+            f"{bounds.BATCH_SIZE.describe()} (default: the concurrency plus the async "
+            "concurrency)",
         )
         parser.add_argument(
             "--lease-seconds",
@@ -120,6 +129,7 @@ class Command(PgQueueCommand):
         processes: int,
         queues: list[str] | None,
         concurrency: int,
+        async_concurrency: int | None,
         batch_size: int | None,
         lease_seconds: float | None,
         burst: bool,
@@ -139,6 +149,7 @@ class Command(PgQueueCommand):
         worker_options = {
             "queues": queues,
             "concurrency": concurrency,
+            "async_concurrency": async_concurrency,
             "batch_size": batch_size,
             "lease_seconds": lease_seconds,
             "burst": burst,
