@@ -391,9 +391,9 @@ def copy_rows(
     started: threading.Event | None = None,
 ) -> int:
     """COPY ``rows`` (one bounded batch, in binary, ``types`` per column) with
-    ``query`` (a COPY statement of sql.py), on a psycopg cursor that :func:`accept_json_text`; return the row
-    count the server reports. ``started`` is set once the COPY holds the connection's
-    lock (or has failed to start)."""
+    ``query`` (a COPY statement of sql.py), on a psycopg cursor that
+    :func:`accept_json_text`; return the row count the server reports. ``started`` is
+    set once the COPY holds the connection's lock (or has failed to start)."""
     try:
         with cursor.copy(query) as copy:
             if started is not None:
