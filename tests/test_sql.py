@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import sql
-from django_pgqueue.models import Job, JobKey
+from django_pgqueue.models import Job, JobKey, RateWindow
 from tests.conftest import connect_test_db
 
 SQL_SOURCE = Path(sql.__file__).read_text()
@@ -67,7 +67,7 @@ def test_sql__table_name_matches_model(name):
         re.findall(r"\b(?:FROM|UPDATE|INTO|JOIN|COPY)\s+([a-z_][a-z0-9_]*)", getattr(sql, name))
     )
     # CTE names and set-returning functions are not tables; everything else is ours.
-    ctes = set(re.findall(r"\b([a-z_]+) AS \(", getattr(sql, name)))
+    ctes = set(re.findall(r"\b([a-z_0-9]+)(?:\([a-z_, ]*\))? AS \(", getattr(sql, name)))
     tables -= ctes | {"unnest", "jsonb_array_elements", "generate_series"}
     if name in ("JOB_NOTIFY", "JOB_NOTIFY_CANCEL", "JOB_NOTIFY_MANY", "JOB_BULK_CLOCK"):
         assert tables == set()
@@ -80,6 +80,9 @@ def test_sql__table_name_matches_model(name):
     elif name in ("JOB_DELETE_EXPIRED_KEYS", "JOB_ENQUEUE_DEBOUNCED", "JOB_ENQUEUE_UNIQUE"):
         # The keys that outlive their jobs (keys.py), and the jobs they name.
         assert tables == {Job._meta.db_table, JobKey._meta.db_table}
+    elif name in ("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED", "JOB_CLAIM_LIMITED_LEASE"):
+        # Flow claims read (the last writes) the rate windows of limited budgets.
+        assert tables == {Job._meta.db_table, RateWindow._meta.db_table}
     else:
         assert tables == {Job._meta.db_table}
 

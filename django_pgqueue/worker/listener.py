@@ -9,19 +9,22 @@ guarantees pickup, and after every reconnect the claim loop is woken to poll at 
 The same channel carries ``Job.objects.cancel()``'s notifications of running jobs
 (``manager.CANCEL_NOTIFY_PREFIX`` and job ids): a held one's task is told at once. A
 cancel missed here (the connection was down) still reaches the task at the next lease
-extension, a third of a lease later at most.
+extension, a third of a lease later at most. And flow control's (``flow.NOTIFY_PREFIX``):
+limits or paused queues changed, so the claim loop loads them again before its next
+claim (a change missed here is loaded within ``flow.REFRESH_SECONDS`` anyway).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
 
-from .. import sql
+from .. import flow, sql
 from ..conf import settings
 from ..exceptions import first_line
 from ..manager import CANCEL_NOTIFY_PREFIX
@@ -37,10 +40,17 @@ class Listener(WorkerPart):
     set. Its connection is labelled ``pgqueue listen <worker id>``."""
 
     def __init__(
-        self, state: WorkerState, *, queues: list[str] | None, params: dict[str, Any]
+        self,
+        state: WorkerState,
+        *,
+        queues: list[str] | None,
+        params: dict[str, Any],
+        flow_changed: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(state)
         self.queues = queues
+        #: Called on a flow control notification (``FlowState.changed``).
+        self.flow_changed = flow_changed
         #: ``psycopg.connect`` arguments of a direct (session) connection: LISTEN
         #: through a transaction pooler would lose its subscription at commit.
         self.params = params
@@ -69,6 +79,9 @@ class Listener(WorkerPart):
                         for notify in conn.notifies(timeout=0.25):
                             if notify.payload.startswith(CANCEL_NOTIFY_PREFIX):
                                 self._cancel(notify.payload)
+                            elif notify.payload.startswith(flow.NOTIFY_PREFIX):
+                                self.flow_changed()
+                                self.state.wakeup.set()
                             elif self.queues is None or notify.payload in self.queues:
                                 self.state.wakeup.set()
                         if time.monotonic() - checked >= 2.0:

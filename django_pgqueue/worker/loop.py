@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import DatabaseError, connections
 
-from .. import sweeper
+from .. import flow, sweeper
 from ..conf import settings
 from ..databases import backend_database, listen_target
 from ..exceptions import NotMigrated, first_line
@@ -54,6 +54,10 @@ from .runner import JobRunner
 from .state import WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
+
+#: How long a flow claim that found a budget locked by another worker's claim waits
+#: before it tries again (that claim commits within milliseconds).
+FLOW_CONTENDED_WAIT = 0.02
 
 
 def describe_database(alias: str) -> str:
@@ -130,11 +134,22 @@ class Worker:
         )
         self._runner = JobRunner(state, reporter=reporter, completer=self._completer)
         self._heartbeat = Heartbeat(state)
+        #: Flow control in force (limits, paused and fair queues): loaded on the claim
+        #: thread about once a second, and at once when the listener hears of a change.
+        self._flow = flow.FlowState(self.alias)
+        flow.settings_view()  # a bad PGQUEUE_LIMITS fails here, before any thread starts
+        #: Per queue, where the next flow claim's walk over keys resumes.
+        self._cursors: dict[str, str] = {}
         # No listener (and no LISTEN connection) when the worker only polls.
         self._listener = (
             None
             if self.listen.params is None
-            else Listener(state, queues=self.queues, params=self.listen.params)
+            else Listener(
+                state,
+                queues=self.queues,
+                params=self.listen.params,
+                flow_changed=self._flow.changed,
+            )
         )
         # Workers of some queues always claim from the head of each (a rescan interval
         # of 0); see position.py.
@@ -292,14 +307,29 @@ class Worker:
                 with bounded(
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 ):
-                    after = self._position.start()
-                    jobs = self._state.jobs.claim(
-                        self.worker_id,
-                        limit=free,
-                        queues=self.queues,
-                        lease_seconds=self.lease_seconds,
-                        after=after,
-                    )
+                    view = self._flow.current()
+                    if view.in_force(self.queues):
+                        after = None
+                        flowed = self._state.jobs.claim_flow(
+                            self.worker_id,
+                            limit=free,
+                            view=view,
+                            queues=self.queues,
+                            lease_seconds=self.lease_seconds,
+                            cursors=self._cursors,
+                        )
+                        self._cursors, jobs = flowed.cursors, flowed.jobs
+                    else:
+                        flowed = None
+                        after = self._position.start()
+                        jobs = self._state.jobs.claim(
+                            self.worker_id,
+                            limit=free,
+                            queues=self.queues,
+                            lease_seconds=self.lease_seconds,
+                            after=after,
+                            flow_view=view,
+                        )
                 self._position.claimed(after, jobs)
                 if not jobs and after is not None and self.burst:
                     self._position.rescan()  # look from the head before exiting idle
@@ -354,6 +384,16 @@ class Worker:
                 self._state.hold(job)
                 self._jobs.put(job)
             self.stats.count("claimed", len(jobs))
+            if flowed is not None and (jobs or flowed.blocked or flowed.contended):
+                # Under flow control a short claim is no sign of an empty queue: keys at
+                # their limits, or a budget another worker was claiming (try again
+                # soon). Claim on while claims take jobs; when limits keep every job
+                # back, wait for a slot (ours, or a NOTIFY) or the poll interval.
+                if flowed.contended and len(jobs) < free:
+                    self._wait(FLOW_CONTENDED_WAIT)
+                elif not jobs:
+                    self._wait(self.poll_interval)
+                continue
             if jobs and len(jobs) < free and not always_wake:
                 # Fewer than asked for: the queue is drained for now. Claim again on a
                 # NOTIFY (or the poll), not as soon as these jobs end: an empty claim
