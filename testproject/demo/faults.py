@@ -1,0 +1,59 @@
+"""Faults the flow control tests plant in worker processes, to show that their checks
+would catch a broken guard: ``PGQUEUE_DEMO_PLANT=name[,name]`` in a process's
+environment rewrites the named parts of django-pgqueue's statements when the demo app
+loads (``DemoConfig.ready``). Each plant names the text it replaces, and refuses to
+start if that text is gone (a plant that silently did nothing would prove nothing)."""
+
+from __future__ import annotations
+
+import os
+
+from django_pgqueue import sql
+
+#: name -> (statements, text, replacement)
+PLANTS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    # Claimers do not serialise per budget: each counts what runs in a snapshot that
+    # may miss another's claim in flight (the SKIP LOCKED trap).
+    "no_budget_lock": (
+        ("JOB_CLAIM_LIMITED",),
+        "OR pg_try_advisory_xact_lock(hashtext('django_pgqueue key'), hashtext(c.key)))",
+        "OR true)",
+    ),
+    # A rate budget's window forgets its starts: nothing spreads them out.
+    "no_rate_window": (
+        ("JOB_CLAIM_LIMITED", "JOB_CLAIM_LIMITED_LEASE"),
+        "AND s.at > (SELECT now FROM clock) - make_interval(secs => l.period)",
+        "AND false",
+    ),
+    # A running job whose lease expired no longer holds its slot (before the sweeper
+    # took it back: its worker may be alive and still running it).
+    "expired_lease_frees_slot": (
+        ("JOB_CLAIM_LIMITED", "JOB_CLAIM_LIMITED_LEASE"),
+        "WHERE r.status = 'running' AND r.concurrency_key > ''",
+        "WHERE r.status = 'running' AND r.lease_expires_at > clock_timestamp()"
+        " AND r.concurrency_key > ''",
+    ),
+    # Workers never learn that a queue is paused.
+    "ignore_pauses": (("FLOW_GET_STATE",), "WHERE paused_at IS NOT NULL", "WHERE false"),
+    # Fair queues are claimed like any other.
+    "unfair": (
+        ("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED"),
+        "q.name = ANY (%(fair)s::text[]) AS fair",
+        "false AS fair",
+    ),
+}
+
+
+def plant(names: str) -> None:
+    """Rewrite the statements of each plant in ``names`` (comma-separated)."""
+    for name in filter(None, names.split(",")):
+        statements, text, replacement = PLANTS[name]
+        for statement in statements:
+            current = getattr(sql, statement)
+            if text not in current:
+                raise RuntimeError(f"plant {name}: {statement} no longer holds {text!r}")
+            setattr(sql, statement, current.replace(text, replacement))
+
+
+def plant_from_environment() -> None:
+    plant(os.environ.get("PGQUEUE_DEMO_PLANT", ""))
