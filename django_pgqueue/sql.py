@@ -386,6 +386,106 @@ _FLOW_CANDIDATES = (
 )
 
 
+# Each budget of the limits in force, for pgqueue_status, the dashboard and the metrics:
+# a key limit's budgets are its exact key and every matching key that runs now (a scan
+# of pgqueue_job_key_running_idx: as many as run) or started in its rate window (at most
+# %(cap)s of pgqueue_rate); a queue limit's is its queue. For each, what runs, what its
+# rate window holds, and what is pending: at most %(cap)s jobs per priority level of
+# each queue (the levels found by a loose scan of pgqueue_job_queue_claim_idx), counted
+# over a range of pgqueue_job_key_claim_idx. Bounded whatever the backlog.
+FLOW_GET_BUDGETS = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + ", "
+    + _FLOW_LIMITS
+    + """, running AS (
+    SELECT concurrency_key AS key, count(*) AS jobs
+    FROM pgqueue_job
+    WHERE status = 'running' AND concurrency_key > ''
+    GROUP BY concurrency_key
+), level(queue, priority) AS (
+    (SELECT queue, priority
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY queue, priority DESC
+     LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority
+    FROM level AS v
+    CROSS JOIN LATERAL (
+        (SELECT queue, priority
+         FROM pgqueue_job
+         WHERE status = 'pending' AND queue = v.queue AND priority < v.priority
+         ORDER BY queue, priority DESC
+         LIMIT 1)
+        UNION ALL
+        (SELECT queue, priority
+         FROM pgqueue_job
+         WHERE status = 'pending' AND queue > v.queue
+         ORDER BY queue, priority DESC
+         LIMIT 1)
+        LIMIT 1) AS n
+), subject AS (
+    SELECT l.name, r.key AS subject
+    FROM key_limit AS l
+    JOIN running AS r ON """
+    + _KEY_MATCHES.format(key="r.key")
+    + """
+    UNION
+    SELECT l.name, l.pattern
+    FROM key_limit AS l
+    WHERE NOT l.prefix
+    UNION
+    (SELECT w.name, w.subject
+     FROM pgqueue_rate AS w
+     WHERE w.expires_at > (SELECT now FROM clock)
+       AND w.name IN (SELECT name FROM key_limit)
+     ORDER BY w.expires_at DESC
+     LIMIT %(cap)s)
+)
+SELECT 'key' AS kind, s.name, s.subject, l.concurrency, coalesce(r.jobs, 0) AS running,
+       l.rate, l.period,
+       (SELECT count(*)
+        FROM pgqueue_rate AS w, unnest(w.starts) AS st(at)
+        WHERE w.name = s.name AND w.subject = s.subject
+          AND st.at > clock.now - make_interval(secs => l.period)) AS started,
+       (SELECT coalesce(sum(c.jobs), 0)
+        FROM level AS v
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS jobs
+            FROM (SELECT 1
+                  FROM pgqueue_job AS j
+                  WHERE j.status = 'pending' AND j.queue = v.queue
+                    AND j.priority = v.priority AND j.concurrency_key = s.subject
+                  LIMIT %(cap)s) AS x) AS c) AS pending
+FROM subject AS s
+JOIN key_limit AS l ON l.name = s.name
+LEFT JOIN running AS r ON r.key = s.subject
+CROSS JOIN clock
+UNION ALL
+SELECT 'queue', 'queue:' || l.queue, l.queue, l.concurrency,
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'running' AND queue = l.queue
+              LIMIT %(cap)s) AS x),
+       l.rate, l.period,
+       (SELECT count(*)
+        FROM pgqueue_rate AS w, unnest(w.starts) AS st(at)
+        WHERE w.name = 'queue:' || l.queue AND w.subject = l.queue
+          AND st.at > clock.now - make_interval(secs => l.period)),
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'pending' AND queue = l.queue
+              LIMIT %(cap)s) AS x)
+FROM queue_limit AS l
+CROSS JOIN clock
+ORDER BY 1, 2, 3
+"""
+)
+
 # What flow control a worker must know beyond the settings (flow.load): the limits set at
 # run time and the paused queues. Both tables hold a row per limit or queue touched by
 # hand: a sequential scan of each, read about once a second per worker.
