@@ -450,7 +450,7 @@ SELECT 'key' AS kind, s.name, s.subject, l.concurrency, coalesce(r.jobs, 0) AS r
         FROM pgqueue_rate AS w, unnest(w.starts) AS st(at)
         WHERE w.name = s.name AND w.subject = s.subject
           AND st.at > clock.now - make_interval(secs => l.period)) AS started,
-       (SELECT coalesce(sum(c.jobs), 0)
+       (SELECT coalesce(sum(c.jobs), 0)::bigint
         FROM level AS v
         CROSS JOIN LATERAL (
             SELECT count(*) AS jobs
