@@ -26,6 +26,7 @@ that matches it. How the claim enforces them is in ``sql.JOB_CLAIM_LIMITED``.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -244,19 +245,33 @@ class FlowView:
         queues = [limit for limit in self.limits if limit.queue is not None]
         object.__setattr__(self, "key_limits", tuple(keys))
         object.__setattr__(self, "limited_queues", frozenset(str(limit.queue) for limit in queues))
+        limits = {
+            "keys": [
+                {
+                    "name": limit.key,
+                    "pattern": limit.key[:-1] if limit.prefix else limit.key,
+                    "prefix": limit.prefix,
+                    "concurrency": limit.concurrency,
+                    "rate": None if limit.rate is None else limit.rate[0],
+                    "period": None if limit.rate is None else limit.rate[1],
+                }
+                for limit in keys
+            ],
+            "queues": [
+                {
+                    "queue": limit.queue,
+                    "concurrency": limit.concurrency,
+                    "rate": None if limit.rate is None else limit.rate[0],
+                    "period": None if limit.rate is None else limit.rate[1],
+                }
+                for limit in queues
+            ],
+        }
         params = {
             "paused": sorted(self.paused),
             "fair": sorted(self.fair),
-            "key_names": [limit.key for limit in keys],
-            "key_patterns": [limit.key[:-1] if limit.prefix else limit.key for limit in keys],
-            "key_prefix": [limit.prefix for limit in keys],
-            "key_concurrency": [limit.concurrency for limit in keys],
-            "key_rate": [None if limit.rate is None else limit.rate[0] for limit in keys],
-            "key_period": [None if limit.rate is None else limit.rate[1] for limit in keys],
-            "queue_names": [limit.queue for limit in queues],
-            "queue_concurrency": [limit.concurrency for limit in queues],
-            "queue_rate": [None if limit.rate is None else limit.rate[0] for limit in queues],
-            "queue_period": [None if limit.rate is None else limit.rate[1] for limit in queues],
+            "queue_names": sorted(str(limit.queue) for limit in queues),
+            "limits": json.dumps(limits, sort_keys=True),
         }
         object.__setattr__(self, "params", params)
 

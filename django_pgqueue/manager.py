@@ -344,8 +344,7 @@ class JobManager(models.Manager["Job"]):
             "window": FLOW_WINDOW_FACTOR * limit + FLOW_WINDOW_EXTRA,
             "max_steps": FLOW_STEPS_FACTOR * limit + FLOW_STEPS_EXTRA,
             "queues": listed,
-            "cursor_queues": list(cursors),
-            "cursor_keys": list(cursors.values()),
+            "cursors": json.dumps(cursors),
             "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
             "now": now,
         }
@@ -372,9 +371,19 @@ class JobManager(models.Manager["Job"]):
             if not set_up:
                 db.rows(alias, sql.SESSION_FLOW_LOCAL, {})
             rows = db.rows(alias, sql.JOB_CLAIM_LIMITED, params, prepare=True)
-            held = [row[0] for row in rows if row[0] is not None and row[3]]
+            held = [row for row in rows if row[0] is not None and row[3]]
             jobs = (
-                db.jobs(self.model, alias, sql.JOB_CLAIM_LIMITED_LEASE, {**params, "ids": held})
+                db.jobs(
+                    self.model,
+                    alias,
+                    sql.JOB_CLAIM_LIMITED_LEASE,
+                    {
+                        **params,
+                        "ids": [row[0] for row in held],
+                        "id_queues": [row[1] for row in held],
+                        "id_keys": [row[2] for row in held],
+                    },
+                )
                 if held
                 else []
             )

@@ -162,17 +162,17 @@ _CLAIM_LEASE = ", " + _CLOCK + _LEASE_CANDIDATES
 
 
 # --- Flow control (flow.py) ------------------------------------------------------------
-# The limits in force, as the worker passes them: key limits (an exact key, or a prefix
-# whose every matching key is a budget of its own) and queue limits. NULL: no bound.
+# The limits in force, as the worker passes them (flow.FlowView.params: one jsonb text,
+# cheaper to send than an array per field): key limits (an exact key, or a prefix whose
+# every matching key is a budget of its own) and queue limits. NULL: no bound.
 _FLOW_LIMITS = """key_limit AS (
     SELECT *
-    FROM unnest(%(key_names)s::text[], %(key_patterns)s::text[], %(key_prefix)s::boolean[],
-                %(key_concurrency)s::int[], %(key_rate)s::int[], %(key_period)s::float8[])
-         AS l(name, pattern, prefix, concurrency, rate, period)
+    FROM jsonb_to_recordset(%(limits)s::jsonb -> 'keys')
+         AS l(name text, pattern text, prefix boolean, concurrency int, rate int, period float8)
 ), queue_limit AS (
     SELECT *
-    FROM unnest(%(queue_names)s::text[], %(queue_concurrency)s::int[], %(queue_rate)s::int[],
-                %(queue_period)s::float8[]) AS l(queue, concurrency, rate, period)
+    FROM jsonb_to_recordset(%(limits)s::jsonb -> 'queues')
+         AS l(queue text, concurrency int, rate int, period float8)
 )"""
 
 # A key limit l applies to concurrency key {key} ("" is no key: no limit applies).
@@ -215,6 +215,15 @@ _QUEUE_ROOM = """(SELECT least(
      FROM queue_limit AS l
      WHERE l.queue = {queue})"""
 
+# Queue {queue} may be claimed from: not paused, and its queue limit (if any) has room.
+_QUEUE_OPEN = (
+    """NOT {queue} = ANY (%(paused)s::text[])
+      AND (NOT {queue} = ANY (%(queue_names)s::text[])
+           OR coalesce("""
+    + _QUEUE_ROOM
+    + """, 1) > 0)"""
+)
+
 # The candidates of a flow claim, as the CTE "candidate" (id, queue, key, lap, step) of
 # at most %(limit)s pending jobs, locked, in the order they should run:
 #
@@ -253,12 +262,10 @@ _FLOW_CANDIDATES = (
     FROM (SELECT name FROM pending_queue WHERE name IS NOT NULL
           UNION ALL
           SELECT unnest(%(queues)s::text[])) AS q(name)
-    LEFT JOIN unnest(%(cursor_queues)s::text[], %(cursor_keys)s::text[]) AS c(queue, key)
-           ON c.queue = q.name
-    WHERE NOT q.name = ANY (%(paused)s::text[])
-      AND coalesce("""
-    + _QUEUE_ROOM.format(queue="q.name")
-    + """, 1) > 0
+    LEFT JOIN jsonb_each_text(%(cursors)s::jsonb) AS c(queue, key) ON c.queue = q.name
+    WHERE """
+    + _QUEUE_OPEN.format(queue="q.name")
+    + """
 ), head AS (
     SELECT h.id, h.queue, h.concurrency_key AS key, h.ord,
            row_number() OVER (PARTITION BY h.concurrency_key ORDER BY h.ord) AS key_rank
@@ -270,27 +277,30 @@ _FLOW_CANDIDATES = (
                  LIMIT %(window)s)
                 UNION ALL
                 (SELECT c.id, c.queue, c.priority, c.concurrency_key
-                 FROM served AS s
+                 FROM unnest(%(queues)s::text[]) AS s(name)
                  CROSS JOIN LATERAL (
                      SELECT id, queue, priority, concurrency_key
                      FROM pgqueue_job
                      WHERE status = 'pending' AND queue = s.name
                      ORDER BY priority DESC, id
                      LIMIT %(window)s) AS c
-                 WHERE %(queues)s::text[] IS NOT NULL AND NOT s.fair)
+                 WHERE %(queues)s::text[] IS NOT NULL
+                   AND NOT s.name = ANY (%(fair)s::text[]))
                 ORDER BY 3 DESC, 1
                 LIMIT %(window)s) AS a
-          WHERE a.queue IN (SELECT name FROM served WHERE NOT fair)) AS h
+          WHERE NOT a.queue = ANY (%(fair)s::text[])
+            AND """
+    + _QUEUE_OPEN.format(queue="a.queue")
+    + """) AS h
 ), head_locked AS (
     SELECT id, concurrency_key AS key
     FROM pgqueue_job
     WHERE id = ANY (ARRAY(
             SELECT h.id
-            FROM head AS h
+            FROM (SELECT * FROM head ORDER BY ord OFFSET 0) AS h
             WHERE h.key_rank <= coalesce("""
     + _KEY_ROOM.format(key="h.key")
     + """, %(limit)s)
-            ORDER BY h.ord
             LIMIT %(limit)s))
       AND status = 'pending'
     FOR UPDATE SKIP LOCKED
@@ -709,7 +719,8 @@ WHERE (SELECT count(*) FROM candidate) < %(limit)s
 )
 
 # A claim under limits, second statement (same transaction as JOB_CLAIM_LIMITED): lease
-# the candidates %(ids)s (locked, their budgets held) while their budgets have room. Its
+# the candidates %(ids)s (locked by it, so still pending, and their budgets held; their
+# queues and keys are given beside them) while their budgets have room. Its
 # snapshot is taken after the budget locks were: it sees every claim of those budgets
 # committed before, and none can commit until ours does, so counting what runs (and the
 # rate windows) here is exact. In %(ids)s order, a candidate runs if, for each budget,
@@ -721,18 +732,15 @@ JOB_CLAIM_LIMITED_LEASE = (
     + ", "
     + _FLOW_LIMITS
     + """, given AS (
-    SELECT j.id, j.queue, j.concurrency_key AS key, g.ord
-    FROM unnest(%(ids)s::bigint[]) WITH ORDINALITY AS g(id, ord)
-    CROSS JOIN LATERAL (
-        SELECT id, queue, concurrency_key
-        FROM pgqueue_job
-        WHERE id = g.id AND status = 'pending') AS j
-), key_room AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(id_queues)s::text[], %(id_keys)s::text[])
+         WITH ORDINALITY AS g(id, queue, key, ord)
+), key_room AS MATERIALIZED (
     SELECT k.key, """
     + _KEY_ROOM.format(key="k.key")
     + """ AS room
     FROM (SELECT DISTINCT key FROM given) AS k
-), queue_room AS (
+), queue_room AS MATERIALIZED (
     SELECT q.queue, """
     + _QUEUE_ROOM.format(queue="q.queue")
     + """ AS room

@@ -255,8 +255,7 @@ def test_flow__a_full_key_and_a_paused_backlog_are_jumped_not_walked():
         "window": 16,
         "max_steps": 80,
         "queues": None,
-        "cursor_queues": [],
-        "cursor_keys": [],
+        "cursors": "{}",
         "lease_seconds": 30,
         "now": None,
     }
