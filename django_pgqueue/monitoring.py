@@ -30,6 +30,10 @@ DEFAULT_CAP = 10_000
 #: Most running jobs a snapshot lists with their progress.
 RUNNING_LIMIT = 100
 
+#: Most keys of prefix limits listed for their rate windows alone (keys that run are
+#: listed anyway: as many as the fleet runs).
+RATE_SUBJECTS = 100
+
 #: The window of the "done" and "failed" figures, in seconds.
 RECENT_SECONDS = 300
 
@@ -177,7 +181,11 @@ def budgets(
     ``sql.FLOW_GET_BUDGETS``: bounded queries only)."""
     if not view.limits:
         return []
-    rows = _rows(using, sql.FLOW_GET_BUDGETS, {**view.params, "cap": cap, "now": None})
+    rows = _rows(
+        using,
+        sql.FLOW_GET_BUDGETS,
+        {**view.params, "cap": cap, "subjects": RATE_SUBJECTS, "now": None},
+    )
     return [
         BudgetStats(
             kind=kind,

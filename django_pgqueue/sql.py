@@ -398,8 +398,8 @@ _FLOW_CANDIDATES = (
 
 # Each budget of the limits in force, for pgqueue_status, the dashboard and the metrics:
 # a key limit's budgets are its exact key and every matching key that runs now (a scan
-# of pgqueue_job_key_running_idx: as many as run) or started in its rate window (at most
-# %(cap)s of pgqueue_rate); a queue limit's is its queue. For each, what runs, what its
+# of pgqueue_job_key_running_idx: as many as run) or started in its rate window (the
+# %(subjects)s latest of pgqueue_rate); a queue limit's is its queue. For each, what runs, what its
 # rate window holds, and what is pending: at most %(cap)s jobs per priority level of
 # each queue (the levels found by a loose scan of pgqueue_job_queue_claim_idx), counted
 # over a range of pgqueue_job_key_claim_idx. Bounded whatever the backlog.
@@ -452,7 +452,7 @@ WITH RECURSIVE """
      WHERE w.expires_at > (SELECT now FROM clock)
        AND w.name IN (SELECT name FROM key_limit)
      ORDER BY w.expires_at DESC
-     LIMIT %(cap)s)
+     LIMIT %(subjects)s)
 )
 SELECT 'key' AS kind, s.name, s.subject, l.concurrency, coalesce(r.jobs, 0) AS running,
        l.rate, l.period,
