@@ -57,8 +57,8 @@ class FlowClaim:
 
 #: Rows the head of a flow claim looks at, per job asked for (and at least this many
 #: more): enough to fill the claim when a few keys at the head are full.
-FLOW_WINDOW_FACTOR = 2
-FLOW_WINDOW_EXTRA = 8
+FLOW_WINDOW_FACTOR = 1
+FLOW_WINDOW_EXTRA = 16
 #: Groups (keys) a flow claim's walk steps over per queue, per job asked for (and at
 #: least this many more), before it returns short.
 FLOW_STEPS_FACTOR = 4

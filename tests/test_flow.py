@@ -27,7 +27,7 @@ from django_pgqueue import bulk, flow, sql, sweeper
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job, Limit, Queue, RateWindow
 from django_pgqueue.periodic import enqueue_due
-from django_pgqueue.taskapi import InvalidTask, task
+from django_pgqueue.taskapi import InvalidTask, task, task_enqueued
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.state import WorkerState
 from testproject.demo import faults
@@ -146,6 +146,25 @@ def test_flow__every_enqueue_path_stores_the_key(now):
         ]
     )
     bulk.enqueue_many(per_tenant, [((6,), {}), ((7,), {}, {"concurrency_key": "own"})])
+    # With a task_enqueued receiver, bulk jobs are written with ids first (both ways).
+    heard: list[Any] = []
+    receiver = lambda sender, task_result, **kw: heard.append(task_result)  # noqa: E731
+    task_enqueued.connect(receiver)
+    try:
+        Job.objects.bulk_enqueue(
+            [
+                {"task": ADD, "args": [1, 1], "concurrency_key": "ids"},
+                {
+                    "task": ADD,
+                    "args": [1, 1],
+                    "concurrency_key": "ids-key",
+                    "idempotency_key": "i",
+                },
+            ]
+        )
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert len(heard) == 2
     with override_settings(
         PGQUEUE_PERIODIC={
             "tick": {"task": f"{__name__}.per_tenant", "cron": "* * * * *", "args": [9]}
@@ -157,7 +176,7 @@ def test_flow__every_enqueue_path_stores_the_key(now):
     assert keys == sorted(
         [
             "stripe", "tenant:3", "api", "override", "stripe", "tenant:5", "copy", "dedupe",
-            "", "tenant:6", "own", "tenant:9",
+            "", "tenant:6", "own", "ids", "ids-key", "tenant:9",
         ]
     )  # fmt: skip
 
@@ -267,6 +286,47 @@ def test_flow__a_full_key_and_a_paused_backlog_are_jumped_not_walked():
             plan = cursor.fetchone()[0]
         buffers = plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
         assert buffers < 400, (statement[:40], buffers)
+
+
+def test_flow__every_way_a_job_ends_gives_its_slot_back():
+    """Under a limit of 1: while a job runs, its key's next job is not claimed; once it
+    ends, whichever way (done, done in a batch, failed, released, snoozed, cancelled,
+    its lease rescued by the sweeper), the next one is: the slot is the running row."""
+    Job.objects.bulk_enqueue(
+        [{"task": ADD, "args": [n, 1], "concurrency_key": "one"} for n in range(9)]
+    )
+    one = view({"one": {"concurrency": 1}})
+
+    def claim() -> list[Job]:
+        return Job.objects.claim("w", limit=3, flow_view=one, lease_seconds=30)
+
+    def snooze(job: Job) -> None:
+        params = {"id": job.id, "worker_id": "w", "attempt": job.attempts,
+                  "claimed_at": job.last_attempted_at, "seconds": 0.0, "now": None}  # fmt: skip
+        with connection.cursor() as cursor:
+            cursor.execute(sql.JOB_SNOOZE, params)
+
+    def rescue(job: Job) -> None:
+        past = dt.datetime.now(dt.UTC) - 60 * S  # its worker died a minute ago
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=past)
+        assert sweeper.rescue_expired("default")[0] == 1
+
+    endings = [
+        lambda job: Job.objects.complete(job, "w"),
+        lambda job: Job.objects.complete_many([(job, None)], "w"),
+        lambda job: Job.objects.fail(job, "w", ValueError("no")),
+        lambda job: Job.objects.release(job, "w"),
+        snooze,
+        lambda job: Job.objects.cancel([job.id]) and Job.objects.complete(job, "w"),
+        rescue,
+    ]
+    (job,) = claim()
+    for end in endings:
+        assert claim() == []  # the key's slot is taken
+        end(job)
+        assert Job.objects.get(pk=job.pk).status != "running"
+        (job,) = claim()  # and given back
+    assert running_by_key() == {"one": 1}
 
 
 def test_flow__fair_queue_takes_keys_in_turn():
