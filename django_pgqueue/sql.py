@@ -233,12 +233,15 @@ _QUEUE_OPEN = (
 # * "head": the first %(window)s pending jobs in claim order (pgqueue_job_claim_idx, or
 #   each queue's range of pgqueue_job_queue_claim_idx), of served queues that are not
 #   fair, less those whose key has no room: FIFO while the head of the line can run.
+#   They are locked by their ctid, read in this very snapshot (so no version of theirs
+#   can be pruned meanwhile; one a claimer changed since is rechecked, and skipped).
 # * "walk": the groups (queue, priority, key) of pending jobs, by seeks of
 #   pgqueue_job_key_claim_idx, priority by priority, each priority's keys from the
 #   worker's cursor (the key it took last) round to it again: at most %(max_steps)s
 #   groups per queue. A full key is a step, never a walk of its backlog.
 # * "lap1": each group's first jobs (one in a fair queue, else as many as its key has
-#   room for); "lap2": fair queues' groups again, for the rest of their room.
+#   room for, less what the head took); "lap2": fair queues' groups again, for the rest
+#   of their room.
 #
 # All lazy: the walk goes only as far as the head leaves the claim short. Rooms are read
 # from this statement's snapshot, so they only prune: JOB_CLAIM_LIMITED_LEASE decides.
@@ -267,36 +270,36 @@ _FLOW_CANDIDATES = (
     + _QUEUE_OPEN.format(queue="q.name")
     + """
 ), head AS (
-    SELECT h.id, h.queue, h.concurrency_key AS key, h.ord,
+    SELECT h.id, h.ctid, h.queue, h.concurrency_key AS key, h.ord,
            row_number() OVER (PARTITION BY h.concurrency_key ORDER BY h.ord) AS key_rank
     FROM (SELECT a.*, row_number() OVER (ORDER BY a.priority DESC, a.id) AS ord
-          FROM ((SELECT id, queue, priority, concurrency_key
+          FROM ((SELECT id, ctid, queue, priority, concurrency_key
                  FROM pgqueue_job
                  WHERE status = 'pending' AND %(queues)s::text[] IS NULL
                  ORDER BY priority DESC, id
                  LIMIT %(window)s)
                 UNION ALL
-                (SELECT c.id, c.queue, c.priority, c.concurrency_key
+                (SELECT c.id, c.ctid, c.queue, c.priority, c.concurrency_key
                  FROM unnest(%(queues)s::text[]) AS s(name)
                  CROSS JOIN LATERAL (
-                     SELECT id, queue, priority, concurrency_key
+                     SELECT id, ctid, queue, priority, concurrency_key
                      FROM pgqueue_job
                      WHERE status = 'pending' AND queue = s.name
                      ORDER BY priority DESC, id
                      LIMIT %(window)s) AS c
                  WHERE %(queues)s::text[] IS NOT NULL
                    AND NOT s.name = ANY (%(fair)s::text[]))
-                ORDER BY 3 DESC, 1
+                ORDER BY 4 DESC, 1
                 LIMIT %(window)s) AS a
           WHERE NOT a.queue = ANY (%(fair)s::text[])
             AND """
     + _QUEUE_OPEN.format(queue="a.queue")
     + """) AS h
 ), head_locked AS (
-    SELECT id, concurrency_key AS key
+    SELECT id, queue, concurrency_key AS key, priority
     FROM pgqueue_job
-    WHERE id = ANY (ARRAY(
-            SELECT h.id
+    WHERE ctid = ANY (ARRAY(
+            SELECT h.ctid
             FROM (SELECT * FROM head ORDER BY ord OFFSET 0) AS h
             WHERE h.key_rank <= coalesce("""
     + _KEY_ROOM.format(key="h.key")
@@ -383,10 +386,9 @@ _FLOW_CANDIDATES = (
         FOR UPDATE SKIP LOCKED) AS c
     WHERE w.steps > 0 AND w.fair
 ), candidate AS (
-    (SELECT h.id, h.queue, h.key, 0 AS lap, h.ord AS step
-     FROM head AS h
-     WHERE h.id IN (SELECT id FROM head_locked)
-     ORDER BY h.ord)
+    (SELECT h.id, h.queue, h.key, 0 AS lap, 0 AS step
+     FROM head_locked AS h
+     ORDER BY h.priority DESC, h.id)
     UNION ALL
     (SELECT id, queue, key, 1, steps FROM lap1)
     UNION ALL
