@@ -12,6 +12,8 @@ MAKEFLAGS += --no-print-directory
 ARGS ?=
 #: The bench module to run: make bench NAME=throughput (bench/throughput.py).
 NAME ?=
+#: make setup MATRIX=1 also creates the Django 5.2 and 6.0 venvs of make matrix.
+MATRIX ?=
 DEV := bash scripts/dev.sh
 PY := .venv/bin/python
 # Not benches: the package, the chaos runs' settings, bench.compare's PgQueuer side.
@@ -24,8 +26,9 @@ help: ## list these commands (the default)
 	@awk -F':.*## ' '/^[a-z]+:.*## / {printf "  %-7s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "DATABASE_URL=postgres://... uses that server instead of the embedded one."
 
-setup: ## create .venv with the app (editable) and the dev group; again when pyproject.toml changes
+setup: ## create .venv with the app (editable) and the dev group; again when pyproject.toml changes; MATRIX=1: the matrix venvs too
 	@$(DEV) setup
+	@if [ -n "$(MATRIX)" ]; then $(DEV) matrix-setup; fi
 
 demo: setup ## the main job: enqueue 3,000 jobs, run 3 workers + a sweeper, SIGKILL one, all finish
 	@$(PY) testproject/manage.py demo $(ARGS)

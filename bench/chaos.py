@@ -105,6 +105,8 @@ class Counters:
     fork_kills: int = 0  # supervisors SIGKILLed right after forking a child
     restart_downtime: list[float] = field(default_factory=list)
     recovery: list[float] = field(default_factory=list)
+    #: Backends a fault ended (terminated, or alive at a restart): see oracle.check.
+    ended_pids: set[int] = field(default_factory=set)
 
 
 class Fleet:
@@ -665,7 +667,11 @@ def run(args: argparse.Namespace) -> int:
             expected.update(dict.fromkeys(ids, "periodic"))
         first_sync = (monitor.query(SCHEDULE_CREATED) or [[None]])[0][0]
         result = oracle.check(
-            url, expected=expected, lease_seconds=args.lease_seconds, cancels=canceller.cancels
+            url,
+            expected=expected,
+            lease_seconds=args.lease_seconds,
+            cancels=canceller.cancels,
+            ended_pids=fleet.counters.ended_pids,
         )
         cancelled = {i for (i,) in monitor.query(CANCELLED_IDS) or []}
     finally:
@@ -716,7 +722,7 @@ def run(args: argparse.Namespace) -> int:
         "terminated": c.terminated,
         "pg_restarts": c.pg_restarts,
         "leak_jobs": args.leaks,
-        **{k: result[k] for k in ("leak_undetected", "leaked_rows")},
+        **{k: result[k] for k in ("leak_undetected", "leak_session_ended", "leaked_rows")},
         **{k: result[k] for k in ("i1", "i2", "i4", "i5", "dead_unexpected")},
         **sampler.worst,
         "samples": sampler.samples,
@@ -899,6 +905,9 @@ def chaos(
         if restarts and now >= restarts[0]:
             restarts.pop(0)
             done_before = (status or {}).get("done", 0)
+            fleet.counters.ended_pids.update(
+                pid for (pid,) in monitor.query(oracle.CLIENT_BACKENDS) or []
+            )
             downtime = server.restart()
             fleet.counters.pg_restarts += 1
             fleet.counters.restart_downtime.append(downtime)
@@ -923,6 +932,7 @@ def chaos(
                 pid = rng.choice(rows)[0]
                 if monitor.query(oracle.TERMINATE_BACKEND, {"pid": pid}) is not None:
                     fleet.counters.terminated += 1
+                    fleet.counters.ended_pids.add(pid)
             next_terminate = now + rng.uniform(0.5, 1.5) * args.terminate_every
         if now < end and now >= next_sweeper_kill:
             fleet.kill_sweeper(rng)

@@ -101,11 +101,12 @@ class Settings:
     """Most successful jobs one completion write records (one statement)."""
 
     CHECK_SESSION_STATE: bool = True
-    """After an ordinary task that opened a cursor on the jobs database, check with one
-    statement (about 0.1-0.5 ms) that it left no session state behind (a session SET,
-    SET ROLE, an advisory lock, an open cursor, PREPARE, LISTEN, a temporary table):
-    such a task fails with TransactionLeak and its connection is discarded. False
-    skips that statement; open transactions are still caught (client-side, free)."""
+    """After an ordinary task that opened a cursor on a connection, check with one round
+    trip what it left on that session: SET ROLE, a SET of a setting that changes what
+    SQL means (search_path, timeouts, TimeZone, ...), an advisory lock, an open cursor,
+    PREPARE, LISTEN or a temporary table fail the job with TransactionLeak and discard
+    the connection; any other setting and setseed() are reset. False skips that round
+    trip (nothing compared or reset); open transactions are still caught (free)."""
 
     PERIODIC: dict[str, dict[str, Any]] | None = None
     """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,

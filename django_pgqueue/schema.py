@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from django.db import DatabaseError, connections
 
-from .exceptions import NotMigrated
+from .exceptions import NotMigrated, first_line
 
 APP_LABEL = "django_pgqueue"
 
@@ -58,8 +58,8 @@ def not_migrated(exc: BaseException, alias: str) -> NotMigrated | None:
     cause = exc.__cause__ or exc
     if getattr(cause, "sqlstate", None) not in MISSING_SCHEMA_SQLSTATES:
         return None
-    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     return NotMigrated(
-        f"the django-pgqueue tables are missing from database {alias!r} ({first}): "
+        f"the django-pgqueue tables are missing from database {alias!r} "
+        f"({first_line(cause)}): "
         f"run `{migrate_command(alias)}`"
     )

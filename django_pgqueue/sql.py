@@ -1597,20 +1597,9 @@ WHERE (r.name, r.subject) = (closed.name, closed.subject)
 RETURNING r.name
 """
 
-# Enqueue the due ticks of periodic entries (one row per entry in the arrays), each
-# exactly once however many sweepers run: advance an entry's row to its tick only if its
-# last tick is older (ticks never go back, whichever definition computed them: sweepers
-# of a rolling deploy that disagree on the cron both tick it) and the tick is not after
-# the clock, record the definition that ticked, and insert the job from that same row,
-# all in one statement. Primary-key
-# lookups on pgqueue_schedule, locked in name order with SKIP LOCKED: a sweeper that
-# finds a row locked by another one skips it; the other enqueues that tick, or, if it
-# rolls back, the next pass does. Each job's id is drawn in the UPDATE so the row links
-# to the job it enqueued; run_at is the tick, and the idempotency key
-# periodic:<name>:<tick> keeps it through retries. A live job already holding that key
-# (enqueued by hand) is that tick's job: the row advances and nothing is inserted (the
-# partial unique index pgqueue_job_idempotency_uniq is the arbiter). pg_notify in
-# RETURNING wakes idle workers at commit.
+# Enqueue each entry's due tick once however many sweepers run: advance its row (by key,
+# locked in name order, SKIP LOCKED) only to a newer tick not after the clock, and insert
+# the job (key periodic:<name>:<tick>; a live job holding it wins) from that same row.
 SCHEDULE_ENQUEUE_TICKS = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
@@ -1666,20 +1655,9 @@ JOIN advanced AS a ON a.last_job_id = i.id
 ORDER BY a.name
 """
 
-# Make the rows of periodic entries (one per entry in the arrays) agree with the
-# settings, taking no lock on a row that already does. A new entry starts at its latest
-# past tick (its element of %(ticks)s) without a job, so it first runs at its next
-# tick. A changed cron, time zone or enabled moves the last tick up (never back) to the
-# new definition's latest tick only if that is older than %(grace)s seconds: it came
-# before the change, so the change takes effect at its next tick; a recent one stays
-# due. So two sweepers of a rolling deploy that disagree, rewriting the row in turn,
-# still tick it: neither skips the other's fresh ticks. A last tick after the clock
-# means the clock went back: the row is rewound to the latest tick by this clock (the
-# entry keeps ticking instead of waiting for the clock to catch up) and that future
-# tick's job, if still pending, goes back to scheduled to run at its time. Primary-key
-# lookups; only rows that differ are locked, in name order (two sweepers applying one
-# settings change wait for each other instead of deadlocking); ON CONFLICT DO NOTHING
-# (not DO UPDATE, which would lock every row every pass) leaves existing rows alone.
+# Make the entries' rows agree with the settings, locking only rows that differ (name
+# order): a changed definition moves the last tick up only past %(grace)s s, a clock gone
+# back rewinds it (the periodic how-to's table says why). New rows: ON CONFLICT DO NOTHING.
 SCHEDULE_SYNC = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
@@ -1736,10 +1714,9 @@ ORDER BY e.name
 ON CONFLICT (name) DO NOTHING
 """
 
-# Bound the statements of the current transaction only (is_local = true): the form of
-# SESSION_CONFIGURE's statement_timeout for a database behind a transaction pooler,
-# where a session-level setting would stay on a server connection that the pooler then
-# hands to another client. No table.
+# SESSION_CONFIGURE's statement_timeout for the current transaction only: behind a
+# transaction pooler a session setting would stay on a server connection that another
+# client gets next. No table.
 SESSION_BOUND_TRANSACTION = """
 SELECT set_config('statement_timeout', %(statement_timeout)s, true)
 """
@@ -1788,10 +1765,8 @@ SESSION_FLOW_LOCAL = """
 SELECT set_config('jit', 'off', true)
 """
 
-# A runner connection's own session settings before its first job (the worker's label,
-# Django's TimeZone), by name: what SESSION_RESTORE_SETTINGS puts back after
-# SESSION_RESET_SETTINGS. Read once per connection (pg_settings is too dear per job).
-# No table.
+# A runner connection's own session settings (the worker's label, Django's TimeZone),
+# read once before its first job: what SESSION_RESTORE_SETTINGS puts back. No table.
 SESSION_GET_SETTINGS = """
 SELECT coalesce(array_agg(name ORDER BY name), '{}') AS names,
        coalesce(array_agg(setting ORDER BY name), '{}') AS "values"
@@ -1799,14 +1774,9 @@ FROM pg_settings
 WHERE source = 'session'
 """
 
-# What a task can leave behind on a runner connection beyond its transaction: the
-# roles, the session settings that change what later jobs' SQL means or how it runs,
-# and the session-level objects (advisory locks, open cursors, prepared statements,
-# LISTEN, temporary tables). The runner reads it once per connection as a baseline and
-# again after each job that opened a cursor, and discards the connection if they differ.
-# Session-local views only, except pg_locks (filtered on this backend). Other settings
-# are reset, not compared (SESSION_RESET_SETTINGS). Only SQL PREPAREs count: psycopg's
-# own prepared statements (protocol-level, from_sql false) are not leaks.
+# What a task can leave on a runner connection beyond its transaction (roles, settings
+# that change what SQL means, advisory locks, cursors, SQL PREPAREs, LISTEN, temp
+# tables), read before the first job and after each job that ran SQL (reliability.md).
 SESSION_GET_STATE = """
 SELECT current_user AS "role",
        session_user AS "session authorization",
@@ -1845,11 +1815,9 @@ SESSION_PING = """
 SELECT 1
 """
 
-# Reset a server session before its client connection is thrown away, on a database
-# behind a transaction pooler: closing the client resets nothing there, and the pooler
-# hands the server connection on. DISCARD ALL's parts one by one (DISCARD ALL itself is
-# refused in a multi-statement string): one string is one round trip and one implicit
-# transaction, hence one server connection. setseed undoes a task's too. No table.
+# Reset a pooled server session before its client connection is dropped (closing resets
+# nothing behind a pooler): DISCARD ALL's parts and a reseed, one string so one implicit
+# transaction, hence one server connection. No table.
 SESSION_RESET = """
 SET SESSION AUTHORIZATION DEFAULT;
 RESET ALL;
@@ -1863,18 +1831,16 @@ DEALLOCATE ALL;
 SELECT setseed(('x' || left(gen_random_uuid()::text, 8))::bit(32)::int / 2147483648.0)
 """
 
-# After a job that ran SQL on a runner connection: every setting back to its value at
-# connection start (RESET ALL leaves the role alone, which SESSION_GET_STATE compares);
-# SESSION_RESTORE_SETTINGS then puts back the connection's own. One statement
-# instead of reading pg_settings after every job. No table.
+# After a job that ran SQL: every setting back to its value at connection start (the
+# role is compared, not reset); SESSION_RESTORE_SETTINGS then puts the connection's own
+# back. One statement instead of reading pg_settings per job. No table.
 SESSION_RESET_SETTINGS = """
 RESET ALL
 """
 
-# The connection's own session settings back (SESSION_GET_SETTINGS, read before its
-# first job) after SESSION_RESET_SETTINGS, and random() reseeded from a strong source:
-# a task's setseed() cannot be read back, so it is undone whatever it was. Pipelined
-# with the check and the reset: one round trip. No table.
+# Put the connection's own settings (SESSION_GET_SETTINGS) back after the reset, and
+# reseed random() (a task's setseed() cannot be read back). Pipelined with the check and
+# the reset: one round trip. No table.
 SESSION_RESTORE_SETTINGS = """
 SELECT (SELECT count(set_config(b.name, b.value, false))
         FROM unnest(%(names)s::text[], %(values)s::text[]) AS b(name, value)) AS restored,

@@ -184,9 +184,10 @@ class CurrentJob:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once ``Job.objects.cancel()`` asked for this job to stop (seen at the
-        worker's next lease extension). A long task should check it between steps and
-        return (or raise ``JobCancelled``); the job ends ``cancelled`` either way."""
+        """True once ``Job.objects.cancel()`` asked for this job to stop (told within
+        about a second by NOTIFY; without a LISTEN connection, at the worker's next
+        lease extension). A long task should check it between steps and return (or
+        raise ``JobCancelled``); the job ends ``cancelled`` either way."""
         return self.cancel.is_set()
 
 

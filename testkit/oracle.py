@@ -19,8 +19,9 @@ execution of a chaos task) it counts, each of which must be 0 unless said otherw
 * dead_unexpected: a dead job that is not a poison pill or a leaking task, or a pill
   not dead after all its attempts;
 * leak_undetected / leaked_rows: a task that leaks a transaction or session state
-  (defect of issue 8) ended ``done``, or a write made inside a leaked transaction was
-  committed;
+  (defect of issue 8) ended ``done`` (unless a terminated backend or a restart ended
+  that session first: ``leak_session_ended``, reported), or a write made inside a
+  leaked transaction was committed;
 * poison_runs: executions of poison pills, at most pills x their attempts;
 * dup_plain: extra runs of ordinary tasks (at-least-once): reported, not a fault.
 
@@ -185,7 +186,9 @@ WITH expected AS (
            count(*) FILTER (WHERE kind = 'tx') AS tx_rows,
            count(*) FILTER (WHERE kind = 'plain') AS plain_rows,
            count(*) FILTER (WHERE kind = 'poison') AS poison_rows,
-           count(*) FILTER (WHERE kind = 'leaked') AS leaked_rows
+           count(*) FILTER (WHERE kind = 'leaked') AS leaked_rows,
+           array_agg(attempt) FILTER (WHERE backend_pid = ANY(%(ended_pids)s::int[]))
+               AS ended_attempts
     FROM demo_execution
     GROUP BY job_id
 ), j AS (
@@ -196,7 +199,8 @@ WITH expected AS (
            coalesce(ledger.tx_rows, 0) AS tx_rows,
            coalesce(ledger.plain_rows, 0) AS plain_rows,
            coalesce(ledger.poison_rows, 0) AS poison_rows,
-           coalesce(ledger.leaked_rows, 0) AS leaked_rows
+           coalesce(ledger.leaked_rows, 0) AS leaked_rows,
+           coalesce(job.attempts = ANY(ledger.ended_attempts), false) AS session_ended
     FROM expected
     FULL JOIN pgqueue_job AS job ON job.id = expected.job_id
     LEFT JOIN ledger ON ledger.job_id = coalesce(job.id, expected.job_id)
@@ -242,7 +246,10 @@ SELECT
     count(*) FILTER (WHERE kind = 'poison') AS pills,
     coalesce(sum(max_attempts) FILTER (WHERE kind = 'poison'), 0) AS pill_attempts,
     coalesce(sum(poison_rows), 0) AS poison_runs,
-    count(*) FILTER (WHERE kind = 'leak' AND status = 'done') AS leak_undetected,
+    count(*) FILTER (WHERE kind = 'leak' AND status = 'done' AND NOT session_ended)
+        AS leak_undetected,
+    count(*) FILTER (WHERE kind = 'leak' AND status = 'done' AND session_ended)
+        AS leak_session_ended,
     coalesce(sum(leaked_rows), 0) AS leaked_rows
 FROM j
 """
@@ -285,6 +292,7 @@ def check(
     expected: dict[int, str],
     lease_seconds: float,
     cancels: dict[int, Cancel] | None = None,
+    ended_pids: Iterable[int] = (),
 ) -> dict[str, int]:
     """Judge the final state against ``expected`` (job id -> kind, every job the
     harness enqueued) and ``cancels`` (the jobs it cancelled). ``lost``: expected jobs
@@ -293,7 +301,10 @@ def check(
     ``cancel_ignored``: a job whose cancellation was acknowledged that did not end
     ``cancelled``; ``run_after_cancel``: one claimed again (``last_attempted_at``, the
     claim's database clock) after the acknowledgement; ``cancelled_unasked``: a job
-    ``cancelled`` that nobody cancelled."""
+    ``cancelled`` that nobody cancelled. ``ended_pids``: backends the harness
+    terminated or restarted away; a leaking task whose attempt ran on one of them and
+    ended ``done`` is ``leak_session_ended`` (the fault ended its session before the
+    worker could look: nothing was left to reach a later job), not ``leak_undetected``."""
     cancels = cancels or {}
     ids = list(expected)
     params = {
@@ -302,6 +313,7 @@ def check(
         "acks": [cancels[i].ack if i in cancels else None for i in ids],
         "sure": [cancels[i].sure if i in cancels else None for i in ids],
         "lease_seconds": lease_seconds,
+        "ended_pids": sorted(set(ended_pids)),
     }
     with psycopg.connect(url, autocommit=True) as conn:
         cursor = conn.execute(CHECK, params)

@@ -31,6 +31,12 @@ from django_pgqueue.models import Job
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
 
+# A shell starts a background job with SIGINT ignored (CI runs the suite that way), and
+# subprocesses inherit that: a test's SIGINT to pgqueue_status --watch went unheard.
+# Python's own handler instead, which a child's exec turns back into the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def wait_for(
     condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.05

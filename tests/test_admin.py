@@ -914,6 +914,28 @@ def test_worker_page__running_jobs_link_encodes_the_worker_id(admin_client, sche
     assert QueryDict(query).dict() == {"status__exact": "running", "lease_owner": "web#1&x=y"}
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("levels", [1200, 3000])  # too deep to encode; to decode too
+def test_job_pages__a_row_stored_too_deep_still_shows(admin_client, job_factory, levels):
+    """Enqueue used to take up to ~1,490 levels of nesting (Reliability III #12); such a
+    row, already stored, made its job and dead-letter pages a 500 (RecursionError)."""
+    job = job_factory()
+    deep = "[" * levels + "1" + "]" * levels
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_job SET args = %s::jsonb, result = %s::jsonb, status = 'dead'"
+            " WHERE id = %s",
+            [deep, deep, job.id],
+        )
+    for name in ("job_change", "deadletter_change", "job_changelist", "deadletter_changelist"):
+        args = [job.id] if name.endswith("_change") else []
+        response = admin_client.get(reverse(f"admin:django_pgqueue_{name}", args=args))
+        assert response.status_code == 200, name
+    assert response.content.decode().count(f">{job.id}<") >= 1
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.id]))
+    assert page.content.decode().count("(nested too deep to show here)") == 2  # args, result
+
+
 # --- dead-letter filters ------------------------------------------------------------------
 
 

@@ -318,11 +318,12 @@ def test_procs__a_worker_whose_parent_is_gone_is_an_orphan() -> None:
     orphan; one whose parent is the harness is not; another run's is not seen."""
     token = secrets.token_hex(4)
     env = {**os.environ, procs.MARKER: token}
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "pgqueue_worker"]
+    # Stand-ins for workers: they wait for a signal (killed in the finally below).
+    sleeper = [sys.executable, "-c", "import signal; signal.pause()", "pgqueue_worker"]
     child = subprocess.Popen(sleeper, env=env)
     other = subprocess.Popen(sleeper, env={**env, procs.MARKER: token + "x"})
     shell = subprocess.run(
-        ["sh", "-c", " ".join(sleeper[:2]) + ' "import time; time.sleep(60)" pgqueue_worker'
+        ["sh", "-c", " ".join(sleeper[:2]) + ' "import signal; signal.pause()" pgqueue_worker'
          " >/dev/null 2>&1 & echo $!"],
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
@@ -338,3 +339,33 @@ def test_procs__a_worker_whose_parent_is_gone_is_an_orphan() -> None:
         procs.kill([child.pid, other.pid, orphan], signal.SIGKILL)
         child.wait()
         other.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_oracle__a_leak_whose_session_a_fault_ended_is_not_undetected() -> None:
+    """A leaking task's attempt that ran on a backend the harness then terminated (or a
+    restart ended) may end done: nothing of its session is left to reach a later job.
+    The same done leak on a backend no fault touched is an undetected leak."""
+    from django_pgqueue.models import Job
+    from testproject.demo.models import Execution
+
+    from .conftest import test_database_url
+
+    expected: dict[int, str] = {}
+    for pid in (4242, 4343):
+        job = Job.objects.enqueue("testproject.demo.fault_tasks.leak", ["set_role"])
+        Job.objects.filter(pk=job.id).update(status="done", attempts=2)
+        expected[job.id] = "leak"
+        # Attempt 1 on another backend; the attempt that ended done ran on ``pid``.
+        Execution.objects.create(
+            job_id=job.id, attempt=1, kind="plain", worker_id="w", backend_pid=pid + 1
+        )
+        Execution.objects.create(
+            job_id=job.id, attempt=2, kind="plain", worker_id="w", backend_pid=pid
+        )
+    url = test_database_url()
+    judged = oracle.check(url, expected=expected, lease_seconds=2, ended_pids=[4242])
+    assert (judged["leak_undetected"], judged["leak_session_ended"]) == (1, 1)
+    # A fault on an earlier attempt's backend excuses nothing.
+    judged = oracle.check(url, expected=expected, lease_seconds=2, ended_pids=[4243, 4344])
+    assert (judged["leak_undetected"], judged["leak_session_ended"]) == (2, 0)

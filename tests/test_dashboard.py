@@ -137,7 +137,7 @@ def breadcrumbs(page: str) -> str:
 
 
 def test_dashboard__breadcrumbs_are_drawn_like_the_admins_own(admin_client):
-    """Django 6 styles ``ol.breadcrumbs`` (a ``div`` before): the dashboard uses the
+    """Django 6.1 styles ``ol.breadcrumbs`` (a ``div`` before): the dashboard uses the
     structure Django's own change list uses in the version installed."""
     own = breadcrumbs(
         admin_client.get(reverse("admin:django_pgqueue_job_changelist")).content.decode()

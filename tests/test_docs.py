@@ -99,6 +99,13 @@ def test_readme__fresh_machine_runs_the_makefile_and_contributing_lists_it():
     assert set(MAKE_COMMAND.findall(contributing)) == set(makefile_targets())
 
 
+def test_ci_run__runs_each_step_through_the_makefile():
+    """.ci/run is CI's list of steps; each is a make target, as a developer runs it."""
+    text = (REPO / ".ci" / "run").read_text()
+    assert "scripts/dev.sh" not in text
+    assert {"setup", "lint", "docs", "dist", "test", "matrix"} <= set(MAKE_COMMAND.findall(text))
+
+
 def python_blocks():
     """(file, block) for every fenced python block of the docs and the README."""
     fence = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

@@ -133,3 +133,38 @@ def test_layers__nothing_imports_the_backend():
 def test_layers__the_check_sees_a_planted_circle(tmp_path, monkeypatch):
     """The circle finder finds one: two modules importing each other."""
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
+
+
+#: Modules that run statements themselves rather than through db.py, and why: bulk
+#: streams COPY on its transaction's cursor, deadline binds each statement of a block,
+#: the worker's connections check and reset a runner's raw session, and the listener
+#: holds a connection of its own outside Django's.
+OWN_EXECUTE = {
+    "django_pgqueue.bulk",
+    "django_pgqueue.deadline",
+    "django_pgqueue.worker.connections",
+    "django_pgqueue.worker.listener",
+}
+
+
+def test_layers__sql_runs_through_db_or_a_named_exception():
+    """Every statement is a constant of sql.py, run by db.py or one of OWN_EXECUTE."""
+    running: set[str] = set()
+    for name, path in modules().items():
+        if name in ("django_pgqueue.sql", "django_pgqueue.db"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("execute", "executemany", "copy")
+                and node.args
+            ):
+                continue
+            statement = ast.unparse(node.args[0])
+            if statement in ("job", "request.POST"):  # JobRunner.execute(job)
+                continue
+            running.add(name)
+            # A sql.py constant, or a helper's parameter that callers pass one in.
+            assert "sql." in statement or statement == "query", f"{name}:{node.lineno}"
+    assert running == OWN_EXECUTE

@@ -47,6 +47,8 @@ def test_tests__hold_no_shared_helper() -> None:
         "broken_at_import",
         "broken_dependency",
         "raises_at_import",
+        "plain_tasks",
+        "settings_only_the_app",
         "settings_without_app",
         "settings_without_postgres",
     }

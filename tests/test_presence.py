@@ -6,18 +6,20 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import threading
 
 import pytest
+from django.db import OperationalError, connection
 from django.test import override_settings
 from django.urls import reverse
 
 from django_pgqueue import monitoring, sql
 from django_pgqueue.models import Job, WorkerProcess
 from django_pgqueue.sweeper import Sweeper, prune_lost_workers
-from django_pgqueue.worker import presence
+from django_pgqueue.worker import Worker, presence
 from django_pgqueue.worker.state import WorkerState
 from tests.conftest import wait_for
-from tests.tasks import sleep_after_marking
+from tests.tasks import GATES, STARTED, gated, sleep_after_marking
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -147,3 +149,52 @@ def test_job_list__links_a_running_job_to_its_worker(admin_client, job_factory):
         assert "host:1:abc" in workers.content.decode()
     finally:
         presence.unregister("host:1:abc")
+
+
+def cut_every_other_connection() -> None:
+    """Terminate every backend of this database but the test's own (a worker's)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname ="
+            " current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+
+
+def test_presence__figures_follow_within_seconds_not_a_third_of_a_lease(job_factory, monkeypatch):
+    """Reliability III #21: the row's figures lagged up to a third of a lease (held 0
+    beside a running job); a worker that started while the database was down was not
+    listed until its first lease extension; and an idle worker whose heartbeat
+    connection was cut never wrote its row again (shown lost). With a 60 s lease (a
+    lease extension every 20 s), each shows within seconds."""
+    register = presence._register
+
+    def down_at_start(reg, state, *, restart):  # type: ignore[no-untyped-def]
+        if restart:
+            raise OperationalError("connection refused (the server is starting)")
+        register(reg, state, restart=restart)
+
+    monkeypatch.setattr(presence, "_register", down_at_start)
+    name = f"figures-{os.getpid()}"
+    job_factory(task=gated, args=[name])
+    worker = Worker(worker_id="figures-1", lease_seconds=60, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(STARTED[name, 1].is_set, timeout=10)
+        held = wait_for(lambda: (r := row("figures-1")) and r.jobs_held == 1 and r, timeout=8)
+        assert not held.lost
+        GATES[name, 1].set()
+        finished = (0, 1)  # held, done
+        wait_for(
+            lambda: (r := row("figures-1")) and (r.jobs_held, r.jobs_done) == finished, timeout=8
+        )
+        cut_every_other_connection()
+        job_factory(task=gated, args=[name + "-after"])
+        wait_for(STARTED[name + "-after", 1].is_set, timeout=10)
+        wait_for(lambda: (r := row("figures-1")) and r.jobs_held == 1, timeout=8)
+    finally:
+        GATES[name, 1].set()
+        GATES[name + "-after", 1].set()
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()

@@ -159,6 +159,23 @@ def test_quickstart_apps__check_passes_and_a_worker_works_jobs(manage, job_facto
     assert Job.objects.filter(pk__in=[j.pk for j in jobs], result=3).count() == 3
 
 
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_only_the_app_installed__check_passes_and_a_worker_works_jobs(manage, job_factory):
+    """INSTALLED_APPS of "django_pgqueue" alone (no contrib app at all): nothing of the
+    package needs another app to pass its checks or to work jobs."""
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_only_the_app"}
+    proc = manage("check", "--database", "default", env=env)
+    assert proc.wait(60) == 0, proc.output()
+    assert "System check identified no issues" in proc.output(), proc.output()
+
+    jobs = [job_factory(task=f"tests.plain_tasks.{name}") for name in ("add", "add_async")]
+    proc = manage("pgqueue_worker", "--burst", "--poll-interval", "0.1", env=env)
+    assert proc.wait(60) == 0, proc.output()
+    ran = Job.objects.filter(pk__in=[j.pk for j in jobs]).order_by("pk")
+    assert list(ran.values_list("status", "result")) == [("done", 3)] * 2, proc.output()
+
+
 # --- in process ------------------------------------------------------------------------
 
 

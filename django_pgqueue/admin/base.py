@@ -26,9 +26,9 @@ from ..models import Job
 ERROR_LINE_CHARS = 200
 #: Digits of the largest job id (a bigint).
 MAX_ID_DIGITS = 19
-#: Django 6 draws (and styles) the admin's breadcrumbs as ``ol.breadcrumbs``, earlier
+#: Django 6.1 draws (and styles) the admin's breadcrumbs as ``ol.breadcrumbs``, earlier
 #: versions as a ``div``: the app's own pages follow the version in use.
-BREADCRUMBS_AS_LIST = django.VERSION >= (6, 0)
+BREADCRUMBS_AS_LIST = django.VERSION >= (6, 1)
 #: What a list's query raises when a lookup in the URL cannot run: a value PostgreSQL
 #: refuses (DataError), a lookup it lacks (an extension not installed), a value Python
 #: cannot convert (a year out of range, invalid Unicode) or a range that is not a pair.
@@ -75,9 +75,19 @@ def with_backend(url: str, request: HttpRequest) -> str:
 # --- display helpers -------------------------------------------------------------------
 
 
+#: Stands for a stored payload nested deeper than Python's JSON decoder goes
+#: (``ReadOnlyJobAdmin.get_object``); :func:`pretty_json` shows a note instead.
+TOO_DEEP = object()
+
+
 def pretty_json(value: Any) -> str:
     """Indented JSON for reading; escaping is the caller's (``format_html``) job."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    if value is not TOO_DEEP:
+        try:
+            return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+        except RecursionError:
+            pass  # stored before enqueue refused more than 500 levels: show the page
+    return "(nested too deep to show here)"
 
 
 def error_line(traceback_text: Any) -> str:

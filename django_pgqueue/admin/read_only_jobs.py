@@ -17,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from ..models import Job
 from .base import (
     MAX_ID_DIGITS,
+    TOO_DEEP,
     GuardedAdmin,
     IndexedOrderChangeList,
     admin_database,
@@ -28,6 +29,10 @@ from .paginator import EstimatedCountPaginator
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
+
+
+#: The JSON columns a user's data fills (the worker writes ``errors``, bounded).
+PAYLOADS = ("args", "kwargs", "result", "progress")
 
 
 class ReadOnlyJobAdmin(GuardedAdmin):
@@ -116,6 +121,8 @@ class ReadOnlyJobAdmin(GuardedAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request).using(admin_database(request))
+        if getattr(request, "pgqueue_defer_payloads", False):
+            return queryset.defer(*PAYLOADS)
         match = request.resolver_match
         if match is not None and (match.url_name or "").endswith("_changelist"):
             # A list row needs only the newest traceback, not payloads of up to 1 MB.
@@ -123,6 +130,23 @@ class ReadOnlyJobAdmin(GuardedAdmin):
                 last_traceback=KT("errors__-1__traceback")
             )
         return queryset
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Any:
+        try:
+            return super().get_object(request, object_id, from_field)
+        except RecursionError:
+            # Enqueue took up to ~1,490 levels before it refused more than 500, deeper
+            # than Python's JSON decoder goes: load the row without such payloads.
+            setattr(request, "pgqueue_defer_payloads", True)  # noqa: B010 - not an attribute of HttpRequest
+            job = super().get_object(request, object_id, from_field)
+            for name in PAYLOADS:
+                try:
+                    getattr(job, name)
+                except RecursionError:
+                    setattr(job, name, TOO_DEEP)
+            return job
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

@@ -44,8 +44,14 @@ class Heartbeat(WorkerPart):
         """The thread's body: beat, and back off while beats fail."""
         interval = max(0.05, self.lease_seconds / 3)
         retry = Retry(self.alias, stop=self.state.done)
+        next_beat = time.monotonic() + interval
+        tick = min(interval, presence.FIGURES_SECONDS)
         try:
-            while retry.wait() if retry.failures else not self.state.done.wait(interval):
+            while retry.wait() if retry.failures else not self.state.done.wait(tick):
+                if not retry.failures and time.monotonic() < next_beat:
+                    presence.refresh(self.state)  # between beats: only a row behind
+                    continue
+                next_beat = time.monotonic() + interval
                 try:
                     self.beat()
                 except Exception as exc:  # noqa: BLE001 - a database error or a bug

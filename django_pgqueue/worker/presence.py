@@ -3,8 +3,12 @@ heartbeat, deleted at a clean exit.
 
 The row is what ``pgqueue_status``, the admin dashboard and the metrics list as live
 workers. Nothing here may stop a worker from working: a failed write is logged and
-tried again at the next beat (a row that went missing is registered again), so a
-database blip or a workers table not migrated yet costs a log line, not the jobs.
+tried again (a row that went missing is registered again), so a database blip or a
+workers table not migrated yet costs a log line, not the jobs. Between its lease
+extensions the heartbeat calls :func:`refresh` every :data:`FIGURES_SECONDS`: it writes
+only a row that is behind, so the figures lag by about that much, not a third of a
+lease, and a worker that started while the database was down is listed as soon as the
+database is back.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from django.db import DatabaseError
 
 from .. import __version__, db, sql
 from ..exceptions import first_line
+from ..reconnect import close_connection
 
 if TYPE_CHECKING:
     from .state import WorkerState
@@ -46,8 +51,14 @@ class Registration:
     version: str
 
 
+#: How often the heartbeat offers :func:`refresh` a write between lease extensions.
+FIGURES_SECONDS = 1.0
+
 #: Workers of this process by id (a process usually runs one; tests run several).
 _registered: dict[str, Registration] = {}
+#: The figures each worker's row was last written with; absent: the row is behind (its
+#: registration or last write failed), so the next refresh writes it.
+_written: dict[str, dict[str, int]] = {}
 _lock = threading.Lock()
 
 
@@ -62,6 +73,7 @@ def _counts(state: WorkerState | None) -> dict[str, int]:
 
 
 def _register(reg: Registration, state: WorkerState | None, *, restart: bool) -> None:
+    counts = _counts(state)
     db.rowcount(
         reg.alias,
         sql.WORKER_REGISTER,
@@ -75,9 +87,10 @@ def _register(reg: Registration, state: WorkerState | None, *, restart: bool) ->
             "version": reg.version,
             "restart": restart,
             "now": None,
-            **_counts(state),
+            **counts,
         },
     )
+    _written[reg.worker_id] = counts
 
 
 def register(
@@ -101,35 +114,57 @@ def register(
     )
     with _lock:
         _registered[worker_id] = reg
+        _written.pop(worker_id, None)
     try:
         _register(reg, None, restart=True)
     except DatabaseError as exc:
+        close_connection(alias)  # the next try reconnects
         _warn(worker_id, "could not register in the workers table", exc)
 
 
-def touch(state: WorkerState) -> None:
+def touch(state: WorkerState, *, quiet: bool = False) -> None:
     """The heartbeat's call: last seen now, with the jobs held and the totals so far.
 
     One primary-key UPDATE; if the row is gone (the sweeper pruned it while this worker
-    was cut off), it is registered again."""
+    was cut off, or it never got in), it is registered again. ``quiet``: a failure is
+    logged at DEBUG (one already said so)."""
     with _lock:
         reg = _registered.get(state.worker_id)
     if reg is None:
         return
+    counts = _counts(state)
     try:
         updated = db.rowcount(
-            reg.alias, sql.WORKER_TOUCH, {"id": reg.worker_id, "now": None, **_counts(state)}
+            reg.alias, sql.WORKER_TOUCH, {"id": reg.worker_id, "now": None, **counts}
         )
-        if not updated:
+        if updated:
+            _written[reg.worker_id] = counts
+        else:
             _register(reg, state, restart=False)
     except DatabaseError as exc:
-        _warn(reg.worker_id, "could not refresh its row in the workers table", exc)
+        # A cut connection stays cut: without this an idle worker, whose heartbeat
+        # runs nothing else, would never write its row again (and show as lost).
+        close_connection(reg.alias)
+        _written.pop(reg.worker_id, None)
+        if quiet:
+            logger.debug("worker %s: workers table still unreachable (%s)", reg.worker_id, exc)
+        else:
+            _warn(reg.worker_id, "could not refresh its row in the workers table", exc)
+
+
+def refresh(state: WorkerState) -> None:
+    """Write this worker's row if it is behind: its figures changed since the last
+    write, or its registration (or last write) failed. Otherwise nothing."""
+    written = _written.get(state.worker_id)
+    if written != _counts(state):
+        touch(state, quiet=written is None)
 
 
 def unregister(worker_id: str) -> None:
     """Delete this worker's row at a clean exit."""
     with _lock:
         reg = _registered.pop(worker_id, None)
+        _written.pop(worker_id, None)
     if reg is None:
         return
     try:

@@ -21,12 +21,16 @@ from django_pgqueue.tasks import current_job
 from .models import Execution, Span
 
 
-def record(kind: str) -> int:
+def record(kind: str, backend_pid: int | None = None) -> int:
     """Write this execution's ledger row; return the job id."""
     job = current_job()
     assert job is not None, "only a worker runs these tasks"
     Execution.objects.create(
-        job_id=job.id, attempt=job.attempt, kind=kind, worker_id=job.worker_id
+        job_id=job.id,
+        attempt=job.attempt,
+        kind=kind,
+        worker_id=job.worker_id,
+        backend_pid=backend_pid,
     )
     return job.id
 
@@ -109,8 +113,11 @@ LEAK_KINDS: list[str] = [*LEAKS, *(f"raw_{k}" for k in LEAKS), "autocommit_off"]
 def leak(kind: str, then_raise: bool = False) -> None:
     """Record an execution, then leave the connection dirty in the way ``kind`` names
     (one of ``LEAK_KINDS``), then maybe raise. A "leaked" ledger row is written inside
-    the leaked transaction: it must never be committed."""
-    record("plain")
+    the leaked transaction: it must never be committed. The execution's row names the
+    session's backend, so the oracle can tell a leak the worker missed from one whose
+    session a fault ended first (a terminated backend, a restart: nothing was left)."""
+    connection.ensure_connection()
+    record("plain", backend_pid=connection.connection.info.backend_pid)
     if kind == "autocommit_off":
         connection.ensure_connection()
         connection.connection.autocommit = False  # the driver's, behind Django's back

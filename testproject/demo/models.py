@@ -28,6 +28,9 @@ class Execution(models.Model):
     attempt = models.IntegerField()
     kind = models.CharField(max_length=16)  # "plain" or "tx"
     worker_id = models.CharField(max_length=255)
+    #: The PostgreSQL backend the task's connection used (leaking tasks): a leak whose
+    #: session was terminated before the worker could check it left nothing behind.
+    backend_pid = models.IntegerField(null=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+import threading
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -15,9 +15,10 @@ from django.db import DatabaseError
 from django_pgqueue import deadline, flow, monitoring, schema
 from django_pgqueue.bounds import DAY, Bounds
 from django_pgqueue.databases import backend_database
-from django_pgqueue.exceptions import DeadlineExceeded
+from django_pgqueue.exceptions import DeadlineExceeded, first_line
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument
 from django_pgqueue.monitoring import Snapshot
+from django_pgqueue.signals import Abort, on_stop
 
 #: ANSI: cursor home, clear screen (``--watch`` redraws in place).
 CLEAR = "\x1b[H\x1b[2J"
@@ -284,19 +285,24 @@ class Command(PgQueueCommand):
             if not json:
                 self.stdout.write("OK")
             return
+        # --watch stops at its first SIGINT or SIGTERM between two snapshots, never by
+        # an exception thrown into a query in flight (which can leave the connection
+        # waiting on a cancel); a second signal aborts at once.
+        stopped = threading.Event()
         try:
-            while True:
-                snap = self.snapshot(using)
-                if json:
-                    self.stdout.write(_dumps(snap.as_json()))
-                else:
-                    prefix = CLEAR if watch is not None else ""
-                    self.stdout.write(prefix + render_table(snap))
-                self.stdout.flush()
-                if watch is None:
-                    return
-                time.sleep(watch)
-        except KeyboardInterrupt:
+            with on_stop(stopped.set, finishing="finishing the current snapshot"):
+                while not stopped.is_set():
+                    snap = self.snapshot(using)
+                    if json:
+                        self.stdout.write(_dumps(snap.as_json()))
+                    else:
+                        prefix = CLEAR if watch is not None else ""
+                        self.stdout.write(prefix + render_table(snap))
+                    self.stdout.flush()
+                    if watch is None:
+                        return
+                    stopped.wait(watch)
+        except Abort:
             return
 
     def snapshot(self, using: str) -> Snapshot:
@@ -311,8 +317,9 @@ class Command(PgQueueCommand):
             missing = schema.not_migrated(exc, using)
             if missing is not None:
                 raise CommandError(str(missing)) from exc
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CommandError(f"database {using!r}: {first}", returncode=NO_ANSWER) from exc
+            raise CommandError(
+                f"database {using!r}: {first_line(exc)}", returncode=NO_ANSWER
+            ) from exc
 
 
 def _dumps(value: Any) -> str:

@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("demo", "0002_execution_ledger"),
+        ("demo", "0003_execution_backend_pid"),
     ]
 
     operations = [
