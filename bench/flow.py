@@ -23,8 +23,10 @@ Scale: ``--scale-pending`` pending jobs spread over ``--scale-keys`` keys (1,000
 over 10,000 by default), one limit of ``--key-concurrency`` per key; time per batch of
 the flow claim (both statements and the transaction: what a worker waits for), median
 over 200 claims of ``--batch-size`` whose jobs are completed between claims so that
-the keys stay busy, beside the same at ``--keys`` keys and ``--jobs`` pending, and
-today's ``JOB_CLAIM`` on the big backlog (no limits) for reference.
+the keys stay busy, beside the same at ``--keys`` keys and ``--jobs`` pending, the big
+backlog again with each key's jobs in one block (the head of the line is a full key:
+every claim walks the keys), and today's ``JOB_CLAIM`` on the big backlog (no limits)
+for reference.
 
 Database: ``pgqueue_bench_flow`` on ``127.0.0.1:5432`` unless ``--database-url`` (its
 jobs table is truncated: use a database of its own).
@@ -208,8 +210,13 @@ def drains(args: argparse.Namespace) -> None:
     print(f"  no limits / main: {median['no limits'] / median['main']:.2f}x (target: same speed)")
 
 
-def claim_times(args: argparse.Namespace, pending: int, keys: int, limited: bool) -> list[float]:
-    """Seconds per flow claim of ``--batch-size`` with ``pending`` jobs over ``keys``."""
+def claim_times(
+    args: argparse.Namespace, pending: int, keys: int, limited: bool, blocked: bool = False
+) -> list[float]:
+    """Seconds per flow claim of ``--batch-size`` with ``pending`` jobs over ``keys``:
+    interleaved (job i has key i % keys), or ``blocked`` (each key's jobs one after
+    another: the head of the line is one key, full at once, and the claim must walk)."""
+    per_key = max(1, pending // keys)
     from django.db import connection, transaction
 
     from django_pgqueue import flow
@@ -221,7 +228,11 @@ def claim_times(args: argparse.Namespace, pending: int, keys: int, limited: bool
     for start in range(0, pending, step):
         with transaction.atomic():
             Job.objects.bulk_enqueue(
-                {"task": TASK, "args": [i, i], "concurrency_key": f"k:{i % keys}"}
+                {
+                    "task": TASK,
+                    "args": [i, i],
+                    "concurrency_key": f"k:{i // per_key if blocked else i % keys}",
+                }
                 for i in range(start, min(pending, start + step))
             )
     sql_one("VACUUM ANALYZE pgqueue_job")
@@ -251,6 +262,7 @@ def scale(args: argparse.Namespace) -> None:
     ms = lambda values: statistics.median(values) * 1000  # noqa: E731
     small = claim_times(args, args.jobs, args.keys, limited=True)
     big = claim_times(args, args.scale_pending, args.scale_keys, limited=True)
+    walked = claim_times(args, args.scale_pending, args.scale_keys, limited=True, blocked=True)
     plain = claim_times(args, args.scale_pending, args.scale_keys, limited=False)
     print(
         f"\nflow claim of {args.batch_size} under a limit of {args.key_concurrency} per key, "
@@ -259,11 +271,15 @@ def scale(args: argparse.Namespace) -> None:
     for label, values in (
         (f"{args.jobs:,} pending over {args.keys:,} keys", small),
         (f"{args.scale_pending:,} pending over {args.scale_keys:,} keys", big),
+        ("the same, each key's jobs in a block (walked)", walked),
         (f"today's JOB_CLAIM, {args.scale_pending:,} pending, no limits", plain),
     ):
         p90 = sorted(values)[int(len(values) * 0.9)] * 1000
         print(f"  {label:<50} {ms(values):6.2f} ms   (p90 {p90:.2f} ms)")
-    print(f"  big / small: {ms(big) / ms(small):.2f}x (target: flat)")
+    print(
+        f"  big / small: {ms(big) / ms(small):.2f}x, walked / small: "
+        f"{ms(walked) / ms(small):.2f}x (target: flat)"
+    )
 
 
 def main() -> None:

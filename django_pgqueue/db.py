@@ -200,6 +200,58 @@ def row(alias: str, query: str, params: dict[str, Any], *, prepare: bool = False
     return found[0] if found else None
 
 
+def pipeline(
+    alias: str, statements: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
+    """Run ``statements`` in one round trip (a psycopg pipeline) and one transaction:
+    their own, its BEGIN and COMMIT in the same round trip, or the one already open on
+    the connection. The (column names, rows) of each; on an error, nothing of them is
+    kept. Prepared as :func:`jobs` prepares (a generic plan on a worker's claim
+    connection).
+
+    A worker's claim waits for its round trips while its runner threads hold the GIL:
+    each wait costs a turn of the GIL's switch interval, so a claim of several
+    statements is sent at once (flow control's JOB_CLAIM_LIMITED and _LEASE)."""
+    connection = connections[alias]
+    try:
+        connection.ensure_connection()
+        raw = connection.connection
+        own = (
+            not connection.in_atomic_block
+            and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+        generic = getattr(raw, "_pgqueue_claims_prepared", False)
+        cursors = []
+        with connection.wrap_database_errors:
+            try:
+                with raw.pipeline():
+                    if own:
+                        raw.execute("BEGIN")
+                    for query, params in statements:
+                        cur = cursor(alias, prepare=generic)
+                        cur.execute(query, params)
+                        cursors.append(cur)
+                    if own:
+                        raw.execute("COMMIT")
+                found = [
+                    (tuple(column.name for column in cur.description or ()), cur.fetchall())
+                    for cur in cursors
+                ]
+            except BaseException:
+                if own and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    raw.rollback()
+                raise
+            finally:
+                for cur in cursors:
+                    cur.close()
+    except DatabaseError as exc:
+        error = _translated(alias, exc)
+        if error is exc:
+            raise
+        raise error from exc
+    return found
+
+
 def jobs[M: models.Model](
     model: type[M], alias: str, query: str, params: dict[str, Any]
 ) -> list[M]:
@@ -226,13 +278,26 @@ def jobs[M: models.Model](
         if error is exc:
             raise
         raise error from exc
+    return load_jobs(model, alias, columns, found, (query, params))
+
+
+def load_jobs[M: models.Model](
+    model: type[M],
+    alias: str,
+    columns: tuple[str, ...],
+    found: list[tuple[Any, ...]],
+    statement: tuple[str, dict[str, Any]],
+) -> list[M]:
+    """The rows ``found`` (with ``columns``) of a statement returning whole rows of
+    ``model``'s table, as instances (see :func:`jobs`)."""
     if not found:
         return []
+    connection = connections[alias]
     position = {name: i for i, name in enumerate(columns)}
     fields = model._meta.concrete_fields
     if any(f.column not in position for f in fields):
         # Not every column (never the case for the statements of sql.py).
-        return list(model._default_manager.db_manager(alias).raw(query, params))
+        return list(model._default_manager.db_manager(alias).raw(*statement))
     json_columns = []
     converters = []
     for f in fields:

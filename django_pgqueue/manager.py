@@ -45,13 +45,12 @@ class CancelResult:
 @dataclass(frozen=True)
 class FlowClaim:
     """What a flow claim did (``Job.objects.claim_flow``): the ``jobs`` leased, each
-    queue's ``cursors`` for the next claim (where its walk over keys resumes), whether
-    a budget was ``contended`` (another claimer held its lock: try again soon), and
-    whether pending jobs were seen that limits kept back (``blocked``)."""
+    queue's ``cursors`` for the next claim (where its walk over keys resumes), and
+    whether pending jobs were seen that limits kept back (``blocked``: keys at their
+    limits, or whose budget another claim held that instant)."""
 
     jobs: list[Job]
     cursors: dict[str, str]
-    contended: bool = False
     blocked: bool = False
 
 
@@ -367,28 +366,18 @@ class JobManager(models.Manager["Job"]):
                 )
             jobs.sort(key=lambda job: (-job.priority, job.id))
             return FlowClaim(jobs, cursors)
-        with transaction.atomic(using=alias, savepoint=False):
-            if not set_up:
-                db.rows(alias, sql.SESSION_FLOW_LOCAL, {})
-            rows = db.rows(alias, sql.JOB_CLAIM_LIMITED, params, prepare=True)
-            held = [row for row in rows if row[0] is not None and row[3]]
-            jobs = (
-                db.jobs(
-                    self.model,
-                    alias,
-                    sql.JOB_CLAIM_LIMITED_LEASE,
-                    {
-                        **params,
-                        "ids": [row[0] for row in held],
-                        "id_queues": [row[1] for row in held],
-                        "id_keys": [row[2] for row in held],
-                    },
-                )
-                if held
-                else []
-            )
+        # Both statements in one round trip and one transaction (db.pipeline): the
+        # first hands its candidates to the second in a transaction-local setting.
+        statements = [(sql.JOB_CLAIM_LIMITED, params), (sql.JOB_CLAIM_LIMITED_LEASE, params)]
+        if not set_up:
+            statements.insert(0, (sql.SESSION_FLOW_LOCAL, {}))
+        *_, (_, rows), (columns, leased) = db.pipeline(alias, statements)
+        rows = [row for row in rows if row[1] is not None]  # the hand-off row aside
+        jobs = db.load_jobs(
+            self.model, alias, columns, leased, (sql.JOB_CLAIM_LIMITED_LEASE, params)
+        )
         reached: dict[str, list[str]] = {}
-        for job_id, queue, key, _, lap in rows:
+        for job_id, queue, key, lap, _ in rows:
             if job_id is None:  # the group its walk reached last: resume after it
                 reached[queue] = [key]
             elif lap:  # taken by the walk (not from the head of the line)
@@ -396,12 +385,7 @@ class JobManager(models.Manager["Job"]):
         for queue, keys_ in reached.items():
             cursors[queue] = flow.rotation_cursor(cursors.get(queue, ""), keys_)
         jobs.sort(key=lambda job: (-job.priority, job.id))
-        return FlowClaim(
-            jobs,
-            cursors,
-            contended=any(row[0] is not None and not row[3] for row in rows),
-            blocked=bool(rows) and not jobs,
-        )
+        return FlowClaim(jobs, cursors, blocked=bool(rows) and not jobs)
 
     def extend_leases(
         self,

@@ -215,6 +215,21 @@ _QUEUE_ROOM = """(SELECT least(
      FROM queue_limit AS l
      WHERE l.queue = {queue})"""
 
+# Whether this claim holds every budget of a job of key {key} in queue {queue}: for each
+# limited key or queue, a transaction-level advisory lock taken if free (never waited
+# for; taken again, it is held again). Until commit, no other claim can lease a job of
+# that budget (JOB_CLAIM_LIMITED_LEASE). In CASEs, so an unlimited one takes no lock.
+_BUDGETS_HELD = (
+    """(CASE WHEN EXISTS (SELECT FROM key_limit AS l WHERE """
+    + _KEY_MATCHES
+    + """)
+          THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue key'), hashtext({key}))
+          ELSE true END
+     AND CASE WHEN {queue} = ANY (%(queue_names)s::text[])
+          THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue queue'), hashtext({queue}))
+          ELSE true END)"""
+)
+
 # Queue {queue} may be claimed from: not paused, and its queue limit (if any) has room.
 _QUEUE_OPEN = (
     """NOT {queue} = ANY (%(paused)s::text[])
@@ -301,9 +316,13 @@ _FLOW_CANDIDATES = (
     WHERE ctid = ANY (ARRAY(
             SELECT h.ctid
             FROM (SELECT * FROM head ORDER BY ord OFFSET 0) AS h
-            WHERE h.key_rank <= coalesce("""
+            WHERE CASE WHEN h.key_rank <= coalesce("""
     + _KEY_ROOM.format(key="h.key")
     + """, %(limit)s)
+                       THEN """
+    + _BUDGETS_HELD.format(key="h.key", queue="h.queue")
+    + """
+                       ELSE false END
             LIMIT %(limit)s))
       AND status = 'pending'
     FOR UPDATE SKIP LOCKED
@@ -363,6 +382,9 @@ _FLOW_CANDIDATES = (
         WHERE j.status = 'pending' AND j.queue = w.queue AND j.priority = w.priority
           AND j.concurrency_key = w.key
           AND j.id <> ALL (ARRAY(SELECT id FROM head_locked))
+          AND """
+    + _BUDGETS_HELD.format(key="w.key", queue="w.queue")
+    + """
         ORDER BY j.id
         LIMIT greatest(0, least(coalesce("""
     + _KEY_ROOM.format(key="w.key")
@@ -378,6 +400,9 @@ _FLOW_CANDIDATES = (
         FROM pgqueue_job AS j
         WHERE j.status = 'pending' AND j.queue = w.queue AND j.priority = w.priority
           AND j.concurrency_key = w.key
+          AND """
+    + _BUDGETS_HELD.format(key="w.key", queue="w.queue")
+    + """
         ORDER BY j.id
         OFFSET 1
         LIMIT greatest(0, least(coalesce("""
@@ -692,37 +717,41 @@ WITH above AS (
 JOB_CLAIM_FLOW = "\nWITH " + _FLOW_CANDIDATES + _LEASE_CANDIDATES
 
 # A claim under limits, first of its two statements in one transaction: lock (SKIP
-# LOCKED) the candidates of _FLOW_CANDIDATES and try-lock (never wait for) their budgets,
-# a transaction-level advisory lock per limited key and per limited queue; "held" says
-# whether a candidate's every budget is ours. Then, if the walk went to its end, the
-# group it reached per queue (id NULL): the worker's cursor. See JOB_CLAIM_LIMITED_LEASE.
+# LOCKED) the candidates of _FLOW_CANDIDATES, each only once its budgets are held
+# (_BUDGETS_HELD: a key whose lock another claim holds is passed over like a full one).
+# Its first row hands them to JOB_CLAIM_LIMITED_LEASE in the transaction-local setting
+# pgqueue.claim (so both go to the server at once); then each candidate, and, if the
+# walk went to its end, the group it reached per queue (id NULL): the cursor.
 JOB_CLAIM_LIMITED = (
     "\nWITH "
     + _FLOW_CANDIDATES
     + """
-SELECT c.id, c.queue, c.key,
-       (NOT EXISTS (SELECT FROM key_limit AS l WHERE """
-    + _KEY_MATCHES.format(key="c.key")
-    + """)
-        OR pg_try_advisory_xact_lock(hashtext('django_pgqueue key'), hashtext(c.key)))
-       AND (NOT EXISTS (SELECT FROM queue_limit AS l WHERE l.queue = c.queue)
-            OR pg_try_advisory_xact_lock(hashtext('django_pgqueue queue'), hashtext(c.queue)))
-       AS held,
-       c.lap
-FROM candidate AS c
+, chosen AS MATERIALIZED (
+    SELECT c.id, c.queue, c.key, c.lap, row_number() OVER () AS ord
+    FROM candidate AS c
+)
+SELECT NULL::bigint AS id, NULL::text AS queue, NULL::text AS key, NULL::int AS lap,
+       set_config('pgqueue.claim',
+                  (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                              'id', id, 'queue', queue, 'key', key, 'ord', ord)), '[]')
+                   FROM chosen)::text,
+                  true) AS handed
+UNION ALL
+SELECT id, queue, key, lap, NULL
+FROM chosen
 UNION ALL
 SELECT NULL, r.queue, r.key, NULL, NULL
 FROM (SELECT DISTINCT ON (w.queue) w.queue, w.key
       FROM walk AS w
       WHERE w.steps > 0
       ORDER BY w.queue, w.steps DESC) AS r
-WHERE (SELECT count(*) FROM candidate) < %(limit)s
+WHERE (SELECT count(*) FROM chosen) < %(limit)s
 """
 )
 
 # A claim under limits, second statement (same transaction as JOB_CLAIM_LIMITED): lease
-# the candidates %(ids)s (locked by it, so still pending, and their budgets held; their
-# queues and keys are given beside them) while their budgets have room. Its
+# the candidates it handed over in pgqueue.claim (locked by it, so still pending, their
+# budgets held) while their budgets have room. Its
 # snapshot is taken after the budget locks were: it sees every claim of those budgets
 # committed before, and none can commit until ours does, so counting what runs (and the
 # rate windows) here is exact. In %(ids)s order, a candidate runs if, for each budget,
@@ -735,8 +764,9 @@ JOB_CLAIM_LIMITED_LEASE = (
     + _FLOW_LIMITS
     + """, given AS (
     SELECT *
-    FROM unnest(%(ids)s::bigint[], %(id_queues)s::text[], %(id_keys)s::text[])
-         WITH ORDINALITY AS g(id, queue, key, ord)
+    FROM jsonb_to_recordset(
+             coalesce(nullif(current_setting('pgqueue.claim', true), ''), '[]')::jsonb)
+         AS g(id bigint, queue text, key text, ord bigint)
 ), key_room AS MATERIALIZED (
     SELECT k.key, """
     + _KEY_ROOM.format(key="k.key")

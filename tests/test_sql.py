@@ -305,7 +305,14 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
     assert fenced == {name for name, text in texts.items() if sql._FENCE in text}
     assert {"JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES", "JOB_FAIL", "JOB_SNOOZE"} <= fenced
     leased = {name for name, text in texts.items() if "%(lease_seconds)s" in text}
-    assert leased == {"JOB_CLAIM", "JOB_CLAIM_AFTER", "JOB_CLAIM_QUEUES", "JOB_EXTEND_LEASES"}
+    assert leased == {
+        "JOB_CLAIM",
+        "JOB_CLAIM_AFTER",
+        "JOB_CLAIM_FLOW",
+        "JOB_CLAIM_LIMITED_LEASE",
+        "JOB_CLAIM_QUEUES",
+        "JOB_EXTEND_LEASES",
+    }
     assert all(sql._LEASE in texts[name] for name in leased)
 
 

@@ -55,10 +55,6 @@ from .state import WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
 
-#: How long a flow claim that found a budget locked by another worker's claim waits
-#: before it tries again (that claim commits within milliseconds).
-FLOW_CONTENDED_WAIT = 0.02
-
 
 def describe_database(alias: str) -> str:
     """``'default' (name on host:port)``: which database a log line is about."""
@@ -384,14 +380,12 @@ class Worker:
                 self._state.hold(job)
                 self._jobs.put(job)
             self.stats.count("claimed", len(jobs))
-            if flowed is not None and (jobs or flowed.blocked or flowed.contended):
+            if flowed is not None and (jobs or flowed.blocked):
                 # Under flow control a short claim is no sign of an empty queue: keys at
-                # their limits, or a budget another worker was claiming (try again
-                # soon). Claim on while claims take jobs; when limits keep every job
-                # back, wait for a slot (ours, or a NOTIFY) or the poll interval.
-                if flowed.contended and len(jobs) < free:
-                    self._wait(FLOW_CONTENDED_WAIT)
-                elif not jobs:
+                # their limits, or budgets another worker was claiming that instant.
+                # Claim on while claims take jobs; when limits keep every job back, wait
+                # for a slot (ours, or a NOTIFY) or the poll interval.
+                if not jobs:
                     self._wait(self.poll_interval)
                 continue
             if jobs and len(jobs) < free and not always_wake:

@@ -16,8 +16,8 @@ PLANTS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # may miss another's claim in flight (the SKIP LOCKED trap).
     "no_budget_lock": (
         ("JOB_CLAIM_LIMITED",),
-        "OR pg_try_advisory_xact_lock(hashtext('django_pgqueue key'), hashtext(c.key)))",
-        "OR true)",
+        "THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue key')",
+        "THEN true OR pg_try_advisory_xact_lock(hashtext('django_pgqueue key')",
     ),
     # A rate budget's window forgets its starts: nothing spreads them out.
     "no_rate_window": (
@@ -36,11 +36,7 @@ PLANTS: dict[str, tuple[tuple[str, ...], str, str]] = {
     # Workers never learn that a queue is paused.
     "ignore_pauses": (("FLOW_GET_STATE",), "WHERE paused_at IS NOT NULL", "WHERE false"),
     # Fair queues are claimed like any other.
-    "unfair": (
-        ("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED"),
-        "q.name = ANY (%(fair)s::text[]) AS fair",
-        "false AS fair",
-    ),
+    "unfair": (("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED"), "%(fair)s::text[]", "'{}'::text[]"),
 }
 
 
