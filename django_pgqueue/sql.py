@@ -719,23 +719,23 @@ JOB_CLAIM_FLOW = "\nWITH " + _FLOW_CANDIDATES + _LEASE_CANDIDATES
 # A claim under limits, first of its two statements in one transaction: lock (SKIP
 # LOCKED) the candidates of _FLOW_CANDIDATES, each only once its budgets are held
 # (_BUDGETS_HELD: a key whose lock another claim holds is passed over like a full one).
-# Its first row hands them to JOB_CLAIM_LIMITED_LEASE in the transaction-local setting
-# pgqueue.claim (so both go to the server at once); then each candidate, and, if the
-# walk went to its end, the group it reached per queue (id NULL): the cursor.
+# Its first row hands them to JOB_CLAIM_LIMITED_LEASE in transaction-local settings
+# (pgqueue.claim_ids, _queues, _keys: so both go to the server at once); then each
+# candidate, and, if the walk went to its end, the group it reached per queue (id
+# NULL): the cursor.
 JOB_CLAIM_LIMITED = (
     "\nWITH "
     + _FLOW_CANDIDATES
     + """
 , chosen AS MATERIALIZED (
-    SELECT c.id, c.queue, c.key, c.lap, row_number() OVER () AS ord
+    SELECT c.id, c.queue, c.key, c.lap
     FROM candidate AS c
 )
 SELECT NULL::bigint AS id, NULL::text AS queue, NULL::text AS key, NULL::int AS lap,
-       set_config('pgqueue.claim',
-                  (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                              'id', id, 'queue', queue, 'key', key, 'ord', ord)), '[]')
-                   FROM chosen)::text,
-                  true) AS handed
+       (SELECT set_config('pgqueue.claim_ids', array_agg(id)::text, true)
+               || set_config('pgqueue.claim_queues', array_agg(queue)::text, true)
+               || set_config('pgqueue.claim_keys', array_agg(key)::text, true)
+        FROM chosen) AS handed
 UNION ALL
 SELECT id, queue, key, lap, NULL
 FROM chosen
@@ -750,7 +750,7 @@ WHERE (SELECT count(*) FROM chosen) < %(limit)s
 )
 
 # A claim under limits, second statement (same transaction as JOB_CLAIM_LIMITED): lease
-# the candidates it handed over in pgqueue.claim (locked by it, so still pending, their
+# the candidates it handed over in pgqueue.claim_* (locked by it, so still pending, their
 # budgets held) while their budgets have room. Its
 # snapshot is taken after the budget locks were: it sees every claim of those budgets
 # committed before, and none can commit until ours does, so counting what runs (and the
@@ -764,9 +764,10 @@ JOB_CLAIM_LIMITED_LEASE = (
     + _FLOW_LIMITS
     + """, given AS (
     SELECT *
-    FROM jsonb_to_recordset(
-             coalesce(nullif(current_setting('pgqueue.claim', true), ''), '[]')::jsonb)
-         AS g(id bigint, queue text, key text, ord bigint)
+    FROM unnest(nullif(current_setting('pgqueue.claim_ids', true), '')::bigint[],
+                nullif(current_setting('pgqueue.claim_queues', true), '')::text[],
+                nullif(current_setting('pgqueue.claim_keys', true), '')::text[])
+         WITH ORDINALITY AS g(id, queue, key, ord)
 ), key_room AS MATERIALIZED (
     SELECT k.key, """
     + _KEY_ROOM.format(key="k.key")
