@@ -247,7 +247,8 @@ _QUEUE_OPEN = (
 #   ones and those whose queue limit has no room.
 # * "head": the first %(window)s pending jobs in claim order (pgqueue_job_claim_idx, or
 #   each queue's range of pgqueue_job_queue_claim_idx), of served queues that are not
-#   fair, less those whose key has no room: FIFO while the head of the line can run.
+#   fair, less those whose key has no room or whose budgets another claim holds
+#   (_BUDGETS_HELD, which takes them for this one): FIFO while the head can run.
 #   They are locked by their ctid, read in this very snapshot (so no version of theirs
 #   can be pruned meanwhile; one a claimer changed since is rechecked, and skipped).
 # * "walk": the groups (queue, priority, key) of pending jobs, by seeks of
@@ -255,8 +256,8 @@ _QUEUE_OPEN = (
 #   worker's cursor (the key it took last) round to it again: at most %(max_steps)s
 #   groups per queue. A full key is a step, never a walk of its backlog.
 # * "lap1": each group's first jobs (one in a fair queue, else as many as its key has
-#   room for, less what the head took); "lap2": fair queues' groups again, for the rest
-#   of their room.
+#   room for, less what the head took), if this claim holds its budgets; "lap2": fair
+#   queues' groups again, for the rest of their room.
 #
 # All lazy: the walk goes only as far as the head leaves the claim short. Rooms are read
 # from this statement's snapshot, so they only prune: JOB_CLAIM_LIMITED_LEASE decides.
