@@ -482,6 +482,8 @@ def test_flow__status_dashboard_metrics_and_command_show_limits_and_pauses(admin
     }
     call_command("pgqueue_queue", "resume", "mail", stdout=io.StringIO())
     assert Job.objects.paused_queues() == []
+    call_command("pgqueue_queue", "pause", "mail", stdout=io.StringIO())
+    assert Job.objects.paused_queues() == ["mail"]
 
 
 def test_flow__admin_pauses_and_resumes_queues_and_sets_limits(admin_client):

@@ -99,31 +99,49 @@ def stop(*workers: ManagedProcess) -> None:
         assert worker.wait(30) == 0, worker.output()
 
 
-def enqueue_limited_work() -> int:
-    """The jobs of the limits test: a key of concurrency 2, three tenants of 1 each, a
-    key of 4 starts a second. One bulk call: one NOTIFY wakes every worker at once."""
-    jobs = [
-        *({"task": span, "args": [0.05], "concurrency_key": "stripe"} for _ in range(40)),
-        *({"task": span, "args": [0.05], "concurrency_key": f"tenant:{n % 4}"} for n in range(24)),
-        *({"task": span, "args": [0.01], "concurrency_key": "metered"} for _ in range(12)),
+def stripe_jobs() -> list[dict[str, Any]]:
+    return [{"task": span, "args": [0.02], "concurrency_key": "stripe"} for _ in range(40)]
+
+
+def tenant_jobs() -> list[dict[str, Any]]:
+    return [
+        {"task": span, "args": [0.05], "concurrency_key": f"tenant:{n % 4}"} for n in range(24)
     ]
-    return int(Job.objects.bulk_enqueue(jobs))
+
+
+def metered_jobs() -> list[dict[str, Any]]:
+    return [{"task": span, "args": [0.01], "concurrency_key": "metered"} for _ in range(12)]
+
+
+def run_bursts(*bursts: list[dict[str, Any]]) -> None:
+    """Enqueue each burst in one bulk call (one NOTIFY wakes every worker at once: their
+    claims race), and wait until it is done before the next."""
+    total = 0
+    for jobs in bursts:
+        total += int(Job.objects.bulk_enqueue(jobs))
+        wait_for(all_done(total), timeout=60)
 
 
 @pytest.mark.parametrize(
-    "plant", ["", "no_budget_lock,no_rate_window"], ids=["guarded", "planted"]
+    "plant",
+    ["slow_claim", "slow_claim,no_budget_lock,no_rate_window"],
+    ids=["guarded", "planted"],
 )
 def test_flow_process__limits_hold_across_three_workers(manage, plant):
     """Three workers of 4 slots: ``stripe`` (concurrency 2) never runs more than 2 jobs
     and does run 2; each ``tenant:*`` key runs one at a time while tenants run side by
     side; ``metered`` (4/s) starts 12 jobs over at least 2 s, never 5 within a second.
-    Planted (no budget lock, no rate window): the same checks fail."""
-    workers = [manage(*WORKER, env=worker_env(plant=plant)) for _ in range(3)]
+    Each claim's transaction is held 30 ms longer (``slow_claim``, as on a loaded
+    server), so the workers' claims overlap. Planted (no budget lock, no rate window):
+    the same checks fail."""
+    # Polling every 20 ms: a worker whose claim found the key full tries again while
+    # another worker's slots free, racing that worker's next claim.
+    workers = [
+        manage(*WORKER, "--poll-interval", "0.02", env=worker_env(plant=plant)) for _ in range(3)
+    ]
     wait_for(registered(3), timeout=30)
-    total = 0
-    for _ in range(2):  # two bursts: each wakes the three workers at once
-        total += enqueue_limited_work()
-        wait_for(all_done(total), timeout=60)
+    # One key at a time (every claim then races for the same budgets), twice.
+    run_bursts(stripe_jobs(), tenant_jobs() + metered_jobs(), stripe_jobs(), tenant_jobs())
     stop(*workers)
     ran = spans()
     stripe = most_at_once(ran["stripe"])
@@ -132,9 +150,9 @@ def test_flow_process__limits_hold_across_three_workers(manage, plant):
         interval for key in tenants for interval in ran[key]
     )  # tenants together
     starts = lease_starts("metered")
-    spread = (starts[11] - starts[0]).total_seconds()  # the first burst's 12
+    spread = (starts[-1] - starts[0]).total_seconds()
     fifth = min((starts[i + 4] - starts[i]).total_seconds() for i in range(len(starts) - 4))
-    if not plant:
+    if "no_budget_lock" not in plant:
         assert stripe == 2, ran["stripe"]
         assert set(tenants.values()) == {1}, tenants
         assert side_by_side >= 2, "tenants never ran side by side"
@@ -266,9 +284,10 @@ def test_flow_process__a_killed_workers_slot_comes_back_when_its_lease_is_rescue
     reason="pgbouncer is not installed (bash .ci/install-pgbouncer installs Debian's)",
 )
 def test_flow_process__limits_hold_through_pgbouncer_in_transaction_mode(manage):
-    """The limits test's fleet behind a PgBouncer in transaction pooling mode (the
-    claim's two statements share one transaction, hence one server connection, and
-    its budget locks are transaction-level): the same bounds hold."""
+    """The limits test's fleet (its claims held 30 ms longer) behind a PgBouncer in
+    transaction pooling mode (the claim's two statements share one transaction, hence
+    one server connection, and its budget locks are transaction-level): the same
+    bounds hold."""
     s = connection.settings_dict
     options = s.get("OPTIONS") or {}
     with PrivateBouncer(
@@ -279,14 +298,13 @@ def test_flow_process__limits_hold_through_pgbouncer_in_transaction_mode(manage)
         pool_size=8,
     ) as bouncer:
         env = {
-            **worker_env(),
+            **worker_env(plant="slow_claim"),
             "DATABASE_URL": bouncer.url(s["NAME"]),
             "DATABASE_POOLED": "1",
         }
-        workers = [manage(*WORKER, env=env) for _ in range(3)]
+        workers = [manage(*WORKER, "--poll-interval", "0.02", env=env) for _ in range(3)]
         wait_for(registered(3), timeout=30)
-        total = enqueue_limited_work()
-        wait_for(all_done(total), timeout=60)
+        run_bursts(stripe_jobs(), tenant_jobs() + metered_jobs())
         stop(*workers)
         for worker in workers:
             assert "database error" not in worker.output(), worker.output()

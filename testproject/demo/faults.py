@@ -1,8 +1,9 @@
 """Faults the flow control tests plant in worker processes, to show that their checks
-would catch a broken guard: ``PGQUEUE_DEMO_PLANT=name[,name]`` in a process's
-environment rewrites the named parts of django-pgqueue's statements when the demo app
-loads (``DemoConfig.ready``). Each plant names the text it replaces, and refuses to
-start if that text is gone (a plant that silently did nothing would prove nothing)."""
+would catch a broken guard (and one delay, to make races likely):
+``PGQUEUE_DEMO_PLANT=name[,name]`` in a process's environment rewrites the named parts
+of django-pgqueue's statements when the demo app loads (``DemoConfig.ready``). Each
+plant names the text it replaces, and refuses to start if that text is gone (a plant
+that silently did nothing would prove nothing)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ PLANTS: dict[str, tuple[tuple[str, ...], str, str]] = {
         "WHERE r.status = 'running' AND r.concurrency_key > ''",
         "WHERE r.status = 'running' AND r.lease_expires_at > clock_timestamp()"
         " AND r.concurrency_key > ''",
+    ),
+    # Not a fault: the limited claim's lease holds its transaction open 30 ms longer, as
+    # a loaded server would, so racing claims overlap often (the guarded test holds on).
+    "slow_claim": (
+        ("JOB_CLAIM_LIMITED_LEASE",),
+        "WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))",
+        "WHERE j.id = ANY (ARRAY(SELECT id FROM candidate)) AND (SELECT true FROM pg_sleep(0.03))",
     ),
     # Workers never learn that a queue is paused.
     "ignore_pauses": (("FLOW_GET_STATE",), "WHERE paused_at IS NOT NULL", "WHERE false"),
