@@ -327,11 +327,11 @@ class JobManager(models.Manager["Job"]):
         from a paused queue, never beyond a limit, fair queues by turns of their keys.
 
         Without limits this is one statement (``sql.JOB_CLAIM_FLOW``). With limits it is
-        two, in one transaction (``sql.JOB_CLAIM_LIMITED``, then
-        ``sql.JOB_CLAIM_LIMITED_LEASE``): the first locks the candidates and takes the
-        lock of each of their budgets if free, the second, whose snapshot sees every
-        claim committed under those locks, counts what runs and leases what fits.
-        ``cursors``: per queue, the key the previous claim's walk reached."""
+        two, in one transaction sent in one round trip (``sql.JOB_CLAIM_LIMITED``, then
+        ``sql.JOB_CLAIM_LIMITED_LEASE``): the first locks the candidates whose budgets'
+        locks it could take, the second, whose snapshot sees every claim committed
+        under those locks, counts what runs and leases what fits. ``cursors``: per
+        queue, the key the previous claim's walk reached."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
         listed = None if queues is None else sorted(set(queues))
