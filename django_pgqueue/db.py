@@ -293,7 +293,7 @@ def load_jobs[M: models.Model](
     if not found:
         return []
     connection = connections[alias]
-    position = {name: i for i, name in enumerate(columns)}
+    position: dict[Any, int] = {name: i for i, name in enumerate(columns)}
     fields = model._meta.concrete_fields
     if any(f.column not in position for f in fields):
         # Not every column (never the case for the statements of sql.py).
