@@ -21,10 +21,13 @@ from .bulk import BulkResult, enqueue_many
 from .exceptions import InvalidJob, LeaseLost, PgQueueError, Retry, Snooze, SnoozeLimitExceeded
 from .taskapi import task
 from .tasks import CurrentJob, PgQueueTask, current_job
+from .workflows import Chain, Group, Step, chain, group, step
 
 __all__ = [
     "BulkResult",
+    "Chain",
     "CurrentJob",
+    "Group",
     "InvalidJob",
     "LeaseLost",
     "PgQueueError",
@@ -32,8 +35,12 @@ __all__ = [
     "Retry",
     "Snooze",
     "SnoozeLimitExceeded",
+    "Step",
+    "chain",
     "current_job",
     "enqueue_many",
+    "group",
+    "step",
     "task",
 ]
 

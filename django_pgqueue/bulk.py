@@ -13,7 +13,7 @@ Writes are chosen in this order of preference, cheapest per row first:
 Jobs are read from the iterable lazily, ``batch_size`` at a time: each batch is
 validated completely before its first byte is sent, then written, then dropped, so a
 generator of a million jobs is never held in memory. A full batch is COPYed by a helper
-thread while the caller's thread validates the next one (see ``_BackgroundCopy``), so
+thread while the caller's thread validates the next one (see ``BackgroundCopy``), so
 the server stores while Python checks.
 """
 
@@ -308,7 +308,7 @@ def _store(
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         make_row = _RowMaker(cursor.fetchone()[0])
         cursor.cursor.adapters.register_dumper(None, _JsonTextDumper)
-        background = _BackgroundCopy(connection)
+        background = BackgroundCopy(connection)
         try:
             for first, rows, keyed in _validated_batches(jobs, make_row, batch_size):
                 if announcer is not None:
@@ -387,11 +387,31 @@ def _copy(
 ) -> int:
     """COPY one batch; return the row count the server reports. ``started`` is set
     once the COPY holds the connection's lock (or has failed to start)."""
+    return copy_rows(cursor, sql.JOB_BULK_COPY, COPY_TYPES, rows, started)
+
+
+def accept_json_text(cursor: Any) -> None:
+    """Let ``cursor`` (a psycopg cursor) COPY jsonb columns from JSON text as made by
+    ``validation.payload`` (binary COPY applies no casts)."""
+    cursor.adapters.register_dumper(None, _JsonTextDumper)
+
+
+def copy_rows(
+    cursor: Any,
+    query: str,
+    types: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    started: threading.Event | None = None,
+) -> int:
+    """COPY ``rows`` (one bounded batch, in binary, ``types`` per column) with
+    ``query`` (a COPY statement of sql.py), on a psycopg cursor that
+    :func:`accept_json_text`; return the row count the server reports. ``started`` is
+    set once the COPY holds the connection's lock (or has failed to start)."""
     try:
-        with cursor.copy(sql.JOB_BULK_COPY) as copy:
+        with cursor.copy(query) as copy:
             if started is not None:
                 started.set()
-            copy.set_types(COPY_TYPES)
+            copy.set_types(types)
             for row in rows:
                 copy.write_row(row)
     finally:
@@ -400,7 +420,7 @@ def _copy(
     # Leaving the block sent the end of data and checked the final result; the server's
     # count is compared too, so a short write can never pass silently.
     if cursor.rowcount != len(rows):
-        raise DatabaseError(f"COPY stored {cursor.rowcount} of {len(rows)} jobs")
+        raise DatabaseError(f"COPY stored {cursor.rowcount} of {len(rows)} rows")
     return len(rows)
 
 
@@ -415,7 +435,7 @@ def _writing(connection: Any, first: int, count: int) -> Iterator[None]:
         raise
 
 
-class _BackgroundCopy:
+class BackgroundCopy:
     """COPYs full batches on a helper thread while the caller's thread validates the
     next one, so the server stores batch k while Python checks batch k+1.
 
@@ -433,15 +453,23 @@ class _BackgroundCopy:
         self.cursor: Any = None
         self.pending: tuple[int, int, Future[int]] | None = None
 
-    def submit(self, first: int, rows: list[tuple[Any, ...]]) -> int:
-        """Start writing ``rows``; return what the previous batch stored."""
+    def submit(
+        self,
+        first: int,
+        rows: list[tuple[Any, ...]],
+        *,
+        statement: str = sql.JOB_BULK_COPY,
+        types: Sequence[str] = COPY_TYPES,
+    ) -> int:
+        """Start writing ``rows`` (with ``statement``, of ``types``: the jobs of
+        ``sql.BULK_COLUMNS`` unless told); return what the previous batch stored."""
         created = self.wait()
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pgqueue-bulk")
             self.cursor = self.connection.connection.cursor()
             self.cursor.adapters.register_dumper(None, _JsonTextDumper)
         started = threading.Event()
-        future = self.pool.submit(_copy, self.cursor, rows, started)
+        future = self.pool.submit(copy_rows, self.cursor, statement, types, rows, started)
         self.pending = (first, len(rows), future)
         started.wait()
         return created

@@ -23,6 +23,7 @@ STATUS_MAP = {
     Status.DONE: TaskResultStatus.SUCCESSFUL,
     Status.DEAD: TaskResultStatus.FAILED,
     Status.CANCELLED: TaskResultStatus.FAILED,  # its errors end with a JobCancelled entry
+    Status.WAITING: TaskResultStatus.READY,  # waiting for the jobs it depends on
 }
 
 

@@ -9,13 +9,17 @@ and its progress.
   asked by ``Job.objects.fail``).
 * ``current_job().set_progress(value)``: one fenced primary-key UPDATE
   (``sql.JOB_SET_PROGRESS``) on the runner's own connection (:func:`set_progress`).
+* ``current_job().parents()``: the outcomes of the jobs it depended on
+  (:func:`parents`), for a job released with ``on_parent_failure="run"``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from . import db, sql, validation
@@ -99,10 +103,11 @@ def snooze(runner: JobRunner, job: Job, request: Snooze) -> BaseException | None
         "attempt": job.attempts,
         "claimed_at": job.last_attempted_at,
         "seconds": request.seconds,
+        "channel": settings.NOTIFY_CHANNEL,
         "now": None,
     }
     written, found = runner.write_retrying(
-        lambda: db.rows(runner.alias, sql.JOB_SNOOZE, params),
+        lambda: db.rows(runner.alias, sql.JOB_SNOOZE, params, prepare=True),
         jobs=[job],
         outcome="snooze",
     )
@@ -138,6 +143,34 @@ def progress_json(value: Any) -> str:
             "(PGQUEUE_MAX_PROGRESS_BYTES)"
         )
     return text
+
+
+@dataclass(frozen=True, slots=True)
+class ParentOutcome:
+    """How one of a job's parents (``depends_on``, a chain's previous step, a group's
+    member) finished: ``status`` is ``done``, ``dead`` or ``cancelled`` (or a live
+    status, if it has not finished: the job did not wait for it), ``result`` its return
+    value when done, ``error`` its last error entry (``exception_class_path``,
+    ``traceback``, ...) while its row is kept (None once pruned)."""
+
+    id: int
+    status: str
+    result: Any
+    error: dict[str, Any] | None
+
+
+def parents(alias: str, job_id: int) -> list[ParentOutcome]:
+    """The parents of job ``job_id`` in ``depends_on`` order, with their outcomes
+    (``sql.JOB_GET_PARENTS``); [] for a job without parents."""
+    return [
+        ParentOutcome(
+            id=parent_id,
+            status=status,
+            result=json.loads(result) if isinstance(result, str) else result,
+            error=json.loads(error) if isinstance(error, str) else error,
+        )
+        for parent_id, status, result, error in db.rows(alias, sql.JOB_GET_PARENTS, {"id": job_id})
+    ]
 
 
 def set_progress(

@@ -13,15 +13,16 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import logging
 import time
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 
-from . import bulk, db, defaults, flow, keys, lifecycle, sql, tracing, validation
+from . import bulk, db, defaults, flow, keys, lifecycle, sql, tracing, validation, workflows
 from .conf import settings
 from .databases import default_database
 from .exceptions import InvalidJob
@@ -30,6 +31,8 @@ from .taskapi import Task
 
 if TYPE_CHECKING:
     from .models import Job
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ CANCEL_RETRY_DELAY = 0.05
 #: names up to ``CANCEL_NOTIFY_IDS`` job ids, comma-separated (see ``sql.JOB_NOTIFY_CANCEL``).
 CANCEL_NOTIFY_PREFIX = "cancel:"
 CANCEL_NOTIFY_IDS = 300
+#: A dependant released by its parents' finishing is announced as this and its queue
+#: (spelled in ``sql._RESOLVE``): it keeps its older id, so a worker's next claim
+#: starts at the head of the claim index (``worker/position.py``).
+RELEASE_NOTIFY_PREFIX = sql.RELEASE_NOTIFY_PREFIX
 
 
 def job_ids(ids: Any, *, what: str = "ids") -> list[int]:
@@ -149,6 +156,8 @@ class JobManager(models.Manager["Job"]):
         unique_for: float | dt.timedelta | None = None,
         debounce: float | dt.timedelta | None = None,
         concurrency_key: str | None = None,
+        depends_on: Iterable[Job | int] | None = None,
+        on_parent_failure: str | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -160,7 +169,22 @@ class JobManager(models.Manager["Job"]):
         ``unique_for`` and ``debounce`` give the key a period (see ``keys.py``).
         ``concurrency_key`` puts the job in that budget of ``PGQUEUE_LIMITS`` (and fair
         turns); by default the task's ``@task(concurrency_key=...)``, or none.
+
+        ``depends_on``: jobs (or their ids) of this jobs database that must finish
+        first; the job waits (status ``waiting``) and is released by the statement that
+        finishes the last of them. If one ends dead or cancelled, the job is cancelled
+        with it, unless ``on_parent_failure="run"``: then it runs anyway once they all
+        finished, and reads their outcomes through ``current_job().parents()``. See
+        ``workflows.py``.
         """
+        parents = (
+            None if depends_on is None else workflows.parent_ids(depends_on, alias=self.db_alias)
+        )
+        failure = workflows.on_parent_failure_option(on_parent_failure)
+        if parents and (unique_for is not None or debounce is not None):
+            raise InvalidJob("depends_on cannot be combined with unique_for or debounce")
+        if failure is not None and not parents:
+            raise InvalidJob("on_parent_failure needs depends_on: the jobs it applies to")
         resolved = defaults.resolve(
             task,
             backend=backend,
@@ -187,6 +211,8 @@ class JobManager(models.Manager["Job"]):
         params["args"], params["kwargs"] = validation.payload(
             args, kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
+        if parents:
+            return workflows.enqueue_dependant(self, params, parents, on_parent_failure=failure)
         if unique_for is not None or debounce is not None:
             return keys.enqueue(
                 self,
@@ -227,6 +253,7 @@ class JobManager(models.Manager["Job"]):
             "errors": [],
             "snoozes": 0,
             "concurrency_key": params["concurrency_key"],
+            "has_dependants": False,
             "created_at": created_at,
             "trace_context": None if trace_context is None else json.loads(trace_context),
         }
@@ -448,19 +475,45 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
     ) -> str | None:
         """``complete()``, returning the new status: ``done``, or ``cancelled`` if the
-        job's cancellation was requested; None if ``worker_id`` lost the lease."""
+        job's cancellation was requested; None if ``worker_id`` lost the lease. What
+        waits on the job is resolved with it (see ``_completed``)."""
+        releasing = bool(getattr(job, "has_dependants", False))
         rows = self._rows(
-            sql.JOB_COMPLETE,
+            sql.JOB_COMPLETE_RELEASING if releasing else sql.JOB_COMPLETE,
             {
                 "id": job.id,
                 "worker_id": worker_id,
                 "attempt": job.attempts,
                 "claimed_at": job.last_attempted_at,
                 "result": validation.result_json(result),
+                "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
         )
-        return rows[0][1] if rows else None
+        if not rows:
+            return None
+        if not releasing and rows[0][2]:
+            self._completed([job.id], now=now)
+        return rows[0][1]
+
+    def _completed(self, ids: list[int], *, now: dt.datetime | None) -> None:
+        """Resolve the dependants of jobs a plain completion just finished, which got
+        them after they were created (a job created with dependants, a workflow's, has
+        them resolved by the completion itself: ``sql.JOB_COMPLETE_RELEASING``). In the
+        completion's transaction if there is one (a transactional task's); else right
+        after its commit, and if that fails the sweeper resolves them (their edges are
+        marked for repair), so the completion stands either way."""
+        try:
+            workflows.resolve_parents(self.db_alias, ids, now=now)
+        except DatabaseError:
+            if connections[self.db_alias].in_atomic_block:
+                raise
+            logger.warning(
+                "jobs %s: their dependants could not be released now; the sweeper will",
+                ids,
+                exc_info=True,
+                extra={"action": "release"},
+            )
 
     def complete_many(
         self,
@@ -494,8 +547,11 @@ class JobManager(models.Manager["Job"]):
         # Ascending ids: the lock order of the heartbeat's JOB_EXTEND_LEASES.
         order = sorted(range(len(completions)), key=lambda i: completions[i][0].id)
         jobs = [completions[i][0] for i in order]
+        # A workflow's parents' dependants are released by the completion itself; other
+        # batches take the lean statement (see _completed).
+        releasing = any(getattr(job, "has_dependants", False) for job in jobs)
         rows = self._rows(
-            sql.JOB_COMPLETE_MANY,
+            sql.JOB_COMPLETE_MANY_RELEASING if releasing else sql.JOB_COMPLETE_MANY,
             {
                 "worker_id": worker_id,
                 "ids": [job.id for job in jobs],
@@ -505,13 +561,18 @@ class JobManager(models.Manager["Job"]):
                     completions[i][1] if encoded else validation.result_json(completions[i][1])
                     for i in order
                 ],
+                "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
             prepare=True,
         )
         statuses: list[str | None] = [None] * len(completions)
-        for ord_, status in rows:
-            statuses[order[ord_ - 1]] = status
+        for row in rows:
+            statuses[order[row[0] - 1]] = row[1]
+        if not releasing:
+            found = [jobs[row[0] - 1].id for row in rows if row[2]]
+            if found:
+                self._completed(found, now=now)
         return statuses
 
     def fail(
@@ -542,8 +603,12 @@ class JobManager(models.Manager["Job"]):
                 "backoff_base": float(settings.RETRY_BACKOFF_BASE),
                 "backoff_max": float(settings.RETRY_BACKOFF_MAX),
                 "keep_errors": settings.KEEP_ERRORS,
+                "channel": settings.NOTIFY_CHANNEL,
                 "now": now,
             },
+            # Prepared: the statement resolves what waits on a job that ends (its plan
+            # is big); planned once per connection rather than once per failure.
+            prepare=True,
         )
         return rows[0][0] if rows else None
 
@@ -557,6 +622,7 @@ class JobManager(models.Manager["Job"]):
                     "worker_id": worker_id,
                     "attempt": job.attempts,
                     "claimed_at": job.last_attempted_at,
+                    "channel": settings.NOTIFY_CHANNEL,
                     "now": None,
                 },
             )
@@ -576,7 +642,8 @@ class JobManager(models.Manager["Job"]):
         ``queue``/with ``priority`` if given; wake workers at commit. Return the ids
         that changed: ids no longer dead (requeued or discarded meanwhile) and ids whose
         idempotency key a live job holds are left alone. One guarded statement per
-        ``SWEEP_BATCH_SIZE`` ids."""
+        ``SWEEP_BATCH_SIZE`` ids. What a job's death cancelled (its dependants, theirs)
+        waits again, unless another of their parents is dead or cancelled too."""
         params: dict[str, Any] = {
             "queue": None if queue is None else validation.queue_name(queue),
             "priority": None if priority is None else validation.priority(priority),
@@ -586,13 +653,18 @@ class JobManager(models.Manager["Job"]):
         checked = job_ids(ids)
         requeued: list[int] = []
         for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
-            rows = self._rows(sql.JOB_REQUEUE_DEAD, {**params, "ids": chunk})
-            requeued.extend(row[0] for row in rows)
+            # With what their failure had cancelled down the graph (workflows.py).
+            with transaction.atomic(using=self.db_alias):
+                rows = self._rows(sql.JOB_REQUEUE_DEAD, {**params, "ids": chunk})
+                done = [row[0] for row in rows]
+                workflows.restore_dependants(self.db_alias, done)
+            requeued.extend(done)
         return sorted(requeued)
 
     def cancel(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> CancelResult:
-        """Cancel jobs by id. Pending and scheduled ones become ``cancelled`` at once;
-        running ones are marked (they end ``cancelled`` whatever their outcome), and
+        """Cancel jobs by id. Waiting, pending and scheduled ones become ``cancelled`` at
+        once, and what waits on them with them (see ``workflows.py``); running ones are
+        marked (they end ``cancelled`` whatever their outcome), and
         their worker is told by a NOTIFY at commit, which its listener relays to the
         task at once; a worker without one (polling only) learns it at its next lease
         extension. Finished and unknown ids are left alone. One statement per
@@ -604,7 +676,10 @@ class JobManager(models.Manager["Job"]):
         for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
             for round_ in range(CANCEL_ROUNDS):
                 busy = []
-                for job_id, status in self._rows(sql.JOB_CANCEL, {"ids": chunk, "now": now}):
+                for job_id, status in self._rows(
+                    sql.JOB_CANCEL,
+                    {"ids": chunk, "now": now, "channel": settings.NOTIFY_CHANNEL},
+                ):
                     if status == Status.CANCELLED:
                         cancelled.append(job_id)
                     elif status == Status.RUNNING:
@@ -634,7 +709,13 @@ class JobManager(models.Manager["Job"]):
         checked = job_ids(ids)
         deleted: list[int] = []
         for chunk in _chunks(checked, settings.SWEEP_BATCH_SIZE):
-            deleted.extend(row[0] for row in self._rows(sql.JOB_DELETE_DEAD, {"ids": chunk}))
+            deleted.extend(
+                row[0]
+                for row in self._rows(
+                    sql.JOB_DELETE_DEAD,
+                    {"ids": chunk, "now": None, "channel": settings.NOTIFY_CHANNEL},
+                )
+            )
         return sorted(deleted)
 
     # --- flow control at run time -------------------------------------------------

@@ -54,6 +54,7 @@ QUEUE_GAUGES = (
         "scheduled",
         "Jobs waiting for their run_at (delayed or retrying).",
     ),
+    ("pgqueue_jobs_waiting", "waiting", "Jobs waiting for the jobs they depend on."),
     ("pgqueue_jobs_running", "running", "Jobs leased to a worker."),
     ("pgqueue_jobs_dead", "dead", "Dead letters: jobs that used up their attempts."),
     ("pgqueue_jobs_done_recent", "done_5m", "Jobs done in the last 5 minutes."),
@@ -73,7 +74,7 @@ OTHER = "_other"
 
 def _size(queue: monitoring.QueueStats) -> tuple[int, int, str]:
     """Largest first: jobs held, then recent throughput; the name breaks ties."""
-    held = queue.pending + queue.scheduled + queue.running + queue.dead
+    held = queue.pending + queue.scheduled + queue.waiting + queue.running + queue.dead
     return (-held, -queue.done_5m, queue.queue)
 
 

@@ -70,6 +70,25 @@ class Job(models.Model):
     #: flow.py); "" (the default): none. Not NULL, so that jobs without a key are one
     #: more group of the key claim index, reached by a seek like any key.
     concurrency_key = models.CharField(max_length=255, default="", db_default="", blank=True)
+    #: How many of the jobs it depends on have not finished (``JobDependency`` rows of
+    #: it without a ``state``); None for a job without parents. Kept exact by every
+    #: statement that finishes a parent: at 0 a waiting job is released (see workflows.py).
+    parents_left = models.IntegerField(null=True, blank=True)
+    #: How its parents' results reach the task when it is released, prepended to its
+    #: args: ``"value"``, its one parent's result (a chain's step); ``"list"``, the list of
+    #: them in ``depends_on`` order (a group's callback); None, not at all.
+    parent_results = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
+    #: ``"run"``: released once every parent finished, whatever their outcome. None: the
+    #: default, cancelled as soon as a parent ends dead or cancelled.
+    on_parent_failure = models.CharField(max_length=8, null=True, blank=True)  # noqa: DJ001
+    #: The chain or group the job belongs to: the id of the workflow's first job (a job
+    #: enqueued with ``depends_on`` joins its first parent's). None: no workflow.
+    workflow_id = models.BigIntegerField(null=True, blank=True)
+    #: Created with dependants (a workflow's parent): its completion resolves them in
+    #: the same statement (``sql.JOB_COMPLETE_RELEASING``). A job that gets dependants
+    #: later keeps False: its completion finds them (``sql.JOB_COMPLETE``'s
+    #: ``dependants``) and resolves them right after.
+    has_dependants = models.BooleanField(default=False, db_default=False)
 
     objects = JobManager()
 
@@ -131,7 +150,7 @@ class Job(models.Model):
             ),
             # The flow claim's walk over groups of pending jobs (queue, priority, key):
             # a seek from one key to the next, so a key's backlog is never walked
-            # (sql.FLOW_CLAIM_*). Built CONCURRENTLY in its own migration (0014).
+            # (sql.JOB_CLAIM_FLOW, _LIMITED). Built CONCURRENTLY in its own migration (0017).
             models.Index(
                 fields=["queue", "-priority", "concurrency_key", "id"],
                 name="pgqueue_job_key_claim_idx",
@@ -139,11 +158,25 @@ class Job(models.Model):
             ),
             # What runs per concurrency key: the flow claim counts a key's running
             # jobs by a range of it. Keyed jobs only, so a claim of a job without a key
-            # costs nothing more. Built CONCURRENTLY in its own migration (0014).
+            # costs nothing more. Built CONCURRENTLY in its own migration (0017).
             models.Index(
                 fields=["concurrency_key"],
                 name="pgqueue_job_key_running_idx",
                 condition=Q(status="running", concurrency_key__gt=""),
+            ),
+            # Jobs waiting for their parents (status counts, the admin's list): never in
+            # the claim index. Built CONCURRENTLY in its own migration (0014).
+            models.Index(
+                fields=["id"],
+                name="pgqueue_job_waiting_idx",
+                condition=Q(status="waiting"),
+            ),
+            # A workflow's jobs (the admin's progress of a chain or group); only jobs of
+            # one are in it. Built CONCURRENTLY in its own migration (0014).
+            models.Index(
+                fields=["workflow_id", "id"],
+                name="pgqueue_job_workflow_idx",
+                condition=Q(workflow_id__isnull=False),
             ),
         ]
         constraints = [
@@ -262,7 +295,7 @@ class Queue(models.Model):
 class RateWindow(models.Model):
     """The starts of one rate budget within its window (a limit's key and the budget's
     subject: the concurrency key, or the queue of a ``queue:NAME`` limit). Written only
-    by the flow claim, under the budget's lock (``sql.FLOW_CLAIM_LEASE``); rows whose
+    by the flow claim, under the budget's lock (``sql.JOB_CLAIM_LIMITED_LEASE``); rows whose
     window closed are deleted by the sweeper."""
 
     pk = models.CompositePrimaryKey("name", "subject")
@@ -274,12 +307,60 @@ class RateWindow(models.Model):
     class Meta:
         db_table = "pgqueue_rate"  # sql.py hard-codes this name too
         indexes = [
-            # The sweeper's pruning of closed windows. Built CONCURRENTLY (0014).
+            # The sweeper's pruning of closed windows (a new table: built with it, 0016).
             models.Index(fields=["expires_at"], name="pgqueue_rate_expires_idx"),
         ]
 
     def __str__(self) -> str:
         return f"RateWindow {self.name} {self.subject}: {len(self.starts or ())} starts"
+
+
+class JobDependency(models.Model):
+    """One edge of a workflow: job ``job_id`` waits for job ``parent_id``, its
+    ``position``-th parent (``depends_on`` order, the order of a group's results).
+
+    ``state`` is NULL until the parent finishes, then the parent's final status
+    (``done``, ``dead``, ``cancelled``), with its ``result`` when done: the edge keeps
+    the parent's outcome, so nothing needs the parent's row once its edges are resolved
+    (retention may prune it). Written only by the statements of ``sql.py``; each edge is
+    resolved once (``state IS NULL`` is every resolving UPDATE's guard). ``repair``
+    marks an edge whose parent's finishing statement may not see it (the parent existed
+    before the dependant was enqueued, or a cascade stopped at its depth); the sweeper
+    resolves such an edge once its parent finished (``sql.JOB_RESOLVE_MISSED``). Not
+    foreign keys: a pruned parent leaves its edges, which the dependant's pruning
+    deletes."""
+
+    pk = models.CompositePrimaryKey("job_id", "position")
+    job_id = models.BigIntegerField()
+    position = models.IntegerField()
+    parent_id = models.BigIntegerField()
+    state = models.CharField(max_length=16, null=True, blank=True)  # noqa: DJ001
+    result = models.JSONField(null=True, blank=True)
+    repair = models.BooleanField(default=False, db_default=False)
+
+    class Meta:
+        db_table = "pgqueue_job_dependency"  # sql.py hard-codes this name too
+        indexes = [
+            # A job's dependants, resolved or not (the admin, a requeue's restore).
+            # Built CONCURRENTLY (0014), as the two below.
+            models.Index(fields=["parent_id"], name="pgqueue_job_dep_parent_idx"),
+            # Unresolved edges only: whether there is any at all is the one probe a
+            # completion makes when no workflow is in flight (sql._RESOLVE).
+            models.Index(
+                fields=["parent_id"],
+                name="pgqueue_job_dep_unresolved_idx",
+                condition=Q(state__isnull=True),
+            ),
+            # The sweeper's missed edges: few, and only while their parent runs.
+            models.Index(
+                fields=["parent_id"],
+                name="pgqueue_job_dep_repair_idx",
+                condition=Q(repair=True, state__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"JobDependency {self.job_id} <- {self.parent_id} (#{self.position})"
 
 
 class DeadLetter(Job):

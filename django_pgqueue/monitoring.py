@@ -105,6 +105,7 @@ class QueueStats:
     scheduled: int = 0
     running: int = 0
     dead: int = 0
+    waiting: int = 0  # waiting for the jobs they depend on (workflows)
     done_5m: int = 0  # done in the last RECENT_SECONDS
     failed_5m: int = 0  # dead-lettered (attempts used up) in the last RECENT_SECONDS
     cancelled_5m: int = 0  # cancelled (Job.objects.cancel) in the last RECENT_SECONDS
@@ -119,6 +120,7 @@ class QueueStats:
             "scheduled": self.scheduled,
             "running": self.running,
             "dead": self.dead,
+            "waiting": self.waiting,
             "done_5m": self.done_5m,
             "failed_5m": self.failed_5m,
             "cancelled_5m": self.cancelled_5m,

@@ -41,6 +41,22 @@ BULK_COLUMNS = (
 )
 _BULK_COLUMN_LIST = ", ".join(name for name, _ in BULK_COLUMNS)
 
+# The columns a workflow (chain, group) writes for each of its jobs: the bulk columns
+# with the id taken from the sequence first, and the job's place in the workflow.
+WORKFLOW_COLUMNS = (
+    ("id", "int8"),
+    *BULK_COLUMNS,
+    ("parents_left", "int4"),
+    ("parent_results", "text"),
+    ("on_parent_failure", "text"),
+    ("workflow_id", "int8"),
+    ("has_dependants", "bool"),
+)
+
+# The columns a workflow writes for each of its edges (the rest keep their defaults:
+# not resolved, no result, not marked for repair: the parents are as new as it).
+EDGE_COLUMNS = (("job_id", "int8"), ("position", "int4"), ("parent_id", "int8"))
+
 # --- Fragments ----------------------------------------------------------------------
 # Constant SQL text joined into the statements below when this module is imported
 # (text only, never a value), so that each rule of the queue is written once.
@@ -542,6 +558,199 @@ FLOW_NOTIFY = """
 SELECT pg_notify(%(channel)s, %(payload)s)
 """
 
+#: The payload prefix of the NOTIFY a released dependant sends (then its queue name): no
+#: queue name holds a colon. The listener makes the next claim start at the head.
+RELEASE_NOTIFY_PREFIX = "release:"
+
+#: How far down the graph one statement follows a failure (a dependant cancelled, its
+#: own dependants cancelled, ...). The edges out of the last level are marked for
+#: repair, and the sweeper's JOB_RESOLVE_MISSED goes on from there.
+CASCADE_DEPTH = 100
+
+# Whether any edge at all is unresolved (a workflow in flight): the head of
+# pgqueue_job_dep_unresolved_idx, an ordered LIMIT 1, which no statistics turn into a
+# scan of the table. Evaluated once per statement (an InitPlan).
+_ANY_UNRESOLVED = """(SELECT u.parent_id
+         FROM pgqueue_job_dependency AS u
+         WHERE u.state IS NULL
+         ORDER BY u.parent_id
+         LIMIT 1) IS NOT NULL"""
+
+# In a completion's RETURNING: whether the job j has unresolved edges, so dependants the
+# statement did not resolve (see JOB_COMPLETE). One probe of the partial index per row,
+# none while no edge is unresolved anywhere.
+_HAS_DEPENDANTS = (
+    "CASE WHEN "
+    + _ANY_UNRESOLVED
+    + """
+            THEN EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                         WHERE e.parent_id = j.id AND e.state IS NULL)
+            ELSE false END"""
+)
+
+# What a dependant that a resolution cancels, or one it releases, is (d: the dependant,
+# c: its edges resolved by this statement, counted).
+_CANCELS = "d.status = 'waiting' AND c.failed_parent IS NOT NULL AND d.on_parent_failure IS NULL"
+_RELEASES = (
+    "d.status = 'waiting' AND d.parents_left = c.n"
+    " AND (c.failed_parent IS NULL OR d.on_parent_failure IS NOT NULL)"
+)
+
+# What the dependant d being released is given: a chain's step ("value"), its one
+# parent's result, from the edge this very statement resolved (the last one); a group's
+# callback ("list"), every parent's result in depends_on order: the edges this
+# statement resolved (RETURNING; its own edge updates are invisible to its reads), the
+# edges resolved before its snapshot, and those resolved since (by statements that
+# committed while it waited for d's lock): a plain read would see those unresolved, but
+# a row lock reads the newest version, and waits for none (they committed). Run once
+# per released dependant, never per completion.
+_PARENT_RESULTS = """CASE d.parent_results
+        WHEN 'value' THEN (SELECT r.result FROM resolved AS r WHERE r.job_id = d.id LIMIT 1)
+        ELSE (
+            SELECT coalesce(jsonb_agg(g.result ORDER BY g.position), '[]'::jsonb)
+            FROM (
+                SELECT r.position, r.result FROM resolved AS r WHERE r.job_id = d.id
+                UNION ALL
+                SELECT x.position, x.result
+                FROM pgqueue_job_dependency AS x
+                WHERE x.job_id = d.id AND x.state IS NOT NULL
+                UNION ALL
+                SELECT y.position, y.result
+                FROM (SELECT z.position, z.result
+                      FROM pgqueue_job_dependency AS z
+                      WHERE (z.job_id, z.position) IN (
+                          SELECT w.job_id, w.position
+                          FROM pgqueue_job_dependency AS w
+                          WHERE w.job_id = d.id AND w.state IS NULL)
+                      FOR SHARE) AS y
+            ) AS g)
+        END"""
+
+# The resolution of the edges out of the jobs a statement just finished, joined into
+# every statement that ends a job: the statement names them "ended" (id, status, result)
+# and has a clock. Each edge is resolved once: its state takes the parent's outcome
+# (and result) under "state IS NULL", which a late (zombie) write or a second resolver
+# fails. Each dependant's parents_left goes down by its edges resolved here, under its
+# row lock (taken in id order: no deadlock between completers), so the statement that
+# resolves its last edge sees 0 and releases it: pending (or scheduled), its parents'
+# results prepended to its args if it takes them; a dependant that waits (without
+# on_parent_failure "run") and lost a parent to dead or cancelled is cancelled instead,
+# with an entry naming that parent, and so are its own waiting dependants, down to
+# CASCADE_DEPTH levels (the "doomed"). A released job wakes workers at commit. While no
+# edge is unresolved anywhere (no workflow in flight), the statement's jobs are not
+# looked up at all: the head of pgqueue_job_dep_unresolved_idx, empty, decides it (an
+# ordered LIMIT 1, which no statistics make a scan of the table).
+_RESOLVE = (
+    """doomed AS (
+    SELECT e.job_id AS id, 1 AS depth
+    FROM ended
+    JOIN pgqueue_job_dependency AS e ON e.parent_id = ended.id
+    JOIN pgqueue_job AS d ON d.id = e.job_id
+    WHERE ended.status <> 'done'
+      AND e.state IS NULL
+      AND (d.status = 'waiting') IS TRUE
+      AND d.on_parent_failure IS NULL
+    UNION
+    SELECT e.job_id, doomed.depth + 1
+    FROM doomed
+    JOIN pgqueue_job_dependency AS e ON e.parent_id = doomed.id
+    JOIN pgqueue_job AS d ON d.id = e.job_id
+    WHERE doomed.depth < """
+    + str(CASCADE_DEPTH)
+    + """
+      AND e.state IS NULL
+      AND (d.status = 'waiting') IS TRUE
+      AND d.on_parent_failure IS NULL
+), doomed_once AS (
+    SELECT id, min(depth) AS depth
+    FROM doomed
+    WHERE id NOT IN (SELECT id FROM ended)
+    GROUP BY id
+), finished AS (
+    SELECT id, status, result FROM ended
+    UNION ALL
+    SELECT id, 'cancelled', NULL::jsonb FROM doomed_once WHERE depth < """
+    + str(CASCADE_DEPTH)
+    + """
+), resolved AS (
+    UPDATE pgqueue_job_dependency AS e
+    SET state = f.status,
+        result = CASE WHEN f.status = 'done' THEN f.result END
+    FROM finished AS f
+    WHERE e.parent_id = ANY (ARRAY(SELECT id FROM finished WHERE """
+    + _ANY_UNRESOLVED
+    + """))
+      AND e.parent_id = f.id
+      AND e.state IS NULL
+    RETURNING e.job_id, e.position, e.parent_id, e.state, e.result
+), deferred AS (
+    UPDATE pgqueue_job_dependency AS e
+    SET repair = true
+    FROM doomed_once AS x
+    WHERE x.depth = """
+    + str(CASCADE_DEPTH)
+    + """
+      AND e.parent_id = x.id
+      AND e.state IS NULL
+    RETURNING e.job_id
+), counted AS (
+    SELECT job_id, count(*)::int AS n,
+           min(parent_id) FILTER (WHERE state <> 'done') AS failed_parent,
+           (array_agg(state ORDER BY parent_id) FILTER (WHERE state <> 'done'))[1]
+               AS failed_state
+    FROM resolved
+    GROUP BY job_id
+), lock_order AS MATERIALIZED (
+    SELECT d.id
+    FROM pgqueue_job AS d
+    WHERE d.id IN (SELECT job_id FROM counted)
+    ORDER BY d.id
+    FOR NO KEY UPDATE
+), dependant AS (
+    UPDATE pgqueue_job AS d
+    SET parents_left = d.parents_left - c.n,
+        status = CASE WHEN """
+    + _CANCELS
+    + """ THEN 'cancelled'
+                      WHEN """
+    + _RELEASES
+    + """
+                      THEN CASE WHEN d.run_at > clock.now THEN 'scheduled' ELSE 'pending' END
+                      ELSE d.status END,
+        finished_at = CASE WHEN """
+    + _CANCELS
+    + """ THEN clock.now ELSE d.finished_at END,
+        errors = CASE WHEN """
+    + _CANCELS
+    + """
+                      THEN d.errors || jsonb_build_array("""
+    + _cancelled_entry(
+        "'parent job ' || c.failed_parent || ' ended ' || c.failed_state",
+        worker_id="''",
+        attempt="d.attempts",
+    )
+    + """)
+                      ELSE d.errors END,
+        args = CASE WHEN d.parent_results IS NOT NULL AND """
+    + _RELEASES
+    + """
+                    THEN jsonb_build_array("""
+    + _PARENT_RESULTS
+    + """) || d.args
+                    ELSE d.args END
+    FROM counted AS c, lock_order, clock
+    WHERE d.id = c.job_id
+      AND lock_order.id = d.id
+    RETURNING d.id, d.status,
+              CASE WHEN d.status = 'pending'
+                   THEN pg_notify(%(channel)s, '"""
+    + RELEASE_NOTIFY_PREFIX
+    + """' || d.queue)
+              END
+)"""
+)
+
+
 # The clock a bulk call stamps on its jobs (created_at, the default run_at, pending or
 # scheduled), read once: COPY cannot evaluate an expression per row. No index.
 JOB_BULK_CLOCK = """
@@ -553,6 +762,14 @@ SELECT coalesce(%(now)s::timestamptz, clock_timestamp())
 # JOB_BULK_INSERT_DEDUPE.
 JOB_BULK_COPY = "\nCOPY pgqueue_job (" + _BULK_COLUMN_LIST + ") FROM STDIN (FORMAT BINARY)\n"
 
+# Stream one bounded batch of a workflow's edges (EDGE_COLUMNS), in binary, in the
+# transaction that COPYs its jobs (JOB_BULK_COPY_WORKFLOW): they commit together.
+JOB_BULK_COPY_EDGES = (
+    "\nCOPY pgqueue_job_dependency ("
+    + ", ".join(name for name, _ in EDGE_COLUMNS)
+    + ") FROM STDIN (FORMAT BINARY)\n"
+)
+
 # COPY one bounded batch whose ids were taken from the sequence first (JOB_BULK_IDS):
 # what bulk enqueue does when task_enqueued has receivers, so each job can be announced
 # with its real id (COPY returns nothing). Otherwise as JOB_BULK_COPY.
@@ -560,11 +777,20 @@ JOB_BULK_COPY_WITH_IDS = (
     "\nCOPY pgqueue_job (id, " + _BULK_COLUMN_LIST + ") FROM STDIN (FORMAT BINARY)\n"
 )
 
+# Stream one bounded batch of a workflow's jobs (WORKFLOW_COLUMNS: ids taken from the
+# sequence first, so its edges can name them), in binary. Otherwise as JOB_BULK_COPY.
+JOB_BULK_COPY_WORKFLOW = (
+    "\nCOPY pgqueue_job ("
+    + ", ".join(name for name, _ in WORKFLOW_COLUMNS)
+    + ") FROM STDIN (FORMAT BINARY)\n"
+)
+
 # Take %(count)s ids from the jobs' id sequence in one round trip, for a batch that is
-# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS).
-# No table is read; nextval never blocks and never hands an id out twice.
+# then written with explicit ids (JOB_BULK_COPY_WITH_IDS, JOB_BULK_INSERT_DEDUPE_WITH_IDS,
+# a workflow's JOB_BULK_COPY_WORKFLOW). No table is read; nextval never blocks and never
+# hands an id out twice. The sequence is looked up once (an InitPlan), not per id.
 JOB_BULK_IDS = """
-SELECT nextval(pg_get_serial_sequence('pgqueue_job', 'id'))
+SELECT nextval((SELECT pg_get_serial_sequence('pgqueue_job', 'id')::regclass))
 FROM generate_series(1, %(count)s)
 """
 
@@ -622,18 +848,19 @@ ON CONFLICT (queue, idempotency_key)
 RETURNING j.id
 """
 
-# Cancel jobs by id: pending and scheduled ones end 'cancelled' now; running ones get
-# cancel_requested_at, which makes whatever write ends them end them 'cancelled'. Rows
-# are locked in id order with SKIP LOCKED; a locked one comes back 'busy', to retry.
+# Cancel jobs by id: waiting, pending and scheduled ones end 'cancelled' now, and what
+# waits on them with them (_RESOLVE); running ones get cancel_requested_at, which makes
+# whatever write ends them end them 'cancelled'. Rows are locked in id order with SKIP
+# LOCKED; a locked one comes back 'busy', to retry.
 JOB_CANCEL = (
     """
-WITH """
+WITH RECURSIVE """
     + _CLOCK
     + """, target AS (
     SELECT id
     FROM pgqueue_job
     WHERE id = ANY(%(ids)s::bigint[])
-      AND status IN ('pending', 'scheduled', 'running')
+      AND status IN ('pending', 'scheduled', 'running', 'waiting')
     ORDER BY id
     FOR UPDATE SKIP LOCKED
 ), changed AS (
@@ -647,15 +874,19 @@ WITH """
     + """) END
     FROM target, clock
     WHERE j.id = target.id
-      AND j.status IN ('pending', 'scheduled', 'running')
-    RETURNING j.id, j.status
-)
+      AND j.status IN ('pending', 'scheduled', 'running', 'waiting')
+    RETURNING j.id, j.status, j.result
+), ended AS (
+    SELECT id, status, result FROM changed WHERE status = 'cancelled'
+), """
+    + _RESOLVE
+    + """
 SELECT id, status FROM changed
 UNION ALL
 SELECT id, 'busy'
 FROM pgqueue_job
 WHERE id = ANY(%(ids)s::bigint[])
-  AND status IN ('pending', 'scheduled', 'running')
+  AND status IN ('pending', 'scheduled', 'running', 'waiting')
   AND id NOT IN (SELECT id FROM target)
 """
 )
@@ -845,7 +1076,9 @@ WITH candidate AS (
 
 # Mark a job done with its result, only while this worker still owns this attempt (or
 # 'cancelled' if its cancellation was requested). Primary-key lookup; the fence makes a
-# late (zombie) completion update zero rows.
+# late (zombie) completion update zero rows. For a job created without dependants
+# (has_dependants false): "dependants" says whether some were enqueued since, which the
+# caller then resolves (JOB_RESOLVE_PARENTS); JOB_COMPLETE_RELEASING is for the others.
 JOB_COMPLETE = (
     """
 WITH """
@@ -866,13 +1099,16 @@ FROM clock, """
 WHERE """
     + _FENCE
     + """
-RETURNING j.id, j.status
+RETURNING j.id, j.status, """
+    + _HAS_DEPENDANTS
+    + """ AS dependants
 """
 )
 
 # Mark many jobs done in one statement (the batched completion), each fenced. The caller
 # sorts by id, JOB_EXTEND_LEASES's lock order; the 1-based position and new status (done
-# or cancelled) of every row changed come back (a missing one is a lost lease).
+# or cancelled) of every row changed come back (a missing one is a lost lease), and as
+# for JOB_COMPLETE whether it has dependants to resolve. For jobs created without any.
 JOB_COMPLETE_MANY = (
     """
 WITH """
@@ -893,7 +1129,72 @@ FROM clock,
 WHERE """
     + _FENCE
     + """
-RETURNING owned.ord, j.status
+RETURNING owned.ord, j.status, """
+    + _HAS_DEPENDANTS
+    + """ AS dependants
+"""
+)
+
+# JOB_COMPLETE_MANY for a batch holding a job created with dependants (a workflow's):
+# what waits on them is resolved in the same statement (_RESOLVE), so a dependant is
+# released in its last parent's completion's transaction, and a zombie, which changes no
+# row, releases nothing twice. Only these batches pay for the fragment's bigger plan.
+JOB_COMPLETE_MANY_RELEASING = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, ended AS (
+    UPDATE pgqueue_job AS j
+    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+        result = owned.result,
+        finished_at = clock.now,
+        lease_expires_at = NULL,
+        errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                      ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancellation requested while running; the task returned'")
+    + """) END
+    FROM clock,
+         unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
+                %(results)s::jsonb[]) WITH ORDINALITY
+             AS owned(id, attempt, claimed_at, result, ord)
+    WHERE """
+    + _FENCE
+    + """
+    RETURNING j.id, j.status, j.result, owned.ord
+), """
+    + _RESOLVE
+    + """
+SELECT ord, status FROM ended
+"""
+)
+
+# JOB_COMPLETE for a job created with dependants: resolves them in the same statement
+# (_RESOLVE), as JOB_COMPLETE_MANY_RELEASING does. Primary-key lookup, fenced.
+JOB_COMPLETE_RELEASING = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, ended AS (
+    UPDATE pgqueue_job AS j
+    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+        result = %(result)s::jsonb,
+        finished_at = clock.now,
+        lease_expires_at = NULL,
+        errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
+                      ELSE j.errors || jsonb_build_array("""
+    + _cancelled_entry("'cancellation requested while running; the task returned'")
+    + """) END
+    FROM clock, """
+    + _OWNED_ONE
+    + """
+    WHERE """
+    + _FENCE
+    + """
+    RETURNING j.id, j.status, j.result
+), """
+    + _RESOLVE
+    + """
+SELECT id, status FROM ended
 """
 )
 
@@ -915,6 +1216,11 @@ WITH live AS (
     (SELECT 'running'::text, queue
      FROM pgqueue_job
      WHERE status = 'running'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'waiting'::text, queue
+     FROM pgqueue_job
+     WHERE status = 'waiting'
      LIMIT %(cap)s)
 )
 SELECT status, queue, count(*) AS jobs
@@ -947,6 +1253,11 @@ WITH sample AS (
      FROM pgqueue_job
      WHERE status = 'dead'
      LIMIT %(cap)s)
+    UNION ALL
+    (SELECT 'waiting'::text, queue, NULL::timestamptz
+     FROM pgqueue_job
+     WHERE status = 'waiting'
+     LIMIT %(cap)s)
 )
 SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
 FROM sample
@@ -955,22 +1266,35 @@ ORDER BY status, queue
 """
 
 # Discard dead letters by id (admin), guarded by status = 'dead' and locked in id order
-# like JOB_REQUEUE_DEAD, so overlapping discards and requeues wait, never deadlock.
-JOB_DELETE_DEAD = """
-WITH locked AS (
+# like JOB_REQUEUE_DEAD, so overlapping discards and requeues wait, never deadlock. Their
+# own edges go with them; an edge out of one still unresolved (a dependant enqueued as
+# it died) is resolved first (_RESOLVE), so nothing waits on a job that is gone.
+JOB_DELETE_DEAD = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, locked AS (
     SELECT id
     FROM pgqueue_job
     WHERE id = ANY(%(ids)s::bigint[])
       AND status = 'dead'
     ORDER BY id
     FOR UPDATE
-)
-DELETE FROM pgqueue_job AS j
-USING locked
-WHERE j.id = locked.id
-  AND j.status = 'dead'
-RETURNING j.id
+), ended AS (
+    DELETE FROM pgqueue_job AS j
+    USING locked
+    WHERE j.id = locked.id
+      AND j.status = 'dead'
+    RETURNING j.id, j.status, j.result, j.parents_left
+), own_edges AS (
+    DELETE FROM pgqueue_job_dependency AS e
+    WHERE e.job_id IN (SELECT id FROM ended WHERE parents_left IS NOT NULL)
+), """
+    + _RESOLVE
+    + """
+SELECT id FROM ended
 """
+)
 
 # Delete keys whose window closed (unique_for), or whose job started (debounce), one
 # bounded batch of pgqueue_job_key_expires_idx; a debounce key of a job still waiting is
@@ -995,22 +1319,32 @@ WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key)
 )
 
 # Delete jobs of one final state (%(status)s: done, cancelled or dead) that finished
-# before that state's retention horizon, one bounded batch. The state is a literal when
-# Django binds it, so each uses its own partial index; SKIP LOCKED splits the work.
+# before that state's retention horizon, one bounded batch, with their own edges. The
+# state is a literal when Django binds it, so each uses its own partial index; SKIP
+# LOCKED splits the work. A parent with an edge the sweeper has yet to resolve is kept
+# (pgqueue_job_dep_repair_idx): only then does a dependant need the parent's row.
 JOB_DELETE_FINISHED_BEFORE = """
 WITH old AS (
     SELECT id
-    FROM pgqueue_job
+    FROM pgqueue_job AS j
     WHERE status = %(status)s
       AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
                         - make_interval(secs => %(retention_seconds)s)
+      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
     ORDER BY finished_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
+), pruned AS (
+    DELETE FROM pgqueue_job AS j
+    USING old
+    WHERE j.id = old.id
+    RETURNING j.id, j.parents_left
+), own_edges AS (
+    DELETE FROM pgqueue_job_dependency AS e
+    WHERE e.job_id IN (SELECT id FROM pruned WHERE parents_left IS NOT NULL)
 )
-DELETE FROM pgqueue_job AS j
-USING old
-WHERE j.id = old.id
+SELECT count(*) FROM pruned
 """
 
 # Insert one job, or find the live one holding its idempotency key (the arbiter is
@@ -1084,6 +1418,98 @@ WHERE EXISTS (SELECT FROM updated) OR EXISTS (SELECT FROM inserted)
 """
 )
 
+# Insert one job that depends on existing jobs (%(parents)s, in order) with its edges,
+# or find the live one holding its idempotency key. The parents are locked FOR KEY
+# SHARE (no worker's UPDATE waits on it; only their deletion does) and read: a parent
+# already finished gives its edge its outcome (and the job its result); a live one
+# counts in parents_left, and its edge is marked for repair, since its completion may
+# run on a snapshot older than this insert (JOB_RESOLVE_LATE, JOB_RESOLVE_MISSED). So
+# the job starts waiting, released (pending or scheduled), or cancelled (a parent dead
+# or cancelled, unless %(on_parent_failure)s is 'run'). Nothing is inserted unless
+# every parent was found; the found ids come back to say which were not. Primary-key
+# lookups; pgqueue_job_idempotency_uniq is the arbiter; NOTIFY at commit if pending.
+JOB_ENQUEUE_DEPENDANT = (
+    """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now,
+           %(run_at)s::timestamptz AS run_at
+), parent AS (
+    SELECT p.id, p.status, p.result, p.workflow_id, want.ord - 1 AS position,
+           p.status IN ('done', 'dead', 'cancelled') AS finished
+    FROM unnest(%(parents)s::bigint[]) WITH ORDINALITY AS want(id, ord)
+    JOIN pgqueue_job AS p ON p.id = want.id
+    ORDER BY p.id
+    FOR KEY SHARE OF p
+), summary AS (
+    SELECT array_agg(id) AS found,
+           count(*) FILTER (WHERE NOT finished)::int AS left_,
+           (array_agg(id ORDER BY position) FILTER (WHERE status IN ('dead', 'cancelled')))[1]
+               AS failed_parent,
+           (array_agg(status ORDER BY position)
+               FILTER (WHERE status IN ('dead', 'cancelled')))[1] AS failed_state,
+           (array_agg(workflow_id ORDER BY position))[1] AS workflow_id,
+           CASE %(parent_results)s::text
+               WHEN 'value' THEN (jsonb_agg(CASE WHEN status = 'done' THEN result END
+                                            ORDER BY position)) -> 0
+               ELSE jsonb_agg(CASE WHEN status = 'done' THEN result END ORDER BY position)
+           END AS results
+    FROM parent
+), decided AS (
+    SELECT s.*, clock.now, clock.run_at,
+           CASE WHEN s.failed_parent IS NOT NULL AND %(on_parent_failure)s::text IS NULL
+                THEN 'cancelled'
+                WHEN s.left_ > 0 THEN 'waiting'
+                WHEN clock.run_at > clock.now THEN 'scheduled'
+                ELSE 'pending' END AS status
+    FROM summary AS s, clock
+), job AS (
+    INSERT INTO pgqueue_job AS j (
+        backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+        run_at, idempotency_key, errors, created_at, finished_at, trace_context,
+        parents_left, parent_results, on_parent_failure, workflow_id, concurrency_key
+    )
+    SELECT %(backend)s, %(queue)s, %(task)s,
+           CASE WHEN x.status IN ('pending', 'scheduled') AND %(parent_results)s::text IS NOT NULL
+                THEN jsonb_build_array(x.results) || %(args)s::jsonb
+                ELSE %(args)s::jsonb END,
+           %(kwargs)s::jsonb, %(priority)s, x.status, 0, %(max_attempts)s,
+           coalesce(x.run_at, x.now), %(idempotency_key)s,
+           CASE WHEN x.status = 'cancelled' THEN jsonb_build_array("""
+    + _cancelled_entry(
+        "'parent job ' || x.failed_parent || ' ended ' || x.failed_state"
+        " || ' before this job was enqueued'",
+        worker_id="''",
+        attempt="0",
+    ).replace("clock.now", "x.now")
+    + """)
+                ELSE '[]'::jsonb END,
+           x.now, CASE WHEN x.status = 'cancelled' THEN x.now END, %(trace_context)s::jsonb,
+           x.left_, %(parent_results)s::text, %(on_parent_failure)s::text,
+           coalesce(%(workflow_id)s::bigint, x.workflow_id), %(concurrency_key)s
+    FROM decided AS x
+    WHERE cardinality(x.found) = cardinality(%(parents)s::bigint[])
+    ON CONFLICT (queue, idempotency_key)
+        WHERE idempotency_key IS NOT NULL
+          AND status IN ('pending', 'scheduled', 'running', 'waiting')
+        DO NOTHING
+    RETURNING j.id, j.status, j.run_at, j.created_at, j.args, j.errors, j.finished_at,
+              j.parents_left, j.workflow_id,
+              CASE WHEN j.status = 'pending' THEN pg_notify(%(channel)s, j.queue) END
+), edges AS (
+    INSERT INTO pgqueue_job_dependency (job_id, position, parent_id, state, result, repair)
+    SELECT job.id, p.position, p.id,
+           CASE WHEN p.finished THEN p.status END,
+           CASE WHEN p.status = 'done' THEN p.result END,
+           NOT p.finished
+    FROM job, parent AS p
+)
+SELECT job.id, job.status, job.run_at, job.created_at, job.args, job.errors,
+       job.finished_at, job.parents_left, job.workflow_id, summary.found
+FROM summary
+LEFT JOIN job ON true
+"""
+)
+
 # Enqueue unique for a period: the key's row (an upsert: concurrent enqueues take turns)
 # names the job created in its window, or, once the window closed, this new one. The job
 # is inserted only then; a live job holding the key wins (inserted false: roll back).
@@ -1121,6 +1547,58 @@ FROM held
 """
 )
 
+# Insert a small workflow (chain, group) in one statement: its jobs from one array per
+# column (ids drawn here, in node order; the first is the workflow's id) and its edges,
+# which name nodes by their 1-based position. A bounded multi-row insert: a workflow
+# larger than a COPY batch goes through JOB_BULK_COPY_WORKFLOW instead. NOTIFY at
+# commit once per queue of a job that can start now. No index read.
+JOB_ENQUEUE_WORKFLOW = """
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+), node AS MATERIALIZED (
+    SELECT n.*,
+           nextval((SELECT pg_get_serial_sequence('pgqueue_job', 'id')::regclass)) AS id
+    FROM unnest(
+        %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
+        %(kwargs)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
+        %(run_at)s::timestamptz[], %(parents_left)s::int[], %(parent_results)s::text[],
+        %(on_parent_failure)s::text[], %(has_dependants)s::boolean[],
+        %(concurrency_key)s::text[]
+    ) WITH ORDINALITY AS n(
+        backend, queue, task, args, kwargs, priority, max_attempts, run_at, parents_left,
+        parent_results, on_parent_failure, has_dependants, concurrency_key, ord
+    )
+    ORDER BY n.ord
+), job AS (
+    INSERT INTO pgqueue_job AS j (
+        id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
+        run_at, errors, created_at, parents_left, parent_results, on_parent_failure,
+        workflow_id, has_dependants, concurrency_key
+    )
+    SELECT n.id, n.backend, n.queue, n.task, n.args::jsonb, n.kwargs::jsonb, n.priority,
+           CASE WHEN n.parents_left IS NOT NULL THEN 'waiting'
+                WHEN n.run_at > clock.now THEN 'scheduled'
+                ELSE 'pending' END,
+           0, n.max_attempts, coalesce(n.run_at, clock.now), '[]'::jsonb, clock.now,
+           n.parents_left, n.parent_results, n.on_parent_failure,
+           (SELECT min(id) FROM node), n.has_dependants, n.concurrency_key
+    FROM node AS n, clock
+    RETURNING j.status, j.queue
+), edge AS (
+    INSERT INTO pgqueue_job_dependency (job_id, position, parent_id)
+    SELECT child.id, e.position, parent.id
+    FROM unnest(%(edge_job)s::int[], %(edge_position)s::int[], %(edge_parent)s::int[])
+         AS e(job, position, parent)
+    JOIN node AS child ON child.ord = e.job
+    JOIN node AS parent ON parent.ord = e.parent
+)
+SELECT n.id, clock.now,
+       (SELECT count(pg_notify(%(channel)s, w.queue))
+        FROM (SELECT DISTINCT queue FROM job WHERE status = 'pending') AS w) AS woken
+FROM node AS n, clock
+ORDER BY n.ord
+"""
+
 # Push the lease of jobs this worker still owns further into the future, fenced. Returns
 # the ids still owned (a lost lease is visible) and whether each one's cancellation was
 # requested, so the heartbeat learns of cancels at no extra query.
@@ -1146,12 +1624,13 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested
 # Record a failed attempt, fenced: retry after %(retry_delay)s s (NULL: exponential
 # backoff and jitter) while attempts remain (and %(retry)s), else dead-letter; a job whose
 # cancellation was requested ends 'cancelled' with a JobCancelled entry after the task's
-# own error. Keeps the newest %(keep_errors)s error entries.
+# own error. Keeps the newest %(keep_errors)s error entries. A job that ends dead or
+# cancelled cancels what waits on it, or releases what runs anyway (_RESOLVE).
 JOB_FAIL = (
     """
-WITH """
+WITH RECURSIVE """
     + _CLOCK
-    + """
+    + """, failed AS (
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN %(retry)s AND j.attempts < j.max_attempts
@@ -1191,7 +1670,13 @@ FROM clock, """
 WHERE """
     + _FENCE
     + """
-RETURNING j.status
+RETURNING j.id, j.status
+), ended AS (
+    SELECT id, status, NULL::jsonb AS result FROM failed WHERE status IN ('dead', 'cancelled')
+), """
+    + _RESOLVE
+    + """
+SELECT status FROM failed
 """
 )
 
@@ -1290,6 +1775,18 @@ LEFT JOIN dead ON dead.start = m.start
 ORDER BY m.start
 """
 
+# The parents of a job in depends_on order, each with its outcome as its edge keeps it
+# (state, result: set when the parent finished) and its last error entry if its row is
+# still there (pruned: NULL). Primary key of the edges, then of each parent.
+JOB_GET_PARENTS = """
+SELECT e.parent_id, coalesce(e.state, p.status) AS status, e.result,
+       p.errors -> -1 AS error
+FROM pgqueue_job_dependency AS e
+LEFT JOIN pgqueue_job AS p ON p.id = e.parent_id
+WHERE e.job_id = %(id)s
+ORDER BY e.position
+"""
+
 # The head of each priority's line of pending jobs: a loose index scan of
 # pgqueue_job_claim_idx, one seek per distinct priority (at most 201).
 JOB_GET_PENDING_HEADS = """
@@ -1369,12 +1866,12 @@ RETURNING j.queue
 
 # Give a claimed job back without charging the attempt (graceful shutdown before the
 # task started), fenced; a job whose cancellation was requested meanwhile ends
-# 'cancelled'.
+# 'cancelled', and what waits on it with it (_RESOLVE).
 JOB_RELEASE = (
     """
-WITH """
+WITH RECURSIVE """
     + _CLOCK
-    + """
+    + """, given AS (
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
     """
@@ -1386,7 +1883,13 @@ FROM clock, """
 WHERE """
     + _FENCE
     + """
-RETURNING j.id
+RETURNING j.id, j.status
+), ended AS (
+    SELECT id, status, NULL::jsonb AS result FROM given WHERE status = 'cancelled'
+), """
+    + _RESOLVE
+    + """
+SELECT id FROM given
 """
 )
 
@@ -1425,16 +1928,17 @@ WHERE j.id = picked.id
       FROM pgqueue_job AS live
       WHERE live.queue = picked.target_queue
         AND live.idempotency_key = j.idempotency_key
-        AND live.status IN ('pending', 'scheduled', 'running')))
+        AND live.status IN ('pending', 'scheduled', 'running', 'waiting')))
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 """
 
 # Take back expired leases: to pending, to dead on the last attempt, or to cancelled,
-# with an error entry saying whose lease expired. One bounded batch of
-# pgqueue_job_lease_idx; SKIP LOCKED never waits on a worker completing a row.
+# with an error entry saying whose lease expired; a job that ends dead or cancelled
+# resolves what waits on it (_RESOLVE). One bounded batch of pgqueue_job_lease_idx;
+# SKIP LOCKED never waits on a worker completing a row.
 JOB_RESCUE_EXPIRED = (
     """
-WITH """
+WITH RECURSIVE """
     + _CLOCK
     + """, expired AS (
     SELECT id
@@ -1444,7 +1948,7 @@ WITH """
     ORDER BY lease_expires_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
-)
+), rescued AS (
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
@@ -1474,8 +1978,157 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
 FROM expired, clock
 WHERE j.id = expired.id
 RETURNING j.id, j.status
+), ended AS (
+    SELECT id, status, NULL::jsonb AS result FROM rescued WHERE status IN ('dead', 'cancelled')
+), """
+    + _RESOLVE
+    + """
+SELECT id, status FROM rescued
 """
 )
+
+# Resolve the edges marked for repair of the given dependants whose parent has finished,
+# right after the transaction that enqueued them committed: a parent that completed
+# meanwhile, on a snapshot older than that commit, did not see them. The parents are
+# read FOR SHARE, unfiltered: a completion that already wrote its row is waited for and
+# its row read. (One whose row write comes after this read is the sweeper's:
+# JOB_RESOLVE_MISSED.) Then as every finishing statement (_RESOLVE). Primary keys.
+JOB_RESOLVE_LATE = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, parent AS (
+    SELECT p.id, p.status, p.result
+    FROM pgqueue_job AS p
+    WHERE p.id IN (SELECT e.parent_id
+                   FROM pgqueue_job_dependency AS e
+                   WHERE e.job_id = ANY(%(ids)s::bigint[])
+                     AND e.repair
+                     AND e.state IS NULL)
+    ORDER BY p.id
+    FOR SHARE
+), ended AS (
+    SELECT id, status, result FROM parent WHERE status IN ('done', 'dead', 'cancelled')
+), """
+    + _RESOLVE
+    + """
+SELECT count(*) FROM resolved
+"""
+)
+
+# The sweeper's repair: resolve edges marked for repair whose parent finished without
+# resolving them (its dependant was enqueued while it ran, and the enqueuer died before
+# JOB_RESOLVE_LATE; or a cascade stopped at CASCADE_DEPTH), one bounded batch of parents
+# from pgqueue_job_dep_repair_idx, then as every other finishing statement (_RESOLVE).
+# A parent whose row is gone counts as cancelled. SKIP LOCKED: several sweepers split it.
+JOB_RESOLVE_MISSED = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, missed AS (
+    SELECT DISTINCT e.parent_id AS id
+    FROM pgqueue_job_dependency AS e
+    WHERE e.repair
+      AND e.state IS NULL
+), finished_parent AS (
+    SELECT p.id, p.status, p.result
+    FROM pgqueue_job AS p
+    WHERE p.id IN (SELECT id FROM missed)
+      AND p.status IN ('done', 'dead', 'cancelled')
+    ORDER BY p.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), ended AS (
+    SELECT id, status, result FROM finished_parent
+    UNION ALL
+    (SELECT m.id, 'cancelled', NULL::jsonb
+     FROM missed AS m
+     WHERE NOT EXISTS (SELECT FROM pgqueue_job AS p WHERE p.id = m.id)
+     LIMIT %(batch_size)s)
+), """
+    + _RESOLVE
+    + """
+SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM resolved)
+"""
+)
+
+# Resolve the dependants of jobs %(ids)s just finished by a completion that found they
+# had some it did not resolve (JOB_COMPLETE's "dependants": enqueued after the job was
+# created). Their edges are marked for repair, so if this never runs (the worker died
+# in between) the sweeper resolves them. Primary keys, then as _RESOLVE.
+JOB_RESOLVE_PARENTS = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + """, ended AS (
+    SELECT id, status, result
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('done', 'dead', 'cancelled')
+), """
+    + _RESOLVE
+    + """
+SELECT count(*) FROM resolved
+"""
+)
+
+# Put back what a requeued (or just restored) job's failure had settled, one level of
+# dependants: their edges from %(ids)s that it resolved dead or cancelled become
+# unresolved again (parents_left + 1 each), and a dependant it had cancelled (status
+# cancelled, no cancel_requested_at: no one asked) waits again, unless another parent of
+# it is still dead or cancelled (read FOR SHARE: a failure committing meanwhile is
+# seen). Returns the dependants that wait now, for the next level. Dependants locked in
+# id order; pgqueue_job_dep_parent_idx.
+JOB_RESTORE_DEPENDANTS = """
+WITH src AS (
+    SELECT unnest(%(ids)s::bigint[]) AS id
+), candidate AS MATERIALIZED (
+    SELECT d.id
+    FROM pgqueue_job AS d
+    WHERE d.id IN (SELECT e.job_id
+                   FROM pgqueue_job_dependency AS e
+                   WHERE e.parent_id IN (SELECT id FROM src)
+                     AND e.state IN ('dead', 'cancelled'))
+      AND (d.status = 'waiting'
+           OR (d.status = 'cancelled' AND d.cancel_requested_at IS NULL))
+    ORDER BY d.id
+    FOR NO KEY UPDATE
+), reset AS (
+    UPDATE pgqueue_job_dependency AS e
+    SET state = NULL,
+        result = NULL
+    FROM candidate AS c
+    WHERE e.job_id = c.id
+      AND e.parent_id IN (SELECT id FROM src)
+      AND e.state IN ('dead', 'cancelled')
+    RETURNING e.job_id
+), counted AS (
+    SELECT job_id, count(*)::int AS n FROM reset GROUP BY job_id
+), restored AS (
+    UPDATE pgqueue_job AS d
+    SET parents_left = d.parents_left + c.n,
+        status = CASE WHEN d.status = 'cancelled' AND NOT EXISTS (
+                          SELECT FROM (SELECT x.state
+                                       FROM pgqueue_job_dependency AS x
+                                       WHERE x.job_id = d.id
+                                         AND x.parent_id NOT IN (SELECT id FROM src)
+                                       FOR SHARE) AS other
+                          WHERE other.state IN ('dead', 'cancelled'))
+                      THEN 'waiting' ELSE d.status END,
+        finished_at = CASE WHEN d.status = 'cancelled' AND NOT EXISTS (
+                          SELECT FROM (SELECT x.state
+                                       FROM pgqueue_job_dependency AS x
+                                       WHERE x.job_id = d.id
+                                         AND x.parent_id NOT IN (SELECT id FROM src)
+                                       FOR SHARE) AS other
+                          WHERE other.state IN ('dead', 'cancelled'))
+                      THEN NULL ELSE d.finished_at END
+    FROM counted AS c
+    WHERE d.id = c.job_id
+    RETURNING d.id, d.status
+)
+SELECT id FROM restored WHERE status = 'waiting'
+"""
 
 # Jobs finished in the last %(window_seconds)s s per outcome and queue, at most %(cap)s
 # of each (pgqueue_job_done_idx, _cancelled_idx, _dead_idx). The window's start is a
@@ -1543,12 +2196,12 @@ RETURNING j.id
 
 # A task snoozed: back to scheduled at the database's now + %(seconds)s (pending if 0),
 # its attempt given back and the snooze counted, fenced; a job whose cancellation was
-# requested ends 'cancelled'. Primary-key lookup.
+# requested ends 'cancelled', and what waits on it with it (_RESOLVE). Primary-key lookup.
 JOB_SNOOZE = (
     """
-WITH """
+WITH RECURSIVE """
     + _CLOCK
-    + """
+    + """, snoozed AS (
 UPDATE pgqueue_job AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN %(seconds)s::float8 > 0 THEN 'scheduled' ELSE 'pending' END,
@@ -1565,7 +2218,13 @@ FROM clock, """
 WHERE """
     + _FENCE
     + """
-RETURNING j.status
+RETURNING j.id, j.status
+), ended AS (
+    SELECT id, status, NULL::jsonb AS result FROM snoozed WHERE status = 'cancelled'
+), """
+    + _RESOLVE
+    + """
+SELECT status FROM snoozed
 """
 )
 

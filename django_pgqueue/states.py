@@ -20,9 +20,12 @@ class Status(models.TextChoices):
     DONE = "done", "Done"
     DEAD = "dead", "Dead"
     CANCELLED = "cancelled", "Cancelled"
+    #: Waits for the jobs it depends on (``depends_on``, chains, groups) to finish;
+    #: released to pending (or scheduled) by the statement that finishes the last one.
+    WAITING = "waiting", "Waiting"
 
 
 #: States in which a job is still "live": an idempotency key is unique among these.
-LIVE_STATUSES = (Status.PENDING, Status.SCHEDULED, Status.RUNNING)
+LIVE_STATUSES = (Status.PENDING, Status.SCHEDULED, Status.RUNNING, Status.WAITING)
 #: States a job ends in (done is pruned after retention; dead waits for an operator).
 FINISHED_STATUSES = (Status.DONE, Status.DEAD, Status.CANCELLED)

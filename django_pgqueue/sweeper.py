@@ -1,6 +1,7 @@
 """The sweeper: its maintenance passes, and the loop that runs them.
 
 Each pass rescues expired leases (to pending, dead on the last attempt, or cancelled),
+resolves workflow edges their parent's finishing missed (see ``workflows.py``),
 promotes due scheduled jobs, prunes old finished jobs and lost workers' rows, then
 enqueues the due ticks of periodic entries (see ``periodic.py``). Every pass works in
 bounded batches; several sweepers may run at once: every statement uses SKIP LOCKED,
@@ -17,7 +18,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from . import db, keys, periodic, sql
+from . import db, keys, periodic, sql, workflows
 from .conf import settings
 from .databases import backend_database, default_database
 from .exceptions import NotMigrated, first_line
@@ -43,6 +44,7 @@ class SweepResult:
     lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
     keys: int = 0  # keys of closed unique_for windows and started debounced jobs
     rate_windows: int = 0  # rate windows with no start left in them (flow control)
+    repaired: int = 0  # workflow edges their parent's finishing did not see (workflows.py)
 
     def __bool__(self) -> bool:
         return any(dataclasses.astuple(self))
@@ -56,6 +58,7 @@ def rescue_expired(using: str, *, now: dt.datetime | None = None) -> tuple[int, 
         "now": now,
         "batch_size": settings.SWEEP_BATCH_SIZE,
         "keep_errors": settings.KEEP_ERRORS,
+        "channel": settings.NOTIFY_CHANNEL,
     }
     for _ in range(MAX_SWEEP_BATCHES):
         rows = db.rows(using, sql.JOB_RESCUE_EXPIRED, params)
@@ -112,7 +115,7 @@ def prune_finished(using: str, *, now: dt.datetime | None = None) -> int:
             "retention_seconds": seconds,
         }
         for _ in range(MAX_SWEEP_BATCHES):
-            count = db.rowcount(using, sql.JOB_DELETE_FINISHED_BEFORE, params)
+            count = int(db.row(using, sql.JOB_DELETE_FINISHED_BEFORE, params)[0])
             pruned += count
             if count < params["batch_size"]:
                 break
@@ -156,7 +159,10 @@ def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepR
     backend's), periodic entries aside; safe to run from several processes at once."""
     alias = using or default_database()
     recovered, dead, cancelled = rescue_expired(alias, now=now)
+    # Before pruning: the parent of a missed edge is kept until it is resolved.
+    repaired = workflows.resolve_missed(alias, now=now, max_batches=MAX_SWEEP_BATCHES)
     return SweepResult(
+        repaired=repaired,
         recovered=recovered,
         dead=dead,
         cancelled=cancelled,
@@ -207,7 +213,7 @@ class Sweeper:
         if result:
             logger.info(
                 "sweep: recovered=%d dead=%d promoted=%d pruned=%d periodic=%d cancelled=%d"
-                " lost_workers=%d",
+                " lost_workers=%d repaired=%d",
                 result.recovered,
                 result.dead,
                 result.promoted,
@@ -215,6 +221,7 @@ class Sweeper:
                 result.periodic,
                 result.cancelled,
                 result.lost_workers,
+                result.repaired,
                 extra={"action": "sweep"},
             )
         if self.now is not None and self.now_step:

@@ -182,6 +182,20 @@ class CurrentJob:
         whose database connection the job's fence belongs to."""
         await sync_to_async(self.set_progress, thread_sensitive=True)(value)
 
+    def parents(self) -> list[lifecycle.ParentOutcome]:
+        """The jobs this one depended on (``depends_on``, a chain's previous step, a
+        group's members), in order, with how each finished: what a job enqueued with
+        ``on_parent_failure="run"`` reads to learn which parent failed (its first
+        argument, a parent's result or the list of them, holds None for a failed one).
+        One query on the jobs database; [] for a job without parents."""
+        if self.alias is None:
+            raise RuntimeError("parents() needs a job run by a worker")
+        return lifecycle.parents(self.alias, self.id)
+
+    async def aparents(self) -> list[lifecycle.ParentOutcome]:
+        """``parents()`` from a coroutine task."""
+        return await sync_to_async(self.parents, thread_sensitive=True)()
+
     @property
     def cancel_requested(self) -> bool:
         """True once ``Job.objects.cancel()`` asked for this job to stop (told within

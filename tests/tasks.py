@@ -281,3 +281,36 @@ def _broken_backoff(exc: BaseException, task_result: object) -> float:
 def fail_with_broken_backoff() -> None:
     """Always fails; its backoff raises (the default backoff is used)."""
     raise ValueError("always")
+
+
+@task()
+def double(n: int) -> int:
+    """A chain's step: twice its first argument (the previous step's result)."""
+    return 2 * n
+
+
+@task()
+def total(values: list[int | None], *extra: int) -> int:
+    """A group's callback: the sum of its members' results (None counts 0)."""
+    return sum(v or 0 for v in values) + sum(extra)
+
+
+@task(max_attempts=1)
+def fails_for_good() -> None:
+    """Dies at its first attempt: a workflow's parent that ends dead."""
+    raise RuntimeError("this parent dies")
+
+
+@task()
+def parents_seen(values: list[int | None]) -> dict[str, object]:
+    """A callback run with on_parent_failure="run": what it was given and what
+    ``current_job().parents()`` says of its parents."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    return {
+        "values": values,
+        "parents": [[p.id, p.status, p.result] for p in job.parents()],
+        "errors": [
+            None if p.error is None else p.error["exception_class_path"] for p in job.parents()
+        ],
+    }

@@ -627,6 +627,7 @@ def test_job_admin__summary_counts_statuses_queues_wait_and_expired_leases(
         "done": 0,
         "dead": 1,
         "cancelled": 0,
+        "waiting": 0,
     }
     assert not summary.estimated and not summary.capped
     assert dt.timedelta(hours=2) <= summary.oldest_pending_wait < dt.timedelta(hours=2, minutes=5)
@@ -757,7 +758,9 @@ def test_requeue_and_discard__overlapping_selections_do_not_deadlock(
     # Operator 1 now discards b: the requeue waits on a without holding b, so this goes
     # through at once instead of deadlocking (lock_timeout turns a wait into an error).
     first.execute("SET LOCAL lock_timeout = '2s'")
-    deleted = first.execute(sql.JOB_DELETE_DEAD, {"ids": [b.pk]}).fetchall()
+    deleted = first.execute(
+        sql.JOB_DELETE_DEAD, {"ids": [b.pk], "now": None, "channel": "pgqueue_job"}
+    ).fetchall()
     first.commit()
     thread.join(10)
     assert deleted == [(b.pk,)]

@@ -26,6 +26,7 @@ LEVELS = {
     "base": 0,
     "charts": 0,
     "paginator": 0,
+    "workflow": 0,
     "filters": 1,
     "read_only_jobs": 1,
     "dashboard": 2,

@@ -30,6 +30,7 @@ from django_pgqueue.periodic import enqueue_due
 from django_pgqueue.taskapi import InvalidTask, task, task_enqueued
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.state import WorkerState
+from django_pgqueue.workflows import chain, group, step
 from testproject.demo import faults
 
 from .conftest import connect_test_db, wait_for
@@ -132,7 +133,7 @@ def test_flow__bad_concurrency_keys_are_refused_and_leave_no_row():
     assert Job.objects.count() == 0
 
 
-def test_flow__every_enqueue_path_stores_the_key(now):
+def test_flow__every_enqueue_path_stores_the_key(now, monkeypatch):
     assert charge.enqueue().id and per_tenant.enqueue(3).id
     Job.objects.enqueue(ADD, [1, 2], concurrency_key="api")
     Job.objects.enqueue(charge, [1], concurrency_key="override")  # the call wins
@@ -165,6 +166,12 @@ def test_flow__every_enqueue_path_stores_the_key(now):
     finally:
         task_enqueued.disconnect(receiver)
     assert len(heard) == 2
+    # Workflows: a chain's steps (one statement), a dependant (depends_on), and a group
+    # larger than a COPY batch (each step's key from the task's callable).
+    first, _ = chain(step(per_tenant, 11), step(charge)).enqueue()
+    Job.objects.enqueue(per_tenant, [12], depends_on=[first])
+    monkeypatch.setattr(bulk, "DEFAULT_BATCH_SIZE", 2)  # COPYed, two steps a batch
+    group(step(per_tenant, 13), step(per_tenant, 14), step(charge)).enqueue()
     with override_settings(
         PGQUEUE_PERIODIC={
             "tick": {"task": f"{__name__}.per_tenant", "cron": "* * * * *", "args": [9]}
@@ -176,7 +183,8 @@ def test_flow__every_enqueue_path_stores_the_key(now):
     assert keys == sorted(
         [
             "stripe", "tenant:3", "api", "override", "stripe", "tenant:5", "copy", "dedupe",
-            "", "tenant:6", "own", "ids", "ids-key", "tenant:9",
+            "", "tenant:6", "own", "ids", "ids-key", "tenant:11", "stripe", "tenant:12",
+            "tenant:13", "tenant:14", "stripe", "tenant:9",
         ]
     )  # fmt: skip
 
@@ -302,7 +310,8 @@ def test_flow__every_way_a_job_ends_gives_its_slot_back():
 
     def snooze(job: Job) -> None:
         params = {"id": job.id, "worker_id": "w", "attempt": job.attempts,
-                  "claimed_at": job.last_attempted_at, "seconds": 0.0, "now": None}  # fmt: skip
+                  "claimed_at": job.last_attempted_at, "seconds": 0.0, "now": None,
+                  "channel": "pgqueue_job"}  # fmt: skip
         with connection.cursor() as cursor:
             cursor.execute(sql.JOB_SNOOZE, params)
 

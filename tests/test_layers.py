@@ -135,8 +135,8 @@ def test_layers__the_check_sees_a_planted_circle(tmp_path, monkeypatch):
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
 
 
-#: Modules that run statements themselves rather than through db.py, and why: bulk
-#: streams COPY on its transaction's cursor, deadline binds each statement of a block,
+#: Modules that run statements themselves rather than through db.py, and why: bulk and
+#: workflows stream COPY on their transaction's cursor, deadline binds each statement of a block,
 #: the worker's connections check and reset a runner's raw session, and the listener
 #: holds a connection of its own outside Django's.
 OWN_EXECUTE = {
@@ -144,6 +144,7 @@ OWN_EXECUTE = {
     "django_pgqueue.deadline",
     "django_pgqueue.worker.connections",
     "django_pgqueue.worker.listener",
+    "django_pgqueue.workflows",
 }
 
 

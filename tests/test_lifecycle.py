@@ -92,6 +92,7 @@ def test_lifecycle__snooze_is_fenced_and_scheduled_by_the_database_clock(job_fac
         "attempt": job.attempts,
         "claimed_at": job.last_attempted_at,
         "seconds": 30.0,
+        "channel": "pgqueue_job",
         "now": now,
     }
     assert db.rows("default", sql.JOB_SNOOZE, params) == []
@@ -107,7 +108,14 @@ def test_lifecycle__snooze_is_fenced_and_scheduled_by_the_database_clock(job_fac
 def test_lifecycle__a_snooze_after_a_cancel_request_ends_cancelled(job_factory, now):
     job = claim(job_factory(), now=now)
     Job.objects.cancel([job.id], now=now)
-    params = {"id": job.id, "worker_id": "w1", "attempt": 1, "seconds": 5.0, "now": now}
+    params = {
+        "id": job.id,
+        "worker_id": "w1",
+        "attempt": 1,
+        "seconds": 5.0,
+        "channel": "pgqueue_job",
+        "now": now,
+    }
     params["claimed_at"] = job.last_attempted_at
     assert db.rows("default", sql.JOB_SNOOZE, params) == [("cancelled",)]
     cancelled = fresh(job)
@@ -418,7 +426,14 @@ def test_lifecycle__status_json_and_admin_show_progress_and_snoozes(job_factory,
 @pytest.mark.django_db
 def test_lifecycle__task_results_of_snoozed_and_retried_jobs_are_ready(job_factory, now):
     snoozed = claim(job_factory(), now=now)
-    params = {"id": snoozed.id, "worker_id": "w1", "attempt": 1, "seconds": 5.0, "now": now}
+    params = {
+        "id": snoozed.id,
+        "worker_id": "w1",
+        "attempt": 1,
+        "seconds": 5.0,
+        "channel": "pgqueue_job",
+        "now": now,
+    }
     db.rows("default", sql.JOB_SNOOZE, {**params, "claimed_at": snoozed.last_attempted_at})
     result = default_task_backend.get_result(str(snoozed.id))
     assert (result.status, result.errors) == (TaskResultStatus.READY, [])

@@ -616,6 +616,7 @@ def test_sweep__skips_a_job_whose_completion_is_committing(
             "attempt": 1,
             "claimed_at": claimed.last_attempted_at,
             "result": "1",
+            "channel": "pgqueue_job",
             "now": None,
         },
     )  # inside an open transaction: the row is locked, not yet done
@@ -636,7 +637,8 @@ def test_complete__waiting_behind_a_rescue_becomes_a_no_op(
     claimed = expired_claim("w1")
     rescuing = other_connection()
     rows = rescuing.execute(
-        sql.JOB_RESCUE_EXPIRED, {"now": None, "batch_size": 10, "keep_errors": 10}
+        sql.JOB_RESCUE_EXPIRED,
+        {"now": None, "batch_size": 10, "keep_errors": 10, "channel": "pgqueue_job"},
     ).fetchall()
     assert rows == [(claimed.id, "pending")]  # uncommitted: the row stays locked
     outcome: list[bool] = []

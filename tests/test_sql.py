@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import sql
-from django_pgqueue.models import Job, JobKey, RateWindow
+from django_pgqueue.models import Job, JobDependency, JobKey, RateWindow
 from tests.conftest import connect_test_db
 
 SQL_SOURCE = Path(sql.__file__).read_text()
@@ -86,8 +86,36 @@ def test_sql__table_name_matches_model(name):
     elif name in ("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED", "JOB_CLAIM_LIMITED_LEASE"):
         # Flow claims read (the last writes) the rate windows of limited budgets.
         assert tables == {Job._meta.db_table, RateWindow._meta.db_table}
+    elif name == "JOB_BULK_COPY_EDGES":  # a workflow's edges (workflows.py)
+        assert tables == {JobDependency._meta.db_table}
+    elif name in WORKFLOW_STATEMENTS:
+        # Every statement that ends a job resolves its edges (sql._RESOLVE).
+        assert tables == {Job._meta.db_table, JobDependency._meta.db_table}
     else:
         assert tables == {Job._meta.db_table}
+
+
+#: The statements that read or write the workflows' edges as well as the jobs.
+WORKFLOW_STATEMENTS = {
+    "JOB_CANCEL",
+    "JOB_COMPLETE",
+    "JOB_COMPLETE_MANY",
+    "JOB_COMPLETE_MANY_RELEASING",
+    "JOB_COMPLETE_RELEASING",
+    "JOB_DELETE_DEAD",
+    "JOB_DELETE_FINISHED_BEFORE",
+    "JOB_ENQUEUE_DEPENDANT",
+    "JOB_ENQUEUE_WORKFLOW",
+    "JOB_FAIL",
+    "JOB_GET_PARENTS",
+    "JOB_RELEASE",
+    "JOB_RESCUE_EXPIRED",
+    "JOB_RESOLVE_LATE",
+    "JOB_RESOLVE_MISSED",
+    "JOB_RESOLVE_PARENTS",
+    "JOB_RESTORE_DEPENDANTS",
+    "JOB_SNOOZE",
+}
 
 
 def test_sql__time_is_pinnable_in_every_time_comparison():
@@ -317,7 +345,9 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name", ["JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES"])
+@pytest.mark.parametrize(
+    "name", ["JOB_COMPLETE_MANY", "JOB_COMPLETE_MANY_RELEASING", "JOB_EXTEND_LEASES"]
+)
 def test_sql__batched_fenced_writes_look_rows_up_by_primary_key(name):
     with connection.cursor() as cursor:
         insert_jobs(cursor, "done", 20000)
@@ -335,6 +365,7 @@ def test_sql__batched_fenced_writes_look_rows_up_by_primary_key(name):
         "claimed_at": [None] * 50,
         "results": ["null"] * 50,
         "lease_seconds": 60,
+        "channel": "pgqueue_job",
         "now": None,
     }
     connection.ensure_connection()
@@ -343,8 +374,15 @@ def test_sql__batched_fenced_writes_look_rows_up_by_primary_key(name):
         cursor.execute("EXPLAIN (FORMAT JSON) " + query)
         plan = json.dumps(cursor.fetchone()[0])
     # The lease index holds an entry for every job finished since the last VACUUM:
-    # reading it whole instead of 50 ids would cost more with every job.
-    assert [s["Index Name"] for s in index_scans(plan)] == ["pgqueue_job_pkey"]
+    # reading it whole instead of 50 ids would cost more with every job. (The
+    # completion's jobs are also looked up in the edges table, by its own indexes.)
+    edges = JobDependency._meta.db_table
+    jobs_table = [
+        s["Index Name"]
+        for s in index_scans(plan)
+        if not str(s["Index Name"]).startswith(("pgqueue_job_dep_", f"{edges}_pkey"))
+    ]
+    assert set(jobs_table) == {"pgqueue_job_pkey"}
 
 
 def generic_claim_plan(name: str, **params: object) -> str:

@@ -62,6 +62,7 @@ def test_status__table_shows_queues_and_workers(backlog):
         "queue",
         "pending",
         "scheduled",
+        "waiting",
         "running",
         "dead",
         "done/5m",
@@ -72,9 +73,9 @@ def test_status__table_shows_queues_and_workers(backlog):
         "pending",
     ]
     mail = next(line for line in lines if line.startswith("mail"))
-    assert mail.split()[:5] == ["mail", "3", "0", "0", "0"]
+    assert mail.split()[:6] == ["mail", "3", "0", "0", "0", "0"]
     assert "2 min" in mail
-    assert next(line for line in lines if line.startswith("web")).split()[4] == "1"
+    assert next(line for line in lines if line.startswith("web")).split()[5] == "1"
     assert "Workers: 1 live" in out
     assert "host:9:w" in out
 
@@ -84,7 +85,14 @@ def test_status__json_contract(backlog):
     data = json.loads(out)
     assert code == 0
     mail = data["queues"]["mail"]
-    for key in ("pending", "scheduled", "running", "dead", "oldest_pending_age_seconds"):
+    for key in (
+        "pending",
+        "scheduled",
+        "waiting",
+        "running",
+        "dead",
+        "oldest_pending_age_seconds",
+    ):
         assert key in mail
     assert mail["cancelled_5m"] == 0
     assert (mail["pending"], data["queues"]["web"]["dead"]) == (3, 1)

@@ -271,7 +271,10 @@ def test_sweep__two_sweepers_at_once_split_the_work_without_blocking(
     # Sweeper 1 rescues a batch of two in an open transaction, holding their row locks.
     other = other_connection()
     cursor = psycopg.ClientCursor(other)
-    cursor.execute(sql.JOB_RESCUE_EXPIRED, {"now": later, "batch_size": 2, "keep_errors": 10})
+    cursor.execute(
+        sql.JOB_RESCUE_EXPIRED,
+        {"now": later, "batch_size": 2, "keep_errors": 10, "channel": "pgqueue_job"},
+    )
     first = {row[0] for row in cursor.fetchall()}
     assert len(first) == 2
 

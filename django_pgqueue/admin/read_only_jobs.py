@@ -26,6 +26,7 @@ from .base import (
     pretty_json,
 )
 from .paginator import EstimatedCountPaginator
+from .workflow import WORKFLOW, WorkflowDisplay, in_workflow
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 PAYLOADS = ("args", "kwargs", "result", "progress")
 
 
-class ReadOnlyJobAdmin(GuardedAdmin):
+class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
     """Read-only display of jobs, shared by the job list and the dead-letter list."""
 
     paginator = EstimatedCountPaginator
@@ -69,6 +70,9 @@ class ReadOnlyJobAdmin(GuardedAdmin):
         "result_pretty",
         "snoozes",
         "progress_pretty",
+        "workflow_display",
+        "parents_display",
+        "dependants_display",
     )
     fieldsets: ClassVar[_FieldsetSpec] = (
         (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
@@ -89,10 +93,19 @@ class ReadOnlyJobAdmin(GuardedAdmin):
             },
         ),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
+        (WORKFLOW, {"fields": ("workflow_display", "parents_display", "dependants_display")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
         ("Progress", {"fields": ("progress_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
     )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The detail page's sections; the workflow's only for a job that has one (a
+        parent, a dependant, a chain's or group's job)."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or in_workflow(obj):
+            return fieldsets
+        return [section for section in fieldsets if section[0] != WORKFLOW]
 
     # No one adds or edits a job by hand: the task path decides what code runs, and a
     # running job belongs to the worker holding its lease.

@@ -9,9 +9,13 @@ guarantees pickup, and after every reconnect the claim loop is woken to poll at 
 The same channel carries ``Job.objects.cancel()``'s notifications of running jobs
 (``manager.CANCEL_NOTIFY_PREFIX`` and job ids): a held one's task is told at once. A
 cancel missed here (the connection was down) still reaches the task at the next lease
-extension, a third of a lease later at most. And flow control's (``flow.NOTIFY_PREFIX``):
-limits or paused queues changed, so the claim loop loads them again before its next
-claim (a change missed here is loaded within ``flow.REFRESH_SECONDS`` anyway).
+extension, a third of a lease later at most. A job a workflow released (its parents
+finished) is announced as ``manager.RELEASE_NOTIFY_PREFIX`` and its queue: it keeps the
+id it was enqueued with, which a busy worker's claim position may be past, so the next
+claim starts at the head of the claim index (see ``position.py``). And flow control's
+(``flow.NOTIFY_PREFIX``): limits or paused queues changed, so the claim loop loads them
+again before its next claim (a change missed here is loaded within
+``flow.REFRESH_SECONDS`` anyway).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from psycopg import sql as pgsql
 from .. import flow, sql
 from ..conf import settings
 from ..exceptions import first_line
-from ..manager import CANCEL_NOTIFY_PREFIX
+from ..manager import CANCEL_NOTIFY_PREFIX, RELEASE_NOTIFY_PREFIX
 from ..reconnect import Retry
 from .state import WorkerPart, WorkerState
 
@@ -77,12 +81,22 @@ class Listener(WorkerPart):
                         # Short waits so the thread (and its connection) ends soon after
                         # shutdown; it would otherwise outlive run() by up to a wait.
                         for notify in conn.notifies(timeout=0.25):
-                            if notify.payload.startswith(CANCEL_NOTIFY_PREFIX):
-                                self._cancel(notify.payload)
-                            elif notify.payload.startswith(flow.NOTIFY_PREFIX):
+                            payload = notify.payload
+                            if payload.startswith(CANCEL_NOTIFY_PREFIX):
+                                self._cancel(payload)
+                                continue
+                            if payload.startswith(flow.NOTIFY_PREFIX):
                                 self.flow_changed()
                                 self.state.wakeup.set()
-                            elif self.queues is None or notify.payload in self.queues:
+                                continue
+                            if payload.startswith(RELEASE_NOTIFY_PREFIX):
+                                payload = payload[len(RELEASE_NOTIFY_PREFIX) :]
+                                released = True
+                            else:
+                                released = False
+                            if self.queues is None or payload in self.queues:
+                                if released:
+                                    self.state.released.set()
                                 self.state.wakeup.set()
                         if time.monotonic() - checked >= 2.0:
                             # An idle socket can die silently; a cheap query proves it alive.

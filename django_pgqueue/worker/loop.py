@@ -317,6 +317,9 @@ class Worker:
                         self._cursors, jobs = flowed.cursors, flowed.jobs
                     else:
                         flowed = None
+                        if self._state.released.is_set():
+                            self._state.released.clear()
+                            self._position.rescan()  # released dependants are behind it
                         after = self._position.start()
                         jobs = self._state.jobs.claim(
                             self.worker_id,

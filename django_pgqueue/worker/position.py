@@ -15,7 +15,8 @@ short: a queue drained in bursts would then pay a walk over all those entries pe
 burst. What the head claim catches that a resumed one misses: jobs of the same
 priority behind the position (a retry or a released job keeps its id; a job committed
 late by a long transaction has an older id). They wait at most one rescan interval
-longer than they would have.
+longer than they would have; except a workflow's dependant released by its parents'
+finishing, whose notification makes the next claim start at the head (listener.py).
 
 Workers of some queues only (``--queue``) always claim from the head of their queues
 (``sql.JOB_CLAIM_QUEUES``).

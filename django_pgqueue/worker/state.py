@@ -116,6 +116,9 @@ class WorkerState:
     #: would wake it for a claim that finds nothing, in the middle of the very jobs
     #: whose latency counts (see ``slot_freed``).
     slots_wanted: threading.Event = field(default_factory=threading.Event)
+    #: Set when jobs were released behind the claim position (a workflow's dependants
+    #: keep their older ids): the next claim starts at the head (see position.py).
+    released: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
     @cached_property

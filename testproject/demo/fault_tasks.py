@@ -256,3 +256,20 @@ def span(seconds: float = 0.1) -> int:
     time.sleep(seconds)
     Span.objects.filter(pk=row.pk).update(finished_at=ClockTimestamp())
     return job.id
+
+
+@task(max_attempts=50)
+def ledger_member(n: int, work_ms: float = 0.0) -> int:
+    """A workflow's member (or chain step): records its run (at-least-once: a member
+    run twice after a crash leaves two rows), works ``work_ms``, returns ``n``."""
+    record("plain")
+    time.sleep(work_ms / 1000)
+    return n
+
+
+@task(transactional=True, max_attempts=50)
+def ledger_sum(values: list[int | None]) -> int:
+    """A group's callback: its ledger row commits with its completion (so exactly one
+    per done callback), and it returns the sum of its members' results."""
+    record("tx")
+    return sum(v or 0 for v in values)

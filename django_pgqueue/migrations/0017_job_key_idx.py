@@ -16,7 +16,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0013_flow_control")]
+    dependencies = [("django_pgqueue", "0016_flow_control")]
 
     operations = [
         AddIndexConcurrently(

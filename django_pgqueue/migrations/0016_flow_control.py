@@ -3,7 +3,7 @@ run-time state (paused) and the rate windows (see flow.py).
 
 The new column has a constant default, so adding it is a catalog-only change (no table
 rewrite) under a brief lock of the jobs table. The three tables are new and empty; the
-jobs table's two new indexes are built CONCURRENTLY in 0014, on their own.
+jobs table's two new indexes are built CONCURRENTLY in 0017, on their own.
 """
 
 from django.db import migrations, models
@@ -13,7 +13,7 @@ import django_pgqueue.models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_pgqueue", "0012_job_key_expires_idx")]
+    dependencies = [("django_pgqueue", "0015_job_idempotency_waiting")]
 
     operations = [
         migrations.AddField(
