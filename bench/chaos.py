@@ -5,7 +5,9 @@ One command (``python -m bench.chaos`` or ``make bench NAME=chaos``):
 1. starts its own embedded PostgreSQL in a temporary directory (never the shared
    ``.pgdata/`` server) and migrates it;
 2. enqueues ``--jobs`` jobs: half ordinary, half transactional tasks that each write
-   one ``Execution`` ledger row per execution, plus ``--poison`` pills that SIGKILL
+   one ``Execution`` ledger row per execution (a third of them with a concurrency key
+   ``chaos:N`` under the run's limit, ``bench/chaos_settings.py``), plus ``--poison``
+   pills that SIGKILL
    their own worker and ``--leaks`` tasks that leave their connection dirty (each way
    ``fault_tasks.LEAK_KINDS`` knows: raw BEGIN, autocommit off, SET ROLE, advisory
    locks ...), and remembers every job's id and kind;
@@ -23,7 +25,7 @@ One command (``python -m bench.chaos`` or ``make bench NAME=chaos``):
    in transaction mode between the fleet and the server;
 4. samples invariants every ~0.5 s meanwhile (``testkit/oracle.py``: no lease left
    expired far longer than the sweeper allows, none finished and leased, attempts
-   within the limit);
+   within the limit, no ``chaos:N`` key with more jobs running than its limit);
 5. lets the fleet drain, stops it with SIGTERM, judges every job by identity against
    what it enqueued (``testkit/oracle.py``) and prints one summary line, e.g.
    ``jobs=20000 done=19990 dead=29 lost=0 dup_jobs=0 stuck=0 dup_tx=0 ...``.
@@ -403,7 +405,11 @@ def enqueue(args: argparse.Namespace, rng: random.Random) -> dict[int, str]:
                     work = rng.uniform(0.5, 1.5) * args.work_ms
                     tx = n % 2 == 1
                     task = fault_tasks.ledger_tx if tx else fault_tasks.ledger_plain
-                    job = Job.objects.enqueue(task, kwargs={"n": n, "work_ms": round(work, 2)})
+                    # A third of them under the run's limit, one key in turn.
+                    key = f"{oracle.KEY_PREFIX}{n % oracle.KEYS}" if n % 3 == 0 else None
+                    job = Job.objects.enqueue(
+                        task, kwargs={"n": n, "work_ms": round(work, 2)}, concurrency_key=key
+                    )
                     expected[job.id] = "tx" if tx else "plain"
     return expected
 
@@ -471,7 +477,8 @@ class Planter:
     its own), ``oom`` (a worker SIGKILLed by someone other than the killer),
     ``run_after_cancel`` (a job cancelled, then put back to pending: it runs again),
     ``cancelled_as_done`` (a cancelled job logged done), ``dup_tick`` (a periodic tick
-    enqueued twice), ``orphan`` (a worker process whose parent is gone)."""
+    enqueued twice), ``orphan`` (a worker process whose parent is gone), ``over_limit``
+    (a key of the run's limit with one job more leased than it allows)."""
 
     def __init__(self, plants: set[str], url: str, lateness: float, token: str) -> None:
         self.plants = plants
@@ -504,6 +511,16 @@ class Planter:
             if "dup_tick" in self.plants:
                 tick = "2000-01-01T00:00:00+00:00"  # before any sweeper: not a hole
                 conn.execute(oracle.PLANT_TICK, {"key": f"periodic:{PERIODIC_NAME}0:{tick}"})
+            if "over_limit" in self.plants:
+                # One more than the key allows, for a few samples' time.
+                conn.execute(
+                    oracle.PLANT_OVER_LIMIT,
+                    {
+                        "key": f"{oracle.KEY_PREFIX}0",
+                        "jobs": oracle.KEY_CONCURRENCY + 1,
+                        "seconds": 3.0,
+                    },
+                )
         if "cancelled_as_done" in self.plants:
             line = f"job {plain[3]} testproject.demo.fault_tasks.ledger_plain done in 0.001s\n"
             (logdir / "planted.log").write_text(line)
@@ -709,6 +726,7 @@ def run(args: argparse.Namespace) -> int:
         **{k: result[k] for k in ("i1", "i2", "i4", "i5", "dead_unexpected")},
         **sampler.worst,
         "samples": sampler.samples,
+        "limit_peak": sampler.key_peak,
         "crashes": c.crashes,
         "unclean_exits": c.unclean_exits,
         "deadlocks": deadlocks,
@@ -870,7 +888,7 @@ def chaos(
         status = dict(counts) if counts is not None else None
         if now >= next_sample and now >= quiet_until:
             next_sample = now + 0.5
-            sampler.sample(monitor.query(oracle.SAMPLE, {"lateness": sampler.lateness}))
+            sampler.sample(monitor.query(oracle.SAMPLE, sample_params(sampler)))
         if now >= next_scan:
             next_scan = now + 1
             orphans.scan(fleet)
@@ -960,7 +978,7 @@ def drain(
         orphans.scan(fleet)
         if canceller.uncertain:
             canceller.cancel([])
-        sampler.sample(monitor.query(oracle.SAMPLE, {"lateness": sampler.lateness}))
+        sampler.sample(monitor.query(oracle.SAMPLE, sample_params(sampler)))
         counts = monitor.query(oracle.STATUS_COUNTS)
         if counts is not None:
             status = dict(counts)
@@ -977,8 +995,17 @@ def drain(
 
 PLANTS = (
     "lost", "dup_job", "dup_effect", "stuck", "crash", "oom", "run_after_cancel",
-    "cancelled_as_done", "dup_tick", "orphan",
+    "cancelled_as_done", "dup_tick", "orphan", "over_limit",
 )  # fmt: skip
+
+
+def sample_params(sampler: oracle.Sampler) -> dict[str, object]:
+    """The parameters of ``oracle.SAMPLE``: the lateness and the run's limit."""
+    return {
+        "lateness": sampler.lateness,
+        "key_prefix": oracle.KEY_PREFIX,
+        "key_concurrency": oracle.KEY_CONCURRENCY,
+    }
 
 
 def plants(value: str) -> list[str]:

@@ -2,9 +2,12 @@
 
 Retries after a PostgreSQL restart should come back within the run, not after the
 default exponential backoff, and ordinary jobs get more attempts than the kills may
-charge them (poison pills keep their own ``max_attempts=3``).
+charge them (poison pills keep their own ``max_attempts=3``). A third of the jobs have
+a concurrency key ``chaos:0`` .. ``chaos:7``, each limited to ``oracle.KEY_CONCURRENCY``
+running at once: the oracle samples that no key ever runs more (``over_limit``).
 """
 
+from testkit.oracle import KEY_CONCURRENCY, KEY_PREFIX
 from testproject import settings as _base
 
 globals().update({name: getattr(_base, name) for name in dir(_base) if name.isupper()})
@@ -12,3 +15,6 @@ globals().update({name: getattr(_base, name) for name in dir(_base) if name.isup
 PGQUEUE_RETRY_BACKOFF_BASE = 0.2
 PGQUEUE_RETRY_BACKOFF_MAX = 2.0
 PGQUEUE_MAX_ATTEMPTS = 12
+
+# The run's flow control: every chaos:N key is a budget of its own (testkit/oracle.py).
+PGQUEUE_LIMITS = {f"{KEY_PREFIX}*": {"concurrency": KEY_CONCURRENCY}}

@@ -63,6 +63,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from django_pgqueue.sql import BULK_COLUMNS
+
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
 PGQ_VENV = REPO / "bench" / ".venv-pgqueuer"
@@ -71,10 +73,8 @@ PGQ_SIDE = REPO / "bench" / "pgqueuer_side.py"
 PGQ_REQUIREMENTS = ["pgqueuer==1.6.0", "asyncpg"]
 TASK = "testproject.demo.tasks.add"
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_compare"
-COLUMNS = (
-    "backend, queue, task, args, kwargs, priority, status, max_attempts, "
-    "run_at, created_at, errors, idempotency_key"
-)
+#: The columns bulk enqueue writes (``sql.BULK_COLUMNS``), for the rival methods.
+COLUMNS = ", ".join(name for name, _ in BULK_COLUMNS)
 
 
 # --- set-up ---------------------------------------------------------------------------

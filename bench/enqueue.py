@@ -43,12 +43,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from django_pgqueue.sql import BULK_COLUMNS
+
 REPO = Path(__file__).resolve().parent.parent
 TASK = "testproject.demo.tasks.add"
-COLUMNS = (
-    "backend, queue, task, args, kwargs, priority, status, max_attempts, "
-    "run_at, created_at, errors, idempotency_key"
-)
+#: The columns bulk enqueue writes (``sql.BULK_COLUMNS``), for the rival methods.
+COLUMNS = ", ".join(name for name, _ in BULK_COLUMNS)
 METHODS = {
     "loop": "enqueue() loop, autocommit",
     "bulk_create": "Django bulk_create",

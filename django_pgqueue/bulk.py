@@ -71,6 +71,7 @@ JOB_KEYS = frozenset(
         "backend",
         "unique_for",
         "debounce",
+        "concurrency_key",
     }
 )
 
@@ -163,6 +164,7 @@ class _RowMaker:
             "queue": get("queue"),
             "priority": get("priority"),
             "max_attempts": get("max_attempts"),
+            "concurrency_key": get("concurrency_key"),
         }
         resolved = self._resolve(task, given)
         run_at = validation.run_at(get("run_at"))
@@ -173,11 +175,13 @@ class _RowMaker:
         else:
             status = _SCHEDULED if run_at > self.now else _PENDING
         key = get("idempotency_key")
-        args_json, kwargs_json = validation.payload(
-            get("args", ()), get("kwargs"), max_bytes=self.max_bytes
-        )
+        args, kwargs = get("args", ()), get("kwargs")
+        args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
+        concurrency_key = defaults.concurrency_key(resolved, args, kwargs)
         if get("unique_for") is not None or get("debounce") is not None:
-            self.deferred.append(self._keyed(job, resolved, args_json, kwargs_json))
+            self.deferred.append(
+                self._keyed(job, resolved, args_json, kwargs_json, concurrency_key)
+            )
             return None
         if key is not None:
             validation.idempotency_key(key)
@@ -195,10 +199,16 @@ class _RowMaker:
             self.now,
             _ERRORS_EMPTY,
             key,
+            concurrency_key,
         )
 
     def _keyed(
-        self, job: Mapping[str, Any], resolved: defaults.JobDefaults, args: str, kwargs: str
+        self,
+        job: Mapping[str, Any],
+        resolved: defaults.JobDefaults,
+        args: str,
+        kwargs: str,
+        concurrency_key: str,
     ) -> dict[str, Any]:
         """The checked parameters of a job with a key period, for ``keys.store``."""
         params = {
@@ -209,6 +219,7 @@ class _RowMaker:
             "run_at": validation.run_at(job.get("run_at")) or resolved.run_at,
             "max_attempts": resolved.max_attempts,
             "idempotency_key": validation.idempotency_key(job.get("idempotency_key")),
+            "concurrency_key": concurrency_key,
             "channel": settings.NOTIFY_CHANNEL,
             "now": self.now,
             "trace_context": None,
@@ -229,6 +240,7 @@ class _RowMaker:
         if resolved is None:
             resolved = self.resolved[task] = self._resolve(task, {})
         args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
+        concurrency_key = defaults.concurrency_key(resolved, args, kwargs)
         if resolved.run_at is None or resolved.run_at <= self.now:
             run_at, status = resolved.run_at or self.now, _PENDING
         else:
@@ -246,6 +258,7 @@ class _RowMaker:
             self.now,
             _ERRORS_EMPTY,
             None,
+            concurrency_key,
         )
 
 
@@ -579,7 +592,7 @@ def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetim
 
 
 #: What a call of ``enqueue_many`` may give beyond its args and kwargs.
-CALL_OPTIONS = frozenset({"idempotency_key", "unique_for", "debounce"})
+CALL_OPTIONS = frozenset({"idempotency_key", "unique_for", "debounce", "concurrency_key"})
 
 
 def enqueue_many(
@@ -590,7 +603,7 @@ def enqueue_many(
 ) -> BulkResult:
     """Enqueue ``task`` once per ``(args, kwargs)`` pair of ``calls``, all or nothing. A
     call may be ``(args, kwargs, options)``: ``idempotency_key`` and ``unique_for`` or
-    ``debounce``, as ``Job.objects.enqueue()`` takes them (see ``keys.py``).
+    ``debounce``, and ``concurrency_key``, as ``Job.objects.enqueue()`` takes them.
 
     The Tasks-framework face of :func:`bulk_enqueue`: ``task.using(queue_name=...,
     priority=..., run_after=..., backend=...)`` apply to every job, and the backend

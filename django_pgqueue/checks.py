@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.db import DatabaseError, connections
 
-from . import bounds, schema, validation
+from . import bounds, flow, schema, validation
 from .conf import Settings, settings
 from .databases import options_database
 from .periodic import entries
@@ -119,6 +119,33 @@ def _in_migrate() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+@checks.register("pgqueue")
+def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """One error per bad ``PGQUEUE_LIMITS`` entry (pgqueue.E063) and per bad
+    ``PGQUEUE_FAIR_QUEUES`` name (pgqueue.E064). Workers refuse to start until fixed."""
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            f"PGQUEUE_LIMITS: {problem}.",
+            hint='Use {"key": {"concurrency": N, "rate": "R/s"}} with an exact key, a '
+            'prefix ending in "*", or "queue:NAME"; N and R positive ints; the rate\'s '
+            "period s, m or h.",
+            obj="PGQUEUE_LIMITS",
+            id="pgqueue.E063",
+        )
+        for problem in flow.limit_problems(settings.LIMITS)
+    ]
+    messages += [
+        checks.Error(
+            f"PGQUEUE_FAIR_QUEUES: {problem}.",
+            hint="Use a list of queue names.",
+            obj="PGQUEUE_FAIR_QUEUES",
+            id="pgqueue.E064",
+        )
+        for problem in flow.fair_problems(settings.FAIR_QUEUES)
+    ]
+    return messages
 
 
 #: The level of ``pgqueue.E030``: an error for ``manage.py check``; django-pgqueue's

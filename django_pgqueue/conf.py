@@ -139,6 +139,20 @@ class Settings:
     Every ``pgqueue_sweep`` pass enqueues each due tick once (see the periodic jobs
     how-to)."""
 
+    LIMITS: dict[str, dict[str, Any]] | None = None
+    """Flow control limits, by key: ``{"stripe": {"concurrency": 2}, "tenant:*":
+    {"concurrency": 5, "rate": "10/s"}, "queue:emails": {"rate": "100/m"}}``. An exact
+    key is one budget shared by all jobs with that ``concurrency_key``; a key ending in
+    ``*`` gives each matching key a budget of its own; ``queue:NAME`` limits a whole
+    queue. ``concurrency``: most jobs running at once; ``rate``: most starts in any
+    sliding window of a second, minute or hour (``"R/s"``, ``"R/m"``, ``"R/h"``). These
+    are the declared defaults: ``Job.objects.set_limit()`` and the admin change them at
+    run time (see the flow control how-to)."""
+
+    FAIR_QUEUES: list[str] | None = None
+    """Queues whose pending jobs of one priority are claimed round-robin across their
+    concurrency keys, so a small key is not stuck behind a big one's backlog."""
+
     CLAIM_RESCAN_SECONDS: float = 5.0
     """A busy worker resumes each claim after its previous one rather than at the head
     of the claim index (which a long transaction elsewhere can fill with entries that

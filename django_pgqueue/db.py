@@ -39,6 +39,7 @@ from django.db.backends.postgresql.psycopg_any import register_tzloader
 from django.db.backends.utils import CursorWrapper
 from django.db.models import signals
 from django.db.models.base import ModelState
+from psycopg._queries import PostgresQuery
 from psycopg.types.array import ListBinaryDumper
 
 from .databases import is_pooled
@@ -49,12 +50,35 @@ from .schema import not_migrated
 DEFAULT_PREPARE_THRESHOLD = 5
 
 
+class StatementQuery(PostgresQuery):
+    """psycopg's conversion of a statement's ``%(name)s`` placeholders, remembered per
+    statement whatever its length. psycopg caches it only for statements of up to 4 KB;
+    the flow claims are longer, and parsing one anew costs about as much as running it
+    (0.1 to 0.2 ms). The statements of sql.py are a fixed set of ASCII constants, so
+    their conversions are few and the same on every connection."""
+
+    _converted: dict[str, tuple[Any, ...]] = {}  # noqa: RUF012 - shared on purpose
+    _MAX_STATEMENTS = 256
+
+    def convert(self, query: Any, vars: Any) -> None:  # noqa: A002 - psycopg's name
+        cacheable = type(query) is str and type(vars) is dict and query.isascii()
+        known = self._converted.get(query) if cacheable else None
+        if known is None:
+            super().convert(query, vars)
+            if cacheable and len(self._converted) < self._MAX_STATEMENTS:
+                self._converted[query] = (self.query, self._want_formats, self._order, self._parts)
+            return
+        self.query, self._want_formats, self._order, self._parts = known
+        self.dump(vars)
+
+
 class PreparingCursor(psycopg.Cursor[Any]):
     """Server-side binding; every ``execute`` is prepared (psycopg prepares only if the
     connection's ``prepare_threshold`` is not None) unless the class says ``PREPARE``
-    False (:class:`BindingCursor`)."""
+    False (:class:`BindingCursor`). Statements are converted once (StatementQuery)."""
 
     PREPARE = True
+    _query_cls = StatementQuery
 
     def execute(
         self,
@@ -192,6 +216,58 @@ def row(alias: str, query: str, params: dict[str, Any], *, prepare: bool = False
     return found[0] if found else None
 
 
+def pipeline(
+    alias: str, statements: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
+    """Run ``statements`` in one round trip (a psycopg pipeline) and one transaction:
+    their own, its BEGIN and COMMIT in the same round trip, or the one already open on
+    the connection. The (column names, rows) of each; on an error, nothing of them is
+    kept. Prepared as :func:`jobs` prepares (a generic plan on a worker's claim
+    connection).
+
+    A worker's claim waits for its round trips while its runner threads hold the GIL:
+    each wait costs a turn of the GIL's switch interval, so a claim of several
+    statements is sent at once (flow control's JOB_CLAIM_LIMITED and _LEASE)."""
+    connection = connections[alias]
+    try:
+        connection.ensure_connection()
+        raw = connection.connection
+        own = (
+            not connection.in_atomic_block
+            and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+        generic = getattr(raw, "_pgqueue_claims_prepared", False)
+        cursors = []
+        with connection.wrap_database_errors:
+            try:
+                with raw.pipeline():
+                    if own:
+                        raw.execute("BEGIN")
+                    for query, params in statements:
+                        cur = cursor(alias, prepare=generic)
+                        cur.execute(query, params)
+                        cursors.append(cur)
+                    if own:
+                        raw.execute("COMMIT")
+                found = [
+                    (tuple(column.name for column in cur.description or ()), cur.fetchall())
+                    for cur in cursors
+                ]
+            except BaseException:
+                if own and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    raw.rollback()
+                raise
+            finally:
+                for cur in cursors:
+                    cur.close()
+    except DatabaseError as exc:
+        error = _translated(alias, exc)
+        if error is exc:
+            raise
+        raise error from exc
+    return found
+
+
 def jobs[M: models.Model](
     model: type[M], alias: str, query: str, params: dict[str, Any]
 ) -> list[M]:
@@ -218,13 +294,26 @@ def jobs[M: models.Model](
         if error is exc:
             raise
         raise error from exc
+    return load_jobs(model, alias, columns, found, (query, params))
+
+
+def load_jobs[M: models.Model](
+    model: type[M],
+    alias: str,
+    columns: tuple[str, ...],
+    found: list[tuple[Any, ...]],
+    statement: tuple[str, dict[str, Any]],
+) -> list[M]:
+    """The rows ``found`` (with ``columns``) of a statement returning whole rows of
+    ``model``'s table, as instances (see :func:`jobs`)."""
     if not found:
         return []
-    position = {name: i for i, name in enumerate(columns)}
+    connection = connections[alias]
+    position: dict[Any, int] = {name: i for i, name in enumerate(columns)}
     fields = model._meta.concrete_fields
     if any(f.column not in position for f in fields):
         # Not every column (never the case for the statements of sql.py).
-        return list(model._default_manager.db_manager(alias).raw(query, params))
+        return list(model._default_manager.db_manager(alias).raw(*statement))
     json_columns = []
     converters = []
     for f in fields:

@@ -14,21 +14,26 @@ value                     sources, first given wins
 ``run_at``                the call, the ``Task``'s ``run_after``, none (due now)
 ``max_attempts``          the call, ``@task(max_attempts=...)``, the backend's
                           ``OPTIONS["MAX_ATTEMPTS"]``, ``PGQUEUE_MAX_ATTEMPTS``
+``concurrency_key``       the call, ``@task(concurrency_key=...)``, none ("")
 ========================  ===========================================================
 
 A task given as a dotted path brings the options of the ``Task`` it names. Every value
-is validated here too: a bad one raises ``InvalidJob`` naming it.
+is validated here too: a bad one raises ``InvalidJob`` naming it. A concurrency key may
+be a callable of the call's args and kwargs: :func:`resolve` keeps it, and
+:func:`concurrency_key` calls it for each job (its answer depends on the payload).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import validation
 from .conf import settings
 from .databases import backend_option
+from .exceptions import InvalidJob
 from .taskapi import Task
 from .tasks import task_option
 
@@ -43,6 +48,8 @@ class JobDefaults:
     priority: int
     run_at: dt.datetime | None
     max_attempts: int
+    #: The checked key ("" for none), or the callable that makes one per job.
+    concurrency_key: str | Callable[..., Any] = ""
 
 
 def resolve(
@@ -53,6 +60,7 @@ def resolve(
     priority: int | None = None,
     run_at: dt.datetime | None = None,
     max_attempts: int | None = None,
+    concurrency_key: str | None = None,
 ) -> JobDefaults:
     """The values a job of ``task`` is stored with, given what the caller said (None:
     not said). See the module's table for the order of the sources."""
@@ -69,6 +77,9 @@ def resolve(
         max_attempts = backend_option(alias, "MAX_ATTEMPTS")
     if max_attempts is None:
         max_attempts = settings.MAX_ATTEMPTS
+    key: Any = task_option(own, "concurrency_key") if concurrency_key is None else concurrency_key
+    if not callable(key):
+        key = validation.concurrency_key(key)
     return JobDefaults(
         task=own.module_path,
         backend=alias,
@@ -76,7 +87,33 @@ def resolve(
         priority=validation.priority(priority),
         run_at=validation.run_at(run_at),
         max_attempts=validation.max_attempts(max_attempts),
+        concurrency_key=key,
     )
+
+
+def concurrency_key(
+    resolved: JobDefaults, args: Sequence[Any], kwargs: Mapping[str, Any] | None
+) -> str:
+    """The concurrency key of one job of ``resolved``: the resolved str, or what its
+    callable returns for the call's ``args`` and ``kwargs``, checked. A callable that
+    raises, or returns no valid key, raises ``InvalidJob`` naming it (nothing is
+    written)."""
+    key = resolved.concurrency_key
+    if not callable(key):
+        return key
+    name = getattr(key, "__qualname__", None) or repr(key)
+    try:
+        made = key(*args, **(kwargs or {}))
+    except Exception as exc:
+        raise InvalidJob(
+            f"concurrency_key callable {name} of {resolved.task} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if made is None:
+        raise InvalidJob(
+            f"concurrency_key callable {name} of {resolved.task} returned None, not a str"
+        )
+    return validation.concurrency_key(made, source=f"concurrency_key callable {name}")
 
 
 def cache_key(task: Any, **given: Any) -> tuple[Any, ...] | None:
@@ -90,6 +127,7 @@ def cache_key(task: Any, **given: Any) -> tuple[Any, ...] | None:
             task.priority,
             task.run_after,
             task_option(task, "max_attempts"),
+            task_option(task, "concurrency_key"),
         )
     else:
         own = task

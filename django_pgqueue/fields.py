@@ -1,9 +1,10 @@
-"""A PostgreSQL array of strings that needs no ``django.contrib.postgres``.
+"""PostgreSQL arrays (of strings, of timestamps) that need no ``django.contrib.postgres``.
 
 ``ArrayField`` makes ``django.contrib.postgres`` a required app (system check
 postgres.E005), and the quickstart's ``INSTALLED_APPS`` has only ``"django_pgqueue"``.
 The workers table needs one list of queue names, written by ``sql.WORKER_REGISTER`` and
-read back as a list (psycopg loads arrays itself), so a field of our own is enough.
+read back as a list (psycopg loads arrays itself), and a rate window one list of start
+times, written by the flow claim: a field of our own each is enough.
 """
 
 from __future__ import annotations
@@ -70,3 +71,18 @@ class ArrayContains(Lookup):
         rhs, rhs_params = self.process_rhs(compiler, connection)
         cast = self.lhs.output_field.db_type(connection)
         return f"{lhs} @> {rhs}::{cast}", (*lhs_params, *rhs_params)
+
+
+class TimestampArrayField(models.Field):
+    """``timestamptz[]``, read back as a list of aware datetimes (psycopg loads arrays
+    itself). Written only by the statements of sql.py; the admin shows it."""
+
+    description = "Array of timestamps"
+    empty_strings_allowed = False
+
+    def db_type(self, connection: BaseDatabaseWrapper) -> str:
+        return "timestamptz[]"
+
+    def value_to_string(self, obj: models.Model) -> str:
+        value: Any = self.value_from_object(obj)
+        return json.dumps(None if value is None else [item.isoformat() for item in value])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, models, transaction
 
-from . import bulk, db, defaults, keys, lifecycle, sql, tracing, validation, workflows
+from . import bulk, db, defaults, flow, keys, lifecycle, sql, tracing, validation, workflows
 from .conf import settings
 from .databases import default_database
 from .exceptions import InvalidJob
@@ -43,6 +43,28 @@ class CancelResult:
 
     cancelled: list[int]
     requested: list[int]
+
+
+@dataclass(frozen=True)
+class FlowClaim:
+    """What a flow claim did (``Job.objects.claim_flow``): the ``jobs`` leased, each
+    queue's ``cursors`` for the next claim (where its walk over keys resumes), and
+    whether pending jobs were seen that limits kept back (``blocked``: keys at their
+    limits, or whose budget another claim held that instant)."""
+
+    jobs: list[Job]
+    cursors: dict[str, str]
+    blocked: bool = False
+
+
+#: Rows the head of a flow claim looks at, per job asked for (and at least this many
+#: more): enough to fill the claim when a few keys at the head are full.
+FLOW_WINDOW_FACTOR = 1
+FLOW_WINDOW_EXTRA = 16
+#: Groups (keys) a flow claim's walk steps over per queue, per job asked for (and at
+#: least this many more), before it returns short.
+FLOW_STEPS_FACTOR = 4
+FLOW_STEPS_EXTRA = 64
 
 
 class Owned(set[int]):
@@ -138,6 +160,7 @@ class JobManager(models.Manager["Job"]):
         now: dt.datetime | None = None,
         unique_for: float | dt.timedelta | None = None,
         debounce: float | dt.timedelta | None = None,
+        concurrency_key: str | None = None,
         depends_on: Iterable[Job | int] | None = None,
         on_parent_failure: str | None = None,
     ) -> Job:
@@ -149,6 +172,8 @@ class JobManager(models.Manager["Job"]):
         the same queue already holds, that job is returned and nothing is inserted.
         Values not given come from the task and the backend (``defaults.resolve``).
         ``unique_for`` and ``debounce`` give the key a period (see ``keys.py``).
+        ``concurrency_key`` puts the job in that budget of ``PGQUEUE_LIMITS`` (and fair
+        turns); by default the task's ``@task(concurrency_key=...)``, or none.
 
         ``depends_on``: jobs (or their ids) of this jobs database that must finish
         first; the job waits (status ``waiting``) and is released by the statement that
@@ -172,6 +197,7 @@ class JobManager(models.Manager["Job"]):
             priority=priority,
             run_at=run_at,
             max_attempts=max_attempts,
+            concurrency_key=concurrency_key,
         )
         params: dict[str, Any] = {
             "backend": resolved.backend,
@@ -181,6 +207,7 @@ class JobManager(models.Manager["Job"]):
             "run_at": resolved.run_at,
             "max_attempts": resolved.max_attempts,
             "idempotency_key": validation.idempotency_key(idempotency_key),
+            "concurrency_key": defaults.concurrency_key(resolved, args, kwargs),
             "channel": settings.NOTIFY_CHANNEL,
             "now": now,
         }
@@ -230,6 +257,7 @@ class JobManager(models.Manager["Job"]):
             "idempotency_key": params["idempotency_key"],
             "errors": [],
             "snoozes": 0,
+            "concurrency_key": params["concurrency_key"],
             "has_dependants": False,
             "created_at": created_at,
             "trace_context": None if trace_context is None else json.loads(trace_context),
@@ -273,15 +301,29 @@ class JobManager(models.Manager["Job"]):
         lease_seconds: float | None = None,
         after: tuple[int, int] | None = None,
         now: dt.datetime | None = None,
+        flow_view: flow.FlowView | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first.
 
         ``queues``: only those (through the per-queue claim index). ``after``: the
         ``(priority, id)`` of the last job of this worker's previous claim of all
         queues; the claim resumes there instead of at the head of the claim index
-        (see ``sql.JOB_CLAIM_AFTER``), and may miss jobs of that priority behind it."""
+        (see ``sql.JOB_CLAIM_AFTER``), and may miss jobs of that priority behind it.
+        ``flow_view``: the flow control in force (default: the settings'; a worker
+        passes what it loaded, with the limits and pauses set at run time); while
+        anything of it applies to ``queues``, the claim is :meth:`claim_flow`'s."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
+        view = flow.settings_view() if flow_view is None else flow_view
+        if view.in_force(queues):
+            return self.claim_flow(
+                worker_id,
+                limit=limit,
+                view=view,
+                queues=queues,
+                lease_seconds=lease_seconds,
+                now=now,
+            ).jobs
         params: dict[str, Any] = {
             "worker_id": worker_id,
             "limit": limit,
@@ -301,6 +343,81 @@ class JobManager(models.Manager["Job"]):
         jobs = db.jobs(self.model, self.db_alias, query, params)
         jobs.sort(key=lambda job: (-job.priority, job.id))
         return jobs
+
+    def claim_flow(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        view: flow.FlowView,
+        queues: Iterable[str] | None = None,
+        lease_seconds: float | None = None,
+        cursors: Mapping[str, str] | None = None,
+        now: dt.datetime | None = None,
+    ) -> FlowClaim:
+        """Lease up to ``limit`` pending jobs under the flow control of ``view``: never
+        from a paused queue, never beyond a limit, fair queues by turns of their keys.
+
+        Without limits this is one statement (``sql.JOB_CLAIM_FLOW``). With limits it is
+        two, in one transaction sent in one round trip (``sql.JOB_CLAIM_LIMITED``, then
+        ``sql.JOB_CLAIM_LIMITED_LEASE``): the first locks the candidates whose budgets'
+        locks it could take, the second, whose snapshot sees every claim committed
+        under those locks, counts what runs and leases what fits. ``cursors``: per
+        queue, the key the previous claim's walk reached."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
+        listed = None if queues is None else sorted(set(queues))
+        cursors = dict(cursors or {})
+        params: dict[str, Any] = {
+            **view.params,
+            "worker_id": worker_id,
+            "limit": limit,
+            "window": FLOW_WINDOW_FACTOR * limit + FLOW_WINDOW_EXTRA,
+            "max_steps": FLOW_STEPS_FACTOR * limit + FLOW_STEPS_EXTRA,
+            "queues": listed,
+            "cursors": json.dumps(cursors),
+            "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
+            "now": now,
+        }
+        alias = self.db_alias
+        connection = connections[alias]
+        connection.ensure_connection()
+        # A claim connection is set up without JIT; any other gets that per transaction.
+        set_up = getattr(connection.connection, "_pgqueue_claims_prepared", False)
+        if not view.limited(listed):
+            if set_up:
+                jobs = db.jobs(self.model, alias, sql.JOB_CLAIM_FLOW, params)
+            else:
+                with transaction.atomic(using=alias, savepoint=False):
+                    db.rows(alias, sql.SESSION_FLOW_LOCAL, {})
+                    jobs = db.jobs(self.model, alias, sql.JOB_CLAIM_FLOW, params)
+            for queue in {job.queue for job in jobs}:
+                cursors[queue] = flow.rotation_cursor(
+                    cursors.get(queue, ""),
+                    [job.concurrency_key for job in jobs if job.queue == queue],
+                )
+            jobs.sort(key=lambda job: (-job.priority, job.id))
+            return FlowClaim(jobs, cursors)
+        # Both statements in one round trip and one transaction (db.pipeline): the
+        # first hands its candidates to the second in a transaction-local setting.
+        statements = [(sql.JOB_CLAIM_LIMITED, params), (sql.JOB_CLAIM_LIMITED_LEASE, params)]
+        if not set_up:
+            statements.insert(0, (sql.SESSION_FLOW_LOCAL, {}))
+        *_, (_, rows), (columns, leased) = db.pipeline(alias, statements)
+        rows = [row for row in rows if row[1] is not None]  # the hand-off row aside
+        jobs = db.load_jobs(
+            self.model, alias, columns, leased, (sql.JOB_CLAIM_LIMITED_LEASE, params)
+        )
+        reached: dict[str, list[str]] = {}
+        for job_id, queue, key, lap, _ in rows:
+            if job_id is None:  # the group its walk reached last: resume after it
+                reached[queue] = [key]
+            elif lap:  # taken by the walk (not from the head of the line)
+                reached.setdefault(queue, []).append(key)
+        for queue, keys_ in reached.items():
+            cursors[queue] = flow.rotation_cursor(cursors.get(queue, ""), keys_)
+        jobs.sort(key=lambda job: (-job.priority, job.id))
+        return FlowClaim(jobs, cursors, blocked=bool(rows) and not jobs)
 
     def extend_leases(
         self,
@@ -606,6 +723,77 @@ class JobManager(models.Manager["Job"]):
                 )
             )
         return sorted(deleted)
+
+    # --- flow control at run time -------------------------------------------------
+
+    def set_limit(
+        self,
+        key: str,
+        *,
+        concurrency: int | None = None,
+        rate: str | None = None,
+        now: dt.datetime | None = None,
+    ) -> flow.LimitSpec:
+        """Set the limit of ``key`` (as in ``PGQUEUE_LIMITS``: ``"stripe"``,
+        ``"tenant:*"``, ``"queue:NAME"``) at run time, in place of the settings' entry
+        of that key; neither ``concurrency`` nor ``rate``: no limit on it. Stored in the
+        database; workers apply it at their next claim (told by a NOTIFY at commit;
+        within about a second without one). Running jobs are never stopped: under a
+        lowered limit, no job starts until fewer run than the limit. A bad value
+        raises ``ValueError`` naming it, and nothing changes."""
+        spec = flow.parse_limit(key, {"concurrency": concurrency, "rate": rate}, allow_empty=True)
+        self._rows(
+            sql.LIMIT_SET,
+            {
+                "key": spec.key,
+                "concurrency": spec.concurrency,
+                "rate": "" if spec.rate is None else flow.format_rate(spec.rate),
+                "now": now,
+            },
+        )
+        self._flow_changed()
+        return spec
+
+    def reset_limit(self, key: str) -> bool:
+        """Remove the run-time limit of ``key``: the settings' entry of that key (if
+        any) is in force again. Return whether there was one."""
+        found = bool(self._rows(sql.LIMIT_DELETE, {"key": flow.check_key(key)}))
+        if found:
+            self._flow_changed()
+        return found
+
+    def flow_view(self) -> flow.FlowView:
+        """The flow control in force now: the settings' limits with the run-time ones on
+        top, the paused queues and the fair queues."""
+        return flow.load(self.db_alias)
+
+    def pause_queue(self, name: str, *, now: dt.datetime | None = None) -> None:
+        """Pause queue ``name``: its pending jobs stay pending, its running ones finish,
+        and no worker claims from it once told (a NOTIFY at commit; within about a
+        second without one) until :meth:`resume_queue`. Stored in the database, so it
+        survives restarts of workers and of the database."""
+        self._rows(sql.QUEUE_PAUSE, {"name": validation.queue_name(name), "now": now})
+        self._flow_changed()
+
+    def resume_queue(self, name: str, *, now: dt.datetime | None = None) -> bool:
+        """Let workers claim from queue ``name`` again; wake them. Return whether it was
+        paused."""
+        queue = validation.queue_name(name)
+        resumed = bool(self._rows(sql.QUEUE_RESUME, {"name": queue, "now": now}))
+        if resumed:
+            self._flow_changed()
+            self.notify(queue)
+        return resumed
+
+    def paused_queues(self) -> list[str]:
+        """The names of the paused queues, sorted."""
+        return sorted(self.flow_view().paused)
+
+    def _flow_changed(self) -> None:
+        """Tell workers (at commit) to load limits and paused queues again."""
+        self._rows(
+            sql.FLOW_NOTIFY, {"channel": settings.NOTIFY_CHANNEL, "payload": flow.NOTIFY_PREFIX}
+        )
 
     def notify(self, queue: str) -> None:
         """Wake workers listening for ``queue`` (at commit of the current transaction)."""

@@ -96,6 +96,8 @@ def capped(
         elif f.name == "oldest_pending_age":
             ages = [v for v in values if v is not None]
             totals[f.name] = max(ages) if ages else None
+        elif f.name == "paused":
+            totals[f.name] = any(values)
         elif f.name != "queue":
             totals[f.name] = sum(values)
     return [*ranked[:limit], monitoring.QueueStats(**totals)], len(rest)
@@ -129,6 +131,15 @@ class QueueCollector(Collector):
                 estimated.add_metric([queue.queue, figure], 1.0)
         yield oldest
         yield estimated
+        paused = GaugeMetricFamily(
+            "pgqueue_queue_paused",
+            "1 for a paused queue (Job.objects.pause_queue): no worker claims from it.",
+            labels=["queue"],
+        )
+        for queue in queues:
+            paused.add_metric([queue.queue], 1.0 if queue.paused else 0.0)
+        yield paused
+        yield from budget_families(snap.budgets)
         other = GaugeMetricFamily(
             "pgqueue_queues_other",
             f'Queues summed under queue="{OTHER}" (beyond PGQUEUE_METRICS_MAX_QUEUES).',
@@ -169,6 +180,36 @@ class QueueCollector(Collector):
         )
         duration.add_metric([], time.perf_counter() - started)
         yield duration
+
+
+#: Per-budget gauges of flow control: (metric name, what it reads, help).
+BUDGET_GAUGES = (
+    ("pgqueue_limit_running", "running", "Jobs of the budget running now."),
+    (
+        "pgqueue_limit_concurrency",
+        "concurrency",
+        "The budget's concurrency limit (absent: none).",
+    ),
+    ("pgqueue_limit_pending", "pending", "Pending jobs of the budget (capped per level)."),
+    ("pgqueue_limit_waiting", "waiting", "Pending jobs the full budget holds back now."),
+    ("pgqueue_limit_rate_started", "started", "Starts in the budget's rate window now."),
+    ("pgqueue_limit_rate", "rate", "The budget's rate: starts allowed per window (absent: none)."),
+)
+
+
+def budget_families(found: Iterable[monitoring.BudgetStats]) -> Iterator[Metric]:
+    """The flow control gauges, labelled by limit (its key as declared, ``queue:NAME``
+    for a queue's) and key (the budget's concurrency key, or the queue)."""
+    found = list(found)
+    for name, attribute, text in BUDGET_GAUGES:
+        family = GaugeMetricFamily(name, text, labels=["limit", "key"])
+        for budget in found:
+            value = getattr(budget, attribute)
+            if attribute == "rate":
+                value = None if value is None else value[0]
+            if value is not None:
+                family.add_metric([budget.limit, budget.subject], float(value))
+        yield family
 
 
 def _authorized(request: HttpRequest) -> int | None:

@@ -13,7 +13,7 @@ from django.db import models
 from django.db.models import ExpressionWrapper, F, Q, Value
 from django.db.models.lookups import LessThan
 
-from .fields import CharArrayField
+from .fields import CharArrayField, TimestampArrayField
 from .manager import JobManager
 from .states import FINISHED_STATUSES, LIVE_STATUSES, Status
 
@@ -66,6 +66,10 @@ class Job(models.Model):
     snoozes = models.IntegerField(default=0, db_default=0)
     #: What the running task last said of its progress (``current_job().set_progress``).
     progress = models.JSONField(null=True, blank=True)
+    #: The budget the job is counted in by ``PGQUEUE_LIMITS`` and fair turns (see
+    #: flow.py); "" (the default): none. Not NULL, so that jobs without a key are one
+    #: more group of the key claim index, reached by a seek like any key.
+    concurrency_key = models.CharField(max_length=255, default="", db_default="", blank=True)
     #: How many of the jobs it depends on have not finished (``JobDependency`` rows of
     #: it without a ``state``); None for a job without parents. Kept exact by every
     #: statement that finishes a parent: at 0 a waiting job is released (see workflows.py).
@@ -144,6 +148,22 @@ class Job(models.Model):
                 name="pgqueue_job_cancelled_idx",
                 condition=Q(status="cancelled"),
             ),
+            # The flow claim's walk over groups of pending jobs (queue, priority, key):
+            # a seek from one key to the next, so a key's backlog is never walked
+            # (sql.JOB_CLAIM_FLOW, _LIMITED). Built CONCURRENTLY in its own migration (0017).
+            models.Index(
+                fields=["queue", "-priority", "concurrency_key", "id"],
+                name="pgqueue_job_key_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # What runs per concurrency key: the flow claim counts a key's running
+            # jobs by a range of it. Keyed jobs only, so a claim of a job without a key
+            # costs nothing more. Built CONCURRENTLY in its own migration (0017).
+            models.Index(
+                fields=["concurrency_key"],
+                name="pgqueue_job_key_running_idx",
+                condition=Q(status="running", concurrency_key__gt=""),
+            ),
             # Jobs waiting for their parents (status counts, the admin's list): never in
             # the claim index. Built CONCURRENTLY in its own migration (0014).
             models.Index(
@@ -221,6 +241,78 @@ class JobKey(models.Model):
 
     def __str__(self) -> str:
         return f"JobKey {self.kind} {self.queue}/{self.key} -> {self.job_id}"
+
+
+class Limit(models.Model):
+    """A limit set at run time (``Job.objects.set_limit``, the admin), by its key as in
+    ``PGQUEUE_LIMITS``: it replaces the settings' entry of the same key, which is the
+    declared default; a row with neither a concurrency nor a rate lifts that entry.
+    Workers read the rows about once a second, and at once when told (see flow.py)."""
+
+    key = models.CharField(
+        max_length=255,
+        primary_key=True,
+        help_text='"stripe" (one budget), "tenant:*" (one per matching key), "queue:NAME"',
+    )
+    concurrency = models.IntegerField(
+        null=True, blank=True, help_text="Most jobs running at once (empty: no bound)"
+    )
+    rate = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text='Most starts in any sliding window: "R/s", "R/m" or "R/h" (empty: none)',
+    )
+    updated_at = models.DateTimeField(db_default=ClockTimestamp())
+
+    class Meta:
+        db_table = "pgqueue_limit"  # sql.py hard-codes this name too
+        ordering = ["key"]
+        verbose_name = "limit"
+
+    def __str__(self) -> str:
+        return f"Limit {self.key}"
+
+
+class Queue(models.Model):
+    """A queue's run-time state: paused (``paused_at`` set) or not. Written only by
+    ``Job.objects.pause_queue``/``resume_queue`` (sql.py ``QUEUE_*``); a queue without a
+    row is running."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=ClockTimestamp())
+
+    class Meta:
+        db_table = "pgqueue_queue"  # sql.py hard-codes this name too
+        ordering = ["name"]
+        verbose_name = "queue"
+
+    def __str__(self) -> str:
+        return f"Queue {self.name}{' (paused)' if self.paused_at else ''}"
+
+
+class RateWindow(models.Model):
+    """The starts of one rate budget within its window (a limit's key and the budget's
+    subject: the concurrency key, or the queue of a ``queue:NAME`` limit). Written only
+    by the flow claim, under the budget's lock (``sql.JOB_CLAIM_LIMITED_LEASE``); rows whose
+    window closed are deleted by the sweeper."""
+
+    pk = models.CompositePrimaryKey("name", "subject")
+    name = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    starts = TimestampArrayField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "pgqueue_rate"  # sql.py hard-codes this name too
+        indexes = [
+            # The sweeper's pruning of closed windows (a new table: built with it, 0016).
+            models.Index(fields=["expires_at"], name="pgqueue_rate_expires_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"RateWindow {self.name} {self.subject}: {len(self.starts or ())} starts"
 
 
 class JobDependency(models.Model):

@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import db, sql
+from . import db, flow, sql
 from .databases import default_database
 from .models import FINISHED_STATUSES, LIVE_STATUSES, Job
 from .states import Status
@@ -29,6 +29,10 @@ MAX_WORKERS = 1000
 DEFAULT_CAP = 10_000
 #: Most running jobs a snapshot lists with their progress.
 RUNNING_LIMIT = 100
+
+#: Most keys of prefix limits listed for their rate windows alone (keys that run are
+#: listed anyway: as many as the fleet runs).
+RATE_SUBJECTS = 100
 
 #: The window of the "done" and "failed" figures, in seconds.
 RECENT_SECONDS = 300
@@ -108,6 +112,7 @@ class QueueStats:
     finished_per_second: float = 0.0  # done per second over the last minute
     oldest_pending_age: float | None = None  # seconds; None: nothing pending
     estimated: frozenset[str] = frozenset()
+    paused: bool = False  # Job.objects.pause_queue(): no worker claims from it
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -124,7 +129,79 @@ class QueueStats:
             if self.oldest_pending_age is None
             else round(self.oldest_pending_age, 3),
             "estimated": sorted(self.estimated),
+            "paused": self.paused,
         }
+
+
+@dataclass(frozen=True)
+class BudgetStats:
+    """One budget of a limit in force: a key's (``kind`` "key": an exact key, or one
+    key of a ``prefix*`` limit) or a queue's (``kind`` "queue"). ``pending`` counts at
+    most the sampling cap per priority level (``capped``: it reached it); ``waiting``
+    is the pending that the limit holds back now (the budget is full)."""
+
+    kind: str
+    limit: str
+    subject: str
+    concurrency: int | None
+    running: int
+    rate: tuple[int, float] | None
+    started: int  # starts in the rate window now
+    pending: int
+    capped: bool = False
+
+    @property
+    def full(self) -> bool:
+        """No job of this budget may start now."""
+        return (self.concurrency is not None and self.running >= self.concurrency) or (
+            self.rate is not None and self.started >= self.rate[0]
+        )
+
+    @property
+    def waiting(self) -> int:
+        return self.pending if self.full else 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "limit": self.limit,
+            "key" if self.kind == "key" else "queue": self.subject,
+            "concurrency": self.concurrency,
+            "running": self.running,
+            "rate": None if self.rate is None else flow.format_rate(self.rate),
+            "started_in_window": self.started,
+            "pending": self.pending,
+            "pending_capped": self.capped,
+            "waiting": self.waiting,
+        }
+
+
+def budgets(
+    view: flow.FlowView, *, using: str | None = None, cap: int = DEFAULT_CAP
+) -> list[BudgetStats]:
+    """The budgets of ``view``'s limits with what they run, start and hold back (see
+    ``sql.FLOW_GET_BUDGETS``: bounded queries only)."""
+    if not view.limits:
+        return []
+    rows = _rows(
+        using,
+        sql.FLOW_GET_BUDGETS,
+        {**view.params, "cap": cap, "subjects": RATE_SUBJECTS, "now": None},
+    )
+    return [
+        BudgetStats(
+            kind=kind,
+            limit=name,
+            subject=subject,
+            concurrency=concurrency,
+            running=running_,
+            rate=None if rate is None else (rate, period),
+            started=started,
+            pending=pending,
+            capped=pending >= cap,
+        )
+        for kind, name, subject, concurrency, running_, rate, period, started, pending in rows
+    ]
 
 
 @dataclass(frozen=True)
@@ -137,6 +214,9 @@ class Snapshot:
     cap: int
     #: Up to RUNNING_LIMIT running jobs with their progress (``set_progress``).
     running: list[dict[str, Any]] = field(default_factory=list)
+    #: The budgets of the limits in force (flow control), and the fair queues.
+    budgets: list[BudgetStats] = field(default_factory=list)
+    fair: frozenset[str] = frozenset()
 
     @property
     def live_workers(self) -> list[WorkerInfo]:
@@ -151,6 +231,8 @@ class Snapshot:
             "queues": {name: q.as_json() for name, q in sorted(self.queues.items())},
             "workers": [w.as_json() for w in self.workers],
             "running": self.running,
+            "limits": [b.as_json() for b in self.budgets],
+            "fair_queues": sorted(self.fair),
         }
 
 
@@ -214,7 +296,8 @@ def snapshot(
                 max(1.0, 60.0 / span) if span < 60 else 1.0,
             )
 
-    names = set(counts) | set(finished) | set(oldest)
+    view = flow.load(using or default_database())
+    names = set(counts) | set(finished) | set(oldest) | set(view.paused)
     for worker in workers_:
         if not worker.lost and worker.queues:
             names.update(worker.queues)
@@ -254,10 +337,17 @@ def snapshot(
             finished_per_second=done_minute / 60.0,
             oldest_pending_age=age,
             estimated=frozenset(estimated),
+            paused=name in view.paused,
             **figures,
         )
     return Snapshot(
-        taken_at=clock, queues=queues, workers=workers_, cap=cap, running=running(using)
+        taken_at=clock,
+        queues=queues,
+        workers=workers_,
+        cap=cap,
+        running=running(using),
+        budgets=budgets(view, using=using, cap=cap),
+        fair=view.fair,
     )
 
 

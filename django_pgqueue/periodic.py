@@ -361,7 +361,7 @@ def enqueue_due(
         key: []
         for key in (
             "names crons timezones ticks keys backends queues tasks args kwargs "
-            "priorities max_attempts"
+            "priorities max_attempts concurrency_keys"
         ).split()
     }
     for entry, tick in due:
@@ -375,6 +375,19 @@ def enqueue_due(
         args, kwargs = validation.payload(
             entry.args, entry.kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
         )
+        try:
+            key = defaults.concurrency_key(resolved, entry.args, entry.kwargs)
+        except InvalidJob as exc:
+            # The task's key callable refuses this entry's arguments: its ticks wait
+            # (the row is not advanced), the other entries run.
+            logger.error(
+                "periodic %s: %s; skipped",
+                entry.name,
+                exc,
+                extra={"action": "periodic", "schedule": entry.name},
+            )
+            continue
+        columns["concurrency_keys"].append(key)
         columns["names"].append(entry.name)
         columns["crons"].append(entry.cron)
         columns["timezones"].append(entry.timezone)

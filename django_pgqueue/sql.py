@@ -37,6 +37,7 @@ BULK_COLUMNS = (
     ("created_at", "timestamptz"),
     ("errors", "jsonb"),
     ("idempotency_key", "text"),
+    ("concurrency_key", "text"),
 )
 _BULK_COLUMN_LIST = ", ".join(name for name, _ in BULK_COLUMNS)
 
@@ -129,13 +130,13 @@ _KEEP_NEWEST = """(
 # key row ("held") was given this statement's new id; {key} is its idempotency_key.
 _KEYED_INSERT = """INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at, trace_context
+        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), {key},
-           '[]'::jsonb, clock.now, %(trace_context)s::jsonb
+           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
     FROM held, clock
     WHERE held.fresh"""
 
@@ -154,11 +155,12 @@ _DEBOUNCING = (
 )
 
 
-# What every claim does with its candidates: lease them to this worker and charge the
-# attempt. They are leased by primary key (= ANY of their array), never joined: on a
-# claim connection the claims are prepared with one generic plan, which cannot know
-# that the LIMIT is small, and would join by walking the primary key from its start.
-_CLAIM_LEASE = f""", {_CLOCK}
+# What every claim does with its candidates (the CTE "candidate", beside "clock"):
+# lease them to this worker and charge the attempt. They are leased by primary key
+# (= ANY of their array), never joined: on a claim connection the claims are prepared
+# with one generic plan, which cannot know that the LIMIT is small, and would join by
+# walking the primary key from its start.
+_LEASE_CANDIDATES = f"""
 UPDATE pgqueue_job AS j
 SET status = 'running',
     lease_owner = %(worker_id)s,
@@ -171,6 +173,390 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
 RETURNING j.*
 """
 
+# _LEASE_CANDIDATES after a claim's candidate CTE, with the clock.
+_CLAIM_LEASE = ", " + _CLOCK + _LEASE_CANDIDATES
+
+
+# --- Flow control (flow.py) ------------------------------------------------------------
+# The limits in force, as the worker passes them (flow.FlowView.params: one jsonb text,
+# cheaper to send than an array per field): key limits (an exact key, or a prefix whose
+# every matching key is a budget of its own) and queue limits. NULL: no bound.
+_FLOW_LIMITS = """key_limit AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(limits)s::jsonb -> 'keys')
+         AS l(name text, pattern text, prefix boolean, concurrency int, rate int, period float8)
+), queue_limit AS (
+    SELECT *
+    FROM jsonb_to_recordset(%(limits)s::jsonb -> 'queues')
+         AS l(queue text, concurrency int, rate int, period float8)
+)"""
+
+# A key limit l applies to concurrency key {key} ("" is no key: no limit applies).
+_KEY_MATCHES = """{key} > ''
+      AND CASE WHEN l.prefix THEN starts_with({key}, l.pattern) ELSE {key} = l.pattern END"""
+
+# How many more jobs of concurrency key {key} may start now (NULL: no limit applies):
+# the least room of its limits, each the concurrency bound less what runs with the key
+# (a range of pgqueue_job_key_running_idx) and the rate less its window's starts.
+_KEY_ROOM = (
+    """(SELECT min(least(
+            l.concurrency - CASE WHEN l.concurrency IS NOT NULL THEN (
+                SELECT count(*)
+                FROM pgqueue_job AS r
+                WHERE r.status = 'running' AND r.concurrency_key > ''
+                  AND r.concurrency_key = {key}) END,
+            l.rate - CASE WHEN l.rate IS NOT NULL THEN (
+                SELECT count(*)
+                FROM pgqueue_rate AS rw, unnest(rw.starts) AS s(at)
+                WHERE rw.name = l.name AND rw.subject = {key}
+                  AND s.at > (SELECT now FROM clock) - make_interval(secs => l.period)) END))
+     FROM key_limit AS l
+     WHERE """
+    + _KEY_MATCHES
+    + ")"
+)
+
+# The same for the queue {queue} under its queue:NAME limit. What runs in a queue is
+# counted over pgqueue_job_lease_idx (every running job: as many as the fleet runs).
+_QUEUE_ROOM = """(SELECT least(
+            l.concurrency - CASE WHEN l.concurrency IS NOT NULL THEN (
+                SELECT count(*)
+                FROM pgqueue_job AS r
+                WHERE r.status = 'running' AND r.queue = {queue}) END,
+            l.rate - CASE WHEN l.rate IS NOT NULL THEN (
+                SELECT count(*)
+                FROM pgqueue_rate AS rw, unnest(rw.starts) AS s(at)
+                WHERE rw.name = 'queue:' || l.queue AND rw.subject = l.queue
+                  AND s.at > (SELECT now FROM clock) - make_interval(secs => l.period)) END)
+     FROM queue_limit AS l
+     WHERE l.queue = {queue})"""
+
+# Whether this claim holds every budget of a job of key {key} in queue {queue}: for each
+# limited key or queue, a transaction-level advisory lock taken if free (never waited
+# for; taken again, it is held again). Until commit, no other claim can lease a job of
+# that budget (JOB_CLAIM_LIMITED_LEASE). In CASEs, so an unlimited one takes no lock.
+_BUDGETS_HELD = (
+    """(CASE WHEN EXISTS (SELECT FROM key_limit AS l WHERE """
+    + _KEY_MATCHES
+    + """)
+          THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue key'), hashtext({key}))
+          ELSE true END
+     AND CASE WHEN {queue} = ANY (%(queue_names)s::text[])
+          THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue queue'), hashtext({queue}))
+          ELSE true END)"""
+)
+
+# Queue {queue} may be claimed from: not paused, and its queue limit (if any) has room.
+_QUEUE_OPEN = (
+    """NOT {queue} = ANY (%(paused)s::text[])
+      AND (NOT {queue} = ANY (%(queue_names)s::text[])
+           OR coalesce("""
+    + _QUEUE_ROOM
+    + """, 1) > 0)"""
+)
+
+# The candidates of a flow claim, as the CTE "candidate" (id, queue, key, lap, step) of
+# at most %(limit)s pending jobs, locked, in the order they should run:
+#
+# * "served": the queues claimed from: the worker's, or (NULL) every queue with pending
+#   jobs (a loose scan of pgqueue_job_queue_claim_idx, a seek per queue), less paused
+#   ones and those whose queue limit has no room.
+# * "head": the first %(window)s pending jobs in claim order (pgqueue_job_claim_idx, or
+#   each queue's range of pgqueue_job_queue_claim_idx), of served queues that are not
+#   fair, less those whose key has no room or whose budgets another claim holds
+#   (_BUDGETS_HELD, which takes them for this one): FIFO while the head can run.
+#   They are locked by their ctid, read in this very snapshot (so no version of theirs
+#   can be pruned meanwhile; one a claimer changed since is rechecked, and skipped).
+# * "walk": the groups (queue, priority, key) of pending jobs, by seeks of
+#   pgqueue_job_key_claim_idx, priority by priority, each priority's keys from the
+#   worker's cursor (the key it took last) round to it again: at most %(max_steps)s
+#   groups per queue. A full key is a step, never a walk of its backlog.
+# * "lap1": each group's first jobs (one in a fair queue, else as many as its key has
+#   room for, less what the head took), if this claim holds its budgets; "lap2": fair
+#   queues' groups again, for the rest of their room.
+#
+# All lazy: the walk goes only as far as the head leaves the claim short. Rooms are read
+# from this statement's snapshot, so they only prune: JOB_CLAIM_LIMITED_LEASE decides.
+_FLOW_CANDIDATES = (
+    """RECURSIVE """
+    + _CLOCK
+    + """, """
+    + _FLOW_LIMITS
+    + """, pending_queue(name, steps) AS (
+    SELECT min(queue), 1
+    FROM pgqueue_job
+    WHERE status = 'pending' AND %(queues)s::text[] IS NULL
+    UNION ALL
+    SELECT (SELECT min(j.queue)
+            FROM pgqueue_job AS j
+            WHERE j.status = 'pending' AND j.queue > p.name), p.steps + 1
+    FROM pending_queue AS p
+    WHERE p.name IS NOT NULL AND p.steps < 10000
+), served AS (
+    SELECT q.name, q.name = ANY (%(fair)s::text[]) AS fair, coalesce(c.key, '') AS cursor
+    FROM (SELECT name FROM pending_queue WHERE name IS NOT NULL
+          UNION ALL
+          SELECT unnest(%(queues)s::text[])) AS q(name)
+    LEFT JOIN jsonb_each_text(%(cursors)s::jsonb) AS c(queue, key) ON c.queue = q.name
+    WHERE """
+    + _QUEUE_OPEN.format(queue="q.name")
+    + """
+), head AS (
+    SELECT h.id, h.ctid, h.queue, h.concurrency_key AS key, h.ord,
+           row_number() OVER (PARTITION BY h.concurrency_key ORDER BY h.ord) AS key_rank
+    FROM (SELECT a.*, row_number() OVER (ORDER BY a.priority DESC, a.id) AS ord
+          FROM ((SELECT id, ctid, queue, priority, concurrency_key
+                 FROM pgqueue_job
+                 WHERE status = 'pending' AND %(queues)s::text[] IS NULL
+                 ORDER BY priority DESC, id
+                 LIMIT %(window)s)
+                UNION ALL
+                (SELECT c.id, c.ctid, c.queue, c.priority, c.concurrency_key
+                 FROM unnest(%(queues)s::text[]) AS s(name)
+                 CROSS JOIN LATERAL (
+                     SELECT id, ctid, queue, priority, concurrency_key
+                     FROM pgqueue_job
+                     WHERE status = 'pending' AND queue = s.name
+                     ORDER BY priority DESC, id
+                     LIMIT %(window)s) AS c
+                 WHERE %(queues)s::text[] IS NOT NULL
+                   AND NOT s.name = ANY (%(fair)s::text[]))
+                ORDER BY 4 DESC, 1
+                LIMIT %(window)s) AS a
+          WHERE NOT a.queue = ANY (%(fair)s::text[])
+            AND """
+    + _QUEUE_OPEN.format(queue="a.queue")
+    + """) AS h
+), head_locked AS (
+    SELECT id, queue, concurrency_key AS key, priority
+    FROM pgqueue_job
+    WHERE ctid = ANY (ARRAY(
+            SELECT h.ctid
+            FROM (SELECT * FROM head ORDER BY ord OFFSET 0) AS h
+            WHERE CASE WHEN h.key_rank <= coalesce("""
+    + _KEY_ROOM.format(key="h.key")
+    + """, %(limit)s)
+                       THEN """
+    + _BUDGETS_HELD.format(key="h.key", queue="h.queue")
+    + """
+                       ELSE false END
+            LIMIT %(limit)s))
+      AND status = 'pending'
+    FOR UPDATE SKIP LOCKED
+), walk(queue, priority, key, lap, cursor, fair, steps) AS (
+    SELECT s.name, 101, NULL::text, 1, s.cursor, s.fair, 0
+    FROM served AS s
+    UNION ALL
+    SELECT w.queue, n.priority, n.key, n.lap, w.cursor, w.fair, w.steps + 1
+    FROM walk AS w
+    CROSS JOIN LATERAL (
+        (SELECT j.priority, j.concurrency_key AS key, w.lap AS lap
+         FROM pgqueue_job AS j
+         WHERE w.key IS NOT NULL
+           AND j.status = 'pending' AND j.queue = w.queue AND j.priority = w.priority
+           AND j.concurrency_key > w.key
+           AND (w.lap = 0 OR j.concurrency_key <= w.cursor)
+         ORDER BY j.concurrency_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT j.priority, j.concurrency_key, 1
+         FROM pgqueue_job AS j
+         WHERE w.lap = 0
+           AND j.status = 'pending' AND j.queue = w.queue AND j.priority = w.priority
+           AND j.concurrency_key <= w.cursor
+         ORDER BY j.concurrency_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT level.priority, first.key, first.lap
+         FROM (SELECT j.priority
+               FROM pgqueue_job AS j
+               WHERE j.status = 'pending' AND j.queue = w.queue AND j.priority < w.priority
+               ORDER BY j.priority DESC
+               LIMIT 1) AS level
+         CROSS JOIN LATERAL (
+             (SELECT j.concurrency_key AS key, 0 AS lap
+              FROM pgqueue_job AS j
+              WHERE j.status = 'pending' AND j.queue = w.queue
+                AND j.priority = level.priority AND j.concurrency_key > w.cursor
+              ORDER BY j.concurrency_key
+              LIMIT 1)
+             UNION ALL
+             (SELECT j.concurrency_key, 1
+              FROM pgqueue_job AS j
+              WHERE j.status = 'pending' AND j.queue = w.queue
+                AND j.priority = level.priority
+              ORDER BY j.concurrency_key
+              LIMIT 1)
+             LIMIT 1) AS first)
+        LIMIT 1) AS n
+    WHERE w.steps < %(max_steps)s
+), lap1 AS (
+    SELECT c.id, w.queue, w.key, w.steps
+    FROM walk AS w
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM pgqueue_job AS j
+        WHERE j.status = 'pending' AND j.queue = w.queue AND j.priority = w.priority
+          AND j.concurrency_key = w.key
+          AND j.id <> ALL (ARRAY(SELECT id FROM head_locked))
+          AND """
+    + _BUDGETS_HELD.format(key="w.key", queue="w.queue")
+    + """
+        ORDER BY j.id
+        LIMIT greatest(0, least(coalesce("""
+    + _KEY_ROOM.format(key="w.key")
+    + """ - (SELECT count(*) FROM head_locked AS h WHERE h.key = w.key), %(limit)s),
+                                CASE WHEN w.fair THEN 1 ELSE %(limit)s END))
+        FOR UPDATE SKIP LOCKED) AS c
+    WHERE w.steps > 0
+), lap2 AS (
+    SELECT c.id, w.queue, w.key, w.steps
+    FROM walk AS w
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM pgqueue_job AS j
+        WHERE j.status = 'pending' AND j.queue = w.queue AND j.priority = w.priority
+          AND j.concurrency_key = w.key
+          AND """
+    + _BUDGETS_HELD.format(key="w.key", queue="w.queue")
+    + """
+        ORDER BY j.id
+        OFFSET 1
+        LIMIT greatest(0, least(coalesce("""
+    + _KEY_ROOM.format(key="w.key")
+    + """, %(limit)s), %(limit)s) - 1)
+        FOR UPDATE SKIP LOCKED) AS c
+    WHERE w.steps > 0 AND w.fair
+), candidate AS (
+    (SELECT h.id, h.queue, h.key, 0 AS lap, 0 AS step
+     FROM head_locked AS h
+     ORDER BY h.priority DESC, h.id)
+    UNION ALL
+    (SELECT id, queue, key, 1, steps FROM lap1)
+    UNION ALL
+    (SELECT id, queue, key, 2, steps FROM lap2)
+    LIMIT %(limit)s
+)"""
+)
+
+
+# Each budget of the limits in force, for pgqueue_status, the dashboard and the metrics:
+# a key limit's budgets are its exact key and every matching key that runs now (a scan
+# of pgqueue_job_key_running_idx: as many as run) or started in its rate window (the
+# %(subjects)s latest of pgqueue_rate); a queue limit's is its queue. For each, what runs, what its
+# rate window holds, and what is pending: at most %(cap)s jobs per priority level of
+# each queue (the levels found by a loose scan of pgqueue_job_queue_claim_idx), counted
+# over a range of pgqueue_job_key_claim_idx. Bounded whatever the backlog.
+FLOW_GET_BUDGETS = (
+    """
+WITH RECURSIVE """
+    + _CLOCK
+    + ", "
+    + _FLOW_LIMITS
+    + """, running AS (
+    SELECT concurrency_key AS key, count(*) AS jobs
+    FROM pgqueue_job
+    WHERE status = 'running' AND concurrency_key > ''
+    GROUP BY concurrency_key
+), level(queue, priority) AS (
+    (SELECT queue, priority
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY queue, priority DESC
+     LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority
+    FROM level AS v
+    CROSS JOIN LATERAL (
+        (SELECT queue, priority
+         FROM pgqueue_job
+         WHERE status = 'pending' AND queue = v.queue AND priority < v.priority
+         ORDER BY queue, priority DESC
+         LIMIT 1)
+        UNION ALL
+        (SELECT queue, priority
+         FROM pgqueue_job
+         WHERE status = 'pending' AND queue > v.queue
+         ORDER BY queue, priority DESC
+         LIMIT 1)
+        LIMIT 1) AS n
+), subject AS (
+    SELECT l.name, r.key AS subject
+    FROM key_limit AS l
+    JOIN running AS r ON """
+    + _KEY_MATCHES.format(key="r.key")
+    + """
+    UNION
+    SELECT l.name, l.pattern
+    FROM key_limit AS l
+    WHERE NOT l.prefix
+    UNION
+    (SELECT w.name, w.subject
+     FROM pgqueue_rate AS w
+     WHERE w.expires_at > (SELECT now FROM clock)
+       AND w.name IN (SELECT name FROM key_limit)
+     ORDER BY w.expires_at DESC
+     LIMIT %(subjects)s)
+)
+SELECT 'key' AS kind, s.name, s.subject, l.concurrency, coalesce(r.jobs, 0) AS running,
+       l.rate, l.period,
+       (SELECT count(*)
+        FROM pgqueue_rate AS w, unnest(w.starts) AS st(at)
+        WHERE w.name = s.name AND w.subject = s.subject
+          AND st.at > clock.now - make_interval(secs => l.period)) AS started,
+       (SELECT coalesce(sum(c.jobs), 0)::bigint
+        FROM level AS v
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS jobs
+            FROM (SELECT 1
+                  FROM pgqueue_job AS j
+                  WHERE j.status = 'pending' AND j.queue = v.queue
+                    AND j.priority = v.priority AND j.concurrency_key = s.subject
+                  LIMIT %(cap)s) AS x) AS c) AS pending
+FROM subject AS s
+JOIN key_limit AS l ON l.name = s.name
+LEFT JOIN running AS r ON r.key = s.subject
+CROSS JOIN clock
+UNION ALL
+SELECT 'queue', 'queue:' || l.queue, l.queue, l.concurrency,
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'running' AND queue = l.queue
+              LIMIT %(cap)s) AS x),
+       l.rate, l.period,
+       (SELECT count(*)
+        FROM pgqueue_rate AS w, unnest(w.starts) AS st(at)
+        WHERE w.name = 'queue:' || l.queue AND w.subject = l.queue
+          AND st.at > clock.now - make_interval(secs => l.period)),
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'pending' AND queue = l.queue
+              LIMIT %(cap)s) AS x)
+FROM queue_limit AS l
+CROSS JOIN clock
+ORDER BY 1, 2, 3
+"""
+)
+
+# What flow control a worker must know beyond the settings (flow.load): the limits set at
+# run time and the paused queues. Both tables hold a row per limit or queue touched by
+# hand: a sequential scan of each, read about once a second per worker.
+FLOW_GET_STATE = """
+SELECT 'limit' AS kind, key, concurrency, rate
+FROM pgqueue_limit
+UNION ALL
+SELECT 'paused', name, NULL, NULL
+FROM pgqueue_queue
+WHERE paused_at IS NOT NULL
+"""
+
+# Tell workers at once that limits or paused queues changed (payload: flow.NOTIFY_PREFIX,
+# no queue name); delivered when the surrounding transaction commits. No table.
+FLOW_NOTIFY = """
+SELECT pg_notify(%(channel)s, %(payload)s)
+"""
 
 #: The payload prefix of the NOTIFY a released dependant sends (then its queue name): no
 #: queue name holds a colon. The listener makes the next claim start at the head.
@@ -414,17 +800,18 @@ FROM generate_series(1, %(count)s)
 JOB_BULK_INSERT_DEDUPE = """
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key
+    run_at, created_at, errors, idempotency_key, concurrency_key
 )
 SELECT r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority, r.status,
-       r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb, r.idempotency_key
+       r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb, r.idempotency_key,
+       r.concurrency_key
 FROM unnest(
     %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
     %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[], %(max_attempts)s::int[],
-    %(run_at)s::timestamptz[], %(idempotency_key)s::text[]
+    %(run_at)s::timestamptz[], %(idempotency_key)s::text[], %(concurrency_key)s::text[]
 ) WITH ORDINALITY AS r(
     backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, idempotency_key, ord
+    run_at, idempotency_key, concurrency_key, ord
 )
 ORDER BY r.ord
 ON CONFLICT (queue, idempotency_key)
@@ -439,18 +826,19 @@ ON CONFLICT (queue, idempotency_key)
 JOB_BULK_INSERT_DEDUPE_WITH_IDS = """
 INSERT INTO pgqueue_job AS j (
     id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key
+    run_at, created_at, errors, idempotency_key, concurrency_key
 )
 SELECT r.id, r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority,
        r.status, r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb,
-       r.idempotency_key
+       r.idempotency_key, r.concurrency_key
 FROM unnest(
     %(id)s::bigint[], %(backend)s::text[], %(queue)s::text[], %(task)s::text[],
     %(args)s::text[], %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[],
-    %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[]
+    %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[],
+    %(concurrency_key)s::text[]
 ) WITH ORDINALITY AS r(
     id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, idempotency_key, ord
+    run_at, idempotency_key, concurrency_key, ord
 )
 ORDER BY r.ord
 ON CONFLICT (queue, idempotency_key)
@@ -553,6 +941,115 @@ WITH above AS (
 )"""
     + _CLAIM_LEASE
 )
+
+# JOB_CLAIM for a worker while flow control is in force without limits (queues paused,
+# fair queues): the candidates of _FLOW_CANDIDATES leased at once, one statement. The
+# head of the line in claim order, then the groups of pgqueue_job_key_claim_idx from
+# the worker's cursor; a paused queue is left out, never walked.
+JOB_CLAIM_FLOW = "\nWITH " + _FLOW_CANDIDATES + _LEASE_CANDIDATES
+
+# A claim under limits, first of its two statements in one transaction: lock (SKIP
+# LOCKED) the candidates of _FLOW_CANDIDATES, each only once its budgets are held
+# (_BUDGETS_HELD: a key whose lock another claim holds is passed over like a full one).
+# Its first row hands them to JOB_CLAIM_LIMITED_LEASE in transaction-local settings
+# (pgqueue.claim_ids, _queues, _keys: so both go to the server at once); then each
+# candidate, and, if the walk went to its end, the group it reached per queue (id
+# NULL): the cursor.
+JOB_CLAIM_LIMITED = (
+    "\nWITH "
+    + _FLOW_CANDIDATES
+    + """
+, chosen AS MATERIALIZED (
+    SELECT c.id, c.queue, c.key, c.lap
+    FROM candidate AS c
+)
+SELECT NULL::bigint AS id, NULL::text AS queue, NULL::text AS key, NULL::int AS lap,
+       (SELECT set_config('pgqueue.claim_ids', array_agg(id)::text, true)
+               || set_config('pgqueue.claim_queues', array_agg(queue)::text, true)
+               || set_config('pgqueue.claim_keys', array_agg(key)::text, true)
+        FROM chosen) AS handed
+UNION ALL
+SELECT id, queue, key, lap, NULL
+FROM chosen
+UNION ALL
+SELECT NULL, r.queue, r.key, NULL, NULL
+FROM (SELECT DISTINCT ON (w.queue) w.queue, w.key
+      FROM walk AS w
+      WHERE w.steps > 0
+      ORDER BY w.queue, w.steps DESC) AS r
+WHERE (SELECT count(*) FROM chosen) < %(limit)s
+"""
+)
+
+# A claim under limits, second statement (same transaction as JOB_CLAIM_LIMITED): lease
+# the candidates it handed over in pgqueue.claim_* (locked by it, so still pending, their
+# budgets held) while their budgets have room. Its
+# snapshot is taken after the budget locks were: it sees every claim of those budgets
+# committed before, and none can commit until ours does, so counting what runs (and the
+# rate windows) here is exact. In %(ids)s order, a candidate runs if, for each budget,
+# the candidates before it do not fill it; a rate budget's window is written with its
+# new starts (clock.now). Primary-key lookups, plus the rooms of _KEY_ROOM/_QUEUE_ROOM.
+JOB_CLAIM_LIMITED_LEASE = (
+    "\nWITH "
+    + _CLOCK
+    + ", "
+    + _FLOW_LIMITS
+    + """, given AS (
+    SELECT *
+    FROM unnest(nullif(current_setting('pgqueue.claim_ids', true), '')::bigint[],
+                nullif(current_setting('pgqueue.claim_queues', true), '')::text[],
+                nullif(current_setting('pgqueue.claim_keys', true), '')::text[])
+         WITH ORDINALITY AS g(id, queue, key, ord)
+), key_room AS MATERIALIZED (
+    SELECT k.key, """
+    + _KEY_ROOM.format(key="k.key")
+    + """ AS room
+    FROM (SELECT DISTINCT key FROM given) AS k
+), queue_room AS MATERIALIZED (
+    SELECT q.queue, """
+    + _QUEUE_ROOM.format(queue="q.queue")
+    + """ AS room
+    FROM (SELECT DISTINCT queue FROM given) AS q
+), candidate AS (
+    SELECT g.id, g.queue, g.key
+    FROM (SELECT given.*,
+                 row_number() OVER (PARTITION BY given.key ORDER BY given.ord) AS key_rank,
+                 row_number() OVER (PARTITION BY given.queue ORDER BY given.ord) AS queue_rank
+          FROM given) AS g
+    JOIN key_room AS k ON k.key = g.key
+    JOIN queue_room AS q ON q.queue = g.queue
+    WHERE (k.room IS NULL OR g.key_rank <= k.room)
+      AND (q.room IS NULL OR g.queue_rank <= q.room)
+), started AS (
+    SELECT l.name, c.key AS subject, l.period, count(*) AS jobs
+    FROM candidate AS c
+    JOIN key_limit AS l ON l.rate IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="c.key")
+    + """
+    GROUP BY l.name, c.key, l.period
+    UNION ALL
+    SELECT 'queue:' || c.queue, c.queue, l.period, count(*)
+    FROM candidate AS c
+    JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = c.queue
+    GROUP BY c.queue, l.period
+), logged AS (
+    INSERT INTO pgqueue_rate AS w (name, subject, starts, expires_at)
+    SELECT b.name, b.subject,
+           coalesce((SELECT array_agg(s.at ORDER BY s.at)
+                     FROM pgqueue_rate AS o, unnest(o.starts) AS s(at)
+                     WHERE o.name = b.name AND o.subject = b.subject
+                       AND s.at > clock.now - make_interval(secs => b.period)),
+                    ARRAY[]::timestamptz[])
+               || array_fill(clock.now, ARRAY[b.jobs::int]),
+           clock.now + make_interval(secs => b.period)
+    FROM started AS b, clock
+    ORDER BY b.name, b.subject
+    ON CONFLICT (name, subject) DO UPDATE
+    SET starts = excluded.starts, expires_at = excluded.expires_at
+)"""
+    + _LEASE_CANDIDATES
+)
+
 
 # JOB_CLAIM for a worker of some queues: the head of each queue's own range of
 # pgqueue_job_queue_claim_idx, so a small queue behind a huge one is reached at once;
@@ -860,13 +1357,13 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at, trace_context
+    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now, %(trace_context)s::jsonb
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -969,7 +1466,7 @@ WITH clock AS (
     INSERT INTO pgqueue_job AS j (
         backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, idempotency_key, errors, created_at, finished_at, trace_context,
-        parents_left, parent_results, on_parent_failure, workflow_id
+        parents_left, parent_results, on_parent_failure, workflow_id, concurrency_key
     )
     SELECT %(backend)s, %(queue)s, %(task)s,
            CASE WHEN x.status IN ('pending', 'scheduled') AND %(parent_results)s::text IS NOT NULL
@@ -988,7 +1485,7 @@ WITH clock AS (
                 ELSE '[]'::jsonb END,
            x.now, CASE WHEN x.status = 'cancelled' THEN x.now END, %(trace_context)s::jsonb,
            x.left_, %(parent_results)s::text, %(on_parent_failure)s::text,
-           coalesce(%(workflow_id)s::bigint, x.workflow_id)
+           coalesce(%(workflow_id)s::bigint, x.workflow_id), %(concurrency_key)s
     FROM decided AS x
     WHERE cardinality(x.found) = cardinality(%(parents)s::bigint[])
     ON CONFLICT (queue, idempotency_key)
@@ -1065,17 +1562,18 @@ WITH clock AS (
         %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
         %(kwargs)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
         %(run_at)s::timestamptz[], %(parents_left)s::int[], %(parent_results)s::text[],
-        %(on_parent_failure)s::text[], %(has_dependants)s::boolean[]
+        %(on_parent_failure)s::text[], %(has_dependants)s::boolean[],
+        %(concurrency_key)s::text[]
     ) WITH ORDINALITY AS n(
         backend, queue, task, args, kwargs, priority, max_attempts, run_at, parents_left,
-        parent_results, on_parent_failure, has_dependants, ord
+        parent_results, on_parent_failure, has_dependants, concurrency_key, ord
     )
     ORDER BY n.ord
 ), job AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, errors, created_at, parents_left, parent_results, on_parent_failure,
-        workflow_id, has_dependants
+        workflow_id, has_dependants, concurrency_key
     )
     SELECT n.id, n.backend, n.queue, n.task, n.args::jsonb, n.kwargs::jsonb, n.priority,
            CASE WHEN n.parents_left IS NOT NULL THEN 'waiting'
@@ -1083,7 +1581,7 @@ WITH clock AS (
                 ELSE 'pending' END,
            0, n.max_attempts, coalesce(n.run_at, clock.now), '[]'::jsonb, clock.now,
            n.parents_left, n.parent_results, n.on_parent_failure,
-           (SELECT min(id) FROM node), n.has_dependants
+           (SELECT min(id) FROM node), n.has_dependants, n.concurrency_key
     FROM node AS n, clock
     RETURNING j.status, j.queue
 ), edge AS (
@@ -1730,6 +2228,66 @@ SELECT status FROM snoozed
 """
 )
 
+# Lift a limit set at run time (the settings' entry of its key, if any, is in force
+# again). Primary-key delete.
+LIMIT_DELETE = """
+DELETE FROM pgqueue_limit
+WHERE key = %(key)s
+RETURNING key
+"""
+
+# Set a limit at run time (concurrency and rate NULL: no limit on this key, whatever the
+# settings declare). Primary-key upsert.
+LIMIT_SET = """
+INSERT INTO pgqueue_limit AS l (key, concurrency, rate, updated_at)
+VALUES (%(key)s, %(concurrency)s, %(rate)s, coalesce(%(now)s::timestamptz, clock_timestamp()))
+ON CONFLICT (key) DO UPDATE
+SET concurrency = excluded.concurrency,
+    rate = excluded.rate,
+    updated_at = excluded.updated_at
+"""
+
+# Pause a queue: its row says since when (kept if it was paused already). Primary-key
+# upsert; workers hear of it by FLOW_NOTIFY in the same transaction.
+QUEUE_PAUSE = """
+INSERT INTO pgqueue_queue AS q (name, paused_at, updated_at)
+VALUES (%(name)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
+        coalesce(%(now)s::timestamptz, clock_timestamp()))
+ON CONFLICT (name) DO UPDATE
+SET paused_at = coalesce(q.paused_at, excluded.paused_at),
+    updated_at = excluded.updated_at
+RETURNING q.paused_at
+"""
+
+# Resume a queue (its row stays, not paused). Primary-key update; returns the row if it
+# was paused.
+QUEUE_RESUME = """
+UPDATE pgqueue_queue AS q
+SET paused_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+WHERE q.name = %(name)s
+  AND q.paused_at IS NOT NULL
+RETURNING q.name
+"""
+
+# Delete the rate windows with no start left in them (flow claims write them again when
+# their budget next starts a job), one bounded batch of pgqueue_rate_expires_idx. SKIP
+# LOCKED: a claim may be writing one.
+RATE_DELETE_CLOSED = """
+WITH closed AS (
+    SELECT name, subject
+    FROM pgqueue_rate
+    WHERE expires_at < coalesce(%(now)s::timestamptz, clock_timestamp())
+    ORDER BY expires_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgqueue_rate AS r
+USING closed
+WHERE (r.name, r.subject) = (closed.name, closed.subject)
+RETURNING r.name
+"""
+
 # Enqueue each entry's due tick once however many sweepers run: advance its row (by key,
 # locked in name order, SKIP LOCKED) only to a newer tick not after the clock, and insert
 # the job (key periodic:<name>:<tick>; a live job holding it wins) from that same row.
@@ -1742,9 +2300,9 @@ WITH clock AS (
         %(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
         %(ticks)s::timestamptz[], %(keys)s::text[], %(backends)s::text[],
         %(queues)s::text[], %(tasks)s::text[], %(args)s::text[], %(kwargs)s::text[],
-        %(priorities)s::int[], %(max_attempts)s::int[]
+        %(priorities)s::int[], %(max_attempts)s::int[], %(concurrency_keys)s::text[]
     ) AS e(name, cron, timezone, tick, key, backend, queue, task, args, kwargs,
-           priority, max_attempts)
+           priority, max_attempts, concurrency_key)
 ), due AS (
     SELECT s.name
     FROM pgqueue_schedule AS s
@@ -1769,10 +2327,11 @@ WITH clock AS (
 ), inserted AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at
+        run_at, idempotency_key, errors, created_at, concurrency_key
     )
     SELECT a.last_job_id, e.backend, e.queue, e.task, e.args::jsonb, e.kwargs::jsonb,
-           e.priority, 'pending', 0, e.max_attempts, e.tick, e.key, '[]'::jsonb, clock.now
+           e.priority, 'pending', 0, e.max_attempts, e.tick, e.key, '[]'::jsonb, clock.now,
+           e.concurrency_key
     FROM advanced AS a
     JOIN entry AS e ON e.name = a.name, clock
     ON CONFLICT (queue, idempotency_key)
@@ -1867,11 +2426,14 @@ SELECT set_config('application_name', %(application_name)s, false),
 # sequential scans and always the generic plan keep the prepared claims on their ordered
 # index scans whatever the statistics say; asynchronous commit is safe since a lost
 # claim leaves the job pending, and the job's durable completion flushes the claim first.
+# No JIT: a flow claim's generic plan is costed high (its LIMITs are parameters) and
+# would be compiled at every execution, for a statement that reads a few pages.
 SESSION_CONFIGURE_CLAIM = """
 SELECT set_config('enable_bitmapscan', 'off', false),
        set_config('enable_seqscan', 'off', false),
        set_config('plan_cache_mode', 'force_generic_plan', false),
-       set_config('synchronous_commit', 'off', false)
+       set_config('synchronous_commit', 'off', false),
+       set_config('jit', 'off', false)
 """
 
 # SESSION_CONFIGURE_CLAIM and a statement bound for the current transaction only
@@ -1884,7 +2446,14 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true),
        set_config('enable_bitmapscan', 'off', true),
        set_config('enable_seqscan', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true),
-       set_config('synchronous_commit', 'off', true)
+       set_config('synchronous_commit', 'off', true),
+       set_config('jit', 'off', true)
+"""
+
+# A flow claim on a connection not set up for claims (SESSION_CONFIGURE_CLAIM): no JIT
+# for this transaction (see there why). No table.
+SESSION_FLOW_LOCAL = """
+SELECT set_config('jit', 'off', true)
 """
 
 # A runner connection's own session settings (the worker's label, Django's TimeZone),

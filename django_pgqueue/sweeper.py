@@ -43,6 +43,7 @@ class SweepResult:
     cancelled: int = 0  # expired leases of jobs whose cancellation was requested
     lost_workers: int = 0  # rows of workers lost for longer than LOST_WORKER_SECONDS
     keys: int = 0  # keys of closed unique_for windows and started debounced jobs
+    rate_windows: int = 0  # rate windows with no start left in them (flow control)
     repaired: int = 0  # workflow edges their parent's finishing did not see (workflows.py)
 
     def __bool__(self) -> bool:
@@ -139,6 +140,20 @@ def prune_lost_workers(using: str, *, now: dt.datetime | None = None) -> int:
     return pruned
 
 
+def prune_rate_windows(using: str, *, now: dt.datetime | None = None) -> int:
+    """Delete the rate windows of flow control whose every start has left the window
+    (a budget that starts again gets a new one)."""
+    batch_size = int(settings.SWEEP_BATCH_SIZE)
+    params: dict[str, Any] = {"now": now, "batch_size": batch_size}
+    pruned = 0
+    for _ in range(MAX_SWEEP_BATCHES):
+        count = len(db.rows(using, sql.RATE_DELETE_CLOSED, params))
+        pruned += count
+        if count < batch_size:
+            break
+    return pruned
+
+
 def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepResult:
     """One bounded maintenance pass over the jobs database ``using`` (None: the default
     backend's), periodic entries aside; safe to run from several processes at once."""
@@ -155,6 +170,7 @@ def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepR
         pruned=prune_finished(alias, now=now),
         lost_workers=prune_lost_workers(alias, now=now),
         keys=keys.prune_expired(alias, now=now, max_batches=MAX_SWEEP_BATCHES),
+        rate_windows=prune_rate_windows(alias, now=now),
     )
 
 

@@ -19,6 +19,10 @@ Django's ``@task(...)`` passes unknown keyword arguments to the backend's ``task
     completion of the hung one is fenced out. Overrides ``PGQUEUE_JOB_TIMEOUT_SECONDS``.
 ``max_attempts``
     Attempt limit for jobs of this task (default ``PGQUEUE_MAX_ATTEMPTS``).
+``concurrency_key``
+    The budget this task's jobs are counted in by ``PGQUEUE_LIMITS`` and fair turns: a
+    str, or a callable of the call's args and kwargs (``lambda tenant_id, **_:
+    f"tenant:{tenant_id}"``). See the flow control how-to.
 
 Ordinary (non-transactional) tasks run at least once. To make their effects
 idempotent they can read :func:`current_job` (job id, attempt, idempotency key), or,
@@ -37,7 +41,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from . import lifecycle
+from . import lifecycle, validation
+from .exceptions import InvalidJob
 from .taskapi import InvalidTask, Task
 
 
@@ -59,6 +64,10 @@ class PgQueueTask(Task):
     a failed attempt (``task_result.attempts`` is the attempt that failed); None, or
     None returned: the exponential backoff of ``PGQUEUE_RETRY_BACKOFF_*``."""
 
+    concurrency_key: str | Callable[..., str] | None = None
+    """The concurrency key of this task's jobs (see ``PGQUEUE_LIMITS``): a str, or a
+    callable given the call's args and kwargs that returns one (None: no key)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.transactional, bool):
             raise InvalidTask(f"transactional must be True or False, not {self.transactional!r}")
@@ -75,6 +84,11 @@ class PgQueueTask(Task):
             or self.max_attempts < 1
         ):
             raise InvalidTask(f"max_attempts must be an int >= 1, not {self.max_attempts!r}")
+        if self.concurrency_key is not None and not callable(self.concurrency_key):
+            try:
+                validation.concurrency_key(self.concurrency_key)
+            except InvalidJob as exc:
+                raise InvalidTask(str(exc)) from None
         if self.backoff is not None and not callable(self.backoff):
             raise InvalidTask(
                 f"backoff must be a callable (exception, task_result), not {self.backoff!r}"

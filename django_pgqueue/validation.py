@@ -26,6 +26,10 @@ from .taskapi import FRAMEWORK, TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, norm
 
 QUEUE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_KEY_LENGTH = 255
+#: Longest concurrency key (the column's length).
+MAX_CONCURRENCY_KEY_LENGTH = 255
+#: What starts a queue limit's key (``"queue:emails"``): no concurrency key may.
+QUEUE_LIMIT_PREFIX = "queue:"
 #: Largest value of an ``integer`` column (max_attempts).
 MAX_INT4 = 2**31 - 1
 #: Longest ``backend`` alias the column holds.
@@ -194,6 +198,32 @@ def idempotency_key(value: Any) -> str | None:
     if "\x00" in value:
         raise InvalidJob("idempotency_key contains a NUL character (\\u0000)")
     _check_unicode(value, "idempotency_key")
+    return value
+
+
+def concurrency_key(value: Any, *, source: str = "concurrency_key") -> str:
+    """A job's concurrency key, checked ("" for None: no key). ``source`` names where it
+    came from in the error (the argument, or the callable that made it)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value or len(value) > MAX_CONCURRENCY_KEY_LENGTH:
+        raise InvalidJob(
+            f"{source} must be a non-empty str of at most {MAX_CONCURRENCY_KEY_LENGTH} "
+            f"characters, not {show(value)}"
+        )
+    if value.startswith(QUEUE_LIMIT_PREFIX):
+        raise InvalidJob(
+            f"{source} {show(value)} starts with {QUEUE_LIMIT_PREFIX!r}, which names a "
+            "queue's limit in PGQUEUE_LIMITS: choose another key"
+        )
+    if value.endswith("*"):
+        raise InvalidJob(
+            f"{source} {show(value)} ends with '*', which in PGQUEUE_LIMITS means every key "
+            "with that prefix: choose another key"
+        )
+    if "\x00" in value:
+        raise InvalidJob(f"{source} contains a NUL character (\\u0000)")
+    _check_unicode(value, source)
     return value
 
 

@@ -212,8 +212,12 @@ class _Checker:
         self.alias = ""
         self.first_backend = ""
 
-    def __call__(self, position: int, node: _Node) -> tuple[defaults.JobDefaults, Task, str, str]:
-        """The step's defaults, its ``Task``, and its args and kwargs as JSON text."""
+    def __call__(
+        self, position: int, node: _Node
+    ) -> tuple[defaults.JobDefaults, Task, str, str, str]:
+        """The step's defaults, its ``Task``, its args and kwargs as JSON text, and its
+        concurrency key (``defaults.concurrency_key``: the task's, maybe made from the
+        step's arguments)."""
         task = node.step.task
         try:
             entry = self.known.get(id(task))
@@ -223,6 +227,7 @@ class _Checker:
             args, kwargs = validation.payload(
                 node.step.args, node.step.kwargs, max_bytes=self.max_bytes
             )
+            key = defaults.concurrency_key(resolved, node.step.args, node.step.kwargs)
         except InvalidJob as exc:
             raise InvalidJob(f"step #{position}: {exc}") from exc
         if not self.alias:
@@ -233,7 +238,7 @@ class _Checker:
                 f"{resolved.backend!r}), step #0 to {self.alias!r} (backend "
                 f"{self.first_backend!r}): a workflow's jobs must share one jobs database"
             )
-        return resolved, own, args, kwargs
+        return resolved, own, args, kwargs, key
 
 
 def _resolve(task: Any, position: int) -> tuple[defaults.JobDefaults, Task, str]:
@@ -288,14 +293,15 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         for position, parent in enumerate(node.parents)
     ]
     params = {
-        "backend": [r.backend for r, _, _, _ in checked],
-        "queue": [r.queue for r, _, _, _ in checked],
-        "task": [r.task for r, _, _, _ in checked],
-        "args": [args for _, _, args, _ in checked],
-        "kwargs": [kwargs for _, _, _, kwargs in checked],
-        "priority": [r.priority for r, _, _, _ in checked],
-        "max_attempts": [r.max_attempts for r, _, _, _ in checked],
-        "run_at": [r.run_at for r, _, _, _ in checked],
+        "backend": [r.backend for r, *_ in checked],
+        "queue": [r.queue for r, *_ in checked],
+        "task": [r.task for r, *_ in checked],
+        "args": [args for _, _, args, _, _ in checked],
+        "kwargs": [kwargs for _, _, _, kwargs, _ in checked],
+        "priority": [r.priority for r, *_ in checked],
+        "max_attempts": [r.max_attempts for r, *_ in checked],
+        "run_at": [r.run_at for r, *_ in checked],
+        "concurrency_key": [key for *_, key in checked],
         "parents_left": [len(node.parents) if node.parents else None for node in nodes],
         "parent_results": [node.parent_results for node in nodes],
         "on_parent_failure": [node.on_parent_failure for node in nodes],
@@ -310,7 +316,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
     ids = [row[0] for row in found]
     now = found[0][1]
     rows = []
-    for position, (node, job_id, (r, _, args, kwargs)) in enumerate(
+    for position, (node, job_id, (r, _, args, kwargs, key)) in enumerate(
         zip(nodes, ids, checked, strict=True)
     ):
         run_at = r.run_at or now
@@ -335,6 +341,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                 now,
                 "[]",
                 None,
+                key,
                 len(node.parents) if node.parents else None,
                 node.parent_results,
                 node.on_parent_failure,
@@ -344,7 +351,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         )
     jobs = Jobs(check.alias, rows)
     if bulk.wants_announcements():
-        _announce(jobs, [own for _, own, _, _ in checked])
+        _announce(jobs, [own for _, own, *_ in checked])
     return jobs
 
 
@@ -371,7 +378,7 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         try:
             batch: list[tuple[Any, ...]] = []
             for position, (node, job_id) in enumerate(zip(nodes, ids, strict=True)):
-                r, own, args, kwargs = check(position, node)
+                r, own, args, kwargs, key = check(position, node)
                 if announce:
                     tasks.append(own)
                 run_at = r.run_at or now
@@ -397,6 +404,7 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                         now,
                         "[]",
                         None,
+                        key,
                         len(node.parents) if node.parents else None,
                         node.parent_results,
                         node.on_parent_failure,

@@ -27,7 +27,8 @@ execution of a chaos task) it counts, each of which must be 0 unless said otherw
 
 :data:`SAMPLE` is run about every 0.5 s while the faults run (see ``bench/chaos.py``):
 no job ``running`` past its lease by more than the allowed lateness, none both
-finished and still leased, attempts never above the limit.
+finished and still leased, attempts never above the limit, and no concurrency key
+with more jobs running than its limit in ``PGQUEUE_LIMITS`` (``over_limit``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ from typing import Any
 
 import psycopg
 from cronsim import CronSim
+
+#: The run's limit (``PGQUEUE_LIMITS`` of bench/chaos_settings.py): a third of the jobs
+#: have a key ``chaos:0`` .. ``chaos:<KEYS - 1>``, each a budget of KEY_CONCURRENCY.
+KEY_PREFIX = "chaos:"
+KEY_CONCURRENCY = 2
+KEYS = 8
 
 # Jobs per status, for progress lines and the drain check. Sequential scan; small table.
 STATUS_COUNTS = """
@@ -126,7 +133,11 @@ SELECT id FROM pgqueue_job WHERE id = %(id)s FOR UPDATE
 # Invariants that must hold at every moment, sampled while faults run: a lease the
 # sweeper should have taken back long ago (``late``, more than %(lateness)s seconds past
 # its expiry: a row locked by a leaked transaction, a sweeper that stopped working), a
-# finished job still holding a lease, attempts above the limit. Sequential scan.
+# finished job still holding a lease, attempts above the limit, and a concurrency key
+# of the run's limit (``PGQUEUE_LIMITS`` of bench/chaos_settings.py: %(key_prefix)s...,
+# %(key_concurrency)s each) with more jobs running than it allows (``over_limit``: the
+# most by which any key exceeds it; ``key_peak``, not a fault: the most any key ran,
+# which shows the limit was reached). Sequential scan.
 SAMPLE = """
 SELECT
     count(*) FILTER (WHERE status = 'running'
@@ -135,8 +146,33 @@ SELECT
         AS late_leases,
     count(*) FILTER (WHERE status <> 'running' AND lease_expires_at IS NOT NULL)
         AS finished_leased,
-    count(*) FILTER (WHERE attempts > max_attempts) AS over_attempts
+    count(*) FILTER (WHERE attempts > max_attempts) AS over_attempts,
+    (SELECT greatest(coalesce(max(k.running), 0) - %(key_concurrency)s, 0)
+     FROM (SELECT count(*) AS running
+           FROM pgqueue_job
+           WHERE status = 'running' AND starts_with(concurrency_key, %(key_prefix)s)
+           GROUP BY concurrency_key) AS k) AS over_limit,
+    (SELECT coalesce(max(k.running), 0)
+     FROM (SELECT count(*) AS running
+           FROM pgqueue_job
+           WHERE status = 'running' AND starts_with(concurrency_key, %(key_prefix)s)
+           GROUP BY concurrency_key) AS k) AS key_peak
 FROM pgqueue_job
+"""
+
+# A key of the run's limit made to look over it: %(jobs)s of its pending jobs leased to
+# a worker that does not exist, whose leases run out in %(seconds)s s (the sweeper then
+# takes them back, and they run): the over_limit sample must see it meanwhile.
+PLANT_OVER_LIMIT = """
+UPDATE pgqueue_job AS j
+SET status = 'running', lease_owner = 'planted', attempts = j.attempts + 1,
+    last_attempted_at = clock_timestamp(),
+    lease_expires_at = clock_timestamp() + make_interval(secs => %(seconds)s)
+FROM (SELECT id FROM pgqueue_job
+      WHERE status = 'pending' AND concurrency_key = %(key)s
+      ORDER BY id LIMIT %(jobs)s FOR UPDATE SKIP LOCKED) AS pick
+WHERE j.id = pick.id
+RETURNING j.id
 """
 
 # Every end-of-run invariant in one pass: the expected jobs (by identity) fully joined
@@ -296,11 +332,14 @@ class Sampler:
     count seen for each invariant (a sample that cannot run, e.g. during a restart,
     is skipped and counted)."""
 
-    NAMES = ("late_leases", "finished_leased", "over_attempts")
+    NAMES = ("late_leases", "finished_leased", "over_attempts", "over_limit")
 
     def __init__(self, lateness: float) -> None:
         self.lateness = lateness
         self.worst = dict.fromkeys(self.NAMES, 0)
+        #: The most jobs any key of the run's limit was seen running (it should reach
+        #: the limit, or the limit was never put to the test).
+        self.key_peak = 0
         self.samples = 0
         self.skipped = 0
 
@@ -310,8 +349,9 @@ class Sampler:
             self.skipped += 1
             return
         self.samples += 1
-        for name, value in zip(self.NAMES, rows[0], strict=True):
+        for name, value in zip(self.NAMES, rows[0][: len(self.NAMES)], strict=True):
             self.worst[name] = max(self.worst[name], int(value or 0))
+        self.key_peak = max(self.key_peak, int(rows[0][len(self.NAMES)] or 0))
 
 
 # The jobs of periodic entries, by idempotency key (``periodic:<name>:<tick>``), with how

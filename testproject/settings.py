@@ -78,6 +78,9 @@ PGQUEUE_COMPLETION_FLUSH_INTERVAL = env.float("PGQUEUE_COMPLETION_FLUSH_INTERVAL
 PGQUEUE_PERIODIC = env.json("PGQUEUE_PERIODIC", default=None)
 PGQUEUE_CLAIM_RESCAN_SECONDS = env.float("PGQUEUE_CLAIM_RESCAN_SECONDS", default=5.0)
 PGQUEUE_BURST_CONNECT_TIMEOUT = env.float("PGQUEUE_BURST_CONNECT_TIMEOUT", default=60.0)
+# Flow control as JSON (the flow tests start workers with their own).
+PGQUEUE_LIMITS = env.json("PGQUEUE_LIMITS", default=None)
+PGQUEUE_FAIR_QUEUES = env.json("PGQUEUE_FAIR_QUEUES", default=None)
 
 # PGQUEUE_LISTEN_DATABASE: a DSN of a direct connection for the worker's LISTEN, as a
 # deployment behind PgBouncer sets it ("none": poll only).

@@ -10,7 +10,15 @@ from pathlib import Path
 from django.contrib import admin
 
 import django_pgqueue.admin
-from django_pgqueue.models import Dashboard, DeadLetter, Job, Schedule, WorkerProcess
+from django_pgqueue.models import (
+    Dashboard,
+    DeadLetter,
+    Job,
+    Limit,
+    Queue,
+    Schedule,
+    WorkerProcess,
+)
 
 PACKAGE = Path(django_pgqueue.admin.__file__).parent
 #: Each module's level: a module may import only modules of a lower level.
@@ -23,6 +31,7 @@ LEVELS = {
     "read_only_jobs": 1,
     "dashboard": 2,
     "dead_letters": 2,
+    "flow": 2,
     "jobs": 2,
     "schedules": 2,
     "workers": 2,
@@ -59,5 +68,5 @@ def test_admin_package__imports_only_look_down_and_only_at_module_level():
 
 
 def test_admin_package__importing_it_registers_every_page():
-    for model in (Job, DeadLetter, Schedule, WorkerProcess, Dashboard):
+    for model in (Job, DeadLetter, Schedule, WorkerProcess, Dashboard, Queue, Limit):
         assert admin.site.is_registered(model), model

@@ -60,6 +60,8 @@ def test_chaos__nothing_lost_stuck_or_duplicated_transactionally() -> None:
     assert int(summary["kills"]) > 0
     assert int(summary["terminated"]) > 0
     assert int(summary["samples"]) > 20  # the invariants were watched during the faults
+    # Keys of the run's limit did run at their limit while over_limit (above) stayed 0.
+    assert int(summary["limit_peak"]) == oracle.KEY_CONCURRENCY, line
     # The new surfaces were exercised: cancels, sweepers and supervisors killed.
     assert int(summary["cancelled"]) > 0 and int(summary["cancel_calls"]) > 0, line
     assert int(summary["sweeper_kills"]) > 0, line
@@ -97,8 +99,8 @@ def test_chaos__each_planted_fault_fails_the_run() -> None:
     before the end, so only the sampling sees it), a worker that aborts and one that
     dies of a SIGKILL nobody sent; and of the new surfaces: a cancelled job put back to
     pending (it runs after its cancel returned and ends done), a cancelled job logged
-    done, a periodic tick enqueued twice, a worker process whose parent is gone. Each
-    is named in the verdict."""
+    done, a periodic tick enqueued twice, a worker process whose parent is gone, a key
+    with more jobs running than its limit. Each is named in the verdict."""
     code, summary, line, stderr = chaos(
         "--jobs", "200", "--duration", "8", "--calm", "--poison", "0", "--leaks", "0",
         "--work-ms", "5", "--drain-seconds", "40", "--plant", ",".join(chaos_bench.PLANTS),
@@ -118,6 +120,7 @@ def test_chaos__each_planted_fault_fails_the_run() -> None:
         "cancelled_as_done",
         "dup_ticks",
         "orphans",
+        "over_limit",
     }, line
     assert (summary["lost"], summary["oom_kills"], summary["crashes"]) == ("1", "1", "1")
     assert (summary["run_after_cancel"], summary["dup_ticks"], summary["orphans"]) == (
@@ -191,7 +194,8 @@ def test_oracle__detects_each_violation() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_oracle__sample_sees_a_late_lease_and_a_finished_job_still_leased() -> None:
-    """The invariants sampled during faults, one violation each."""
+    """The invariants sampled during faults, one violation each (and a key of the run's
+    limit with one job more running than it allows)."""
     import psycopg
 
     from django_pgqueue.models import Job
@@ -207,12 +211,30 @@ def test_oracle__sample_sees_a_late_lease_and_a_finished_job_still_leased() -> N
         lease_expires_at=timezone.now() - timezone.timedelta(seconds=30),
     )
     Job.objects.filter(pk=leased.id).update(status="done", lease_expires_at=timezone.now())
+    key = f"{oracle.KEY_PREFIX}1"
+    for _ in range(oracle.KEY_CONCURRENCY + 1):
+        over = Job.objects.enqueue(
+            "testproject.demo.fault_tasks.ledger_plain", concurrency_key=key
+        )
+        Job.objects.filter(pk=over.id).update(
+            status="running",
+            lease_owner="w",
+            attempts=1,
+            lease_expires_at=timezone.now() + timezone.timedelta(seconds=30),
+        )
     sampler = oracle.Sampler(lateness=10)
     with psycopg.connect(test_database_url(), autocommit=True) as conn:
-        sampler.sample(conn.execute(oracle.SAMPLE, {"lateness": 10}).fetchall())
+        sampler.sample(conn.execute(oracle.SAMPLE, chaos_bench.sample_params(sampler)).fetchall())
         sampler.sample(None)  # a sample that could not run (server restarting)
-        assert conn.execute(oracle.SAMPLE, {"lateness": 60}).fetchone()[0] == 0
-    assert sampler.worst == {"late_leases": 1, "finished_leased": 1, "over_attempts": 0}
+        later = oracle.Sampler(lateness=60)
+        assert conn.execute(oracle.SAMPLE, chaos_bench.sample_params(later)).fetchone()[0] == 0
+    assert sampler.worst == {
+        "late_leases": 1,
+        "finished_leased": 1,
+        "over_attempts": 0,
+        "over_limit": 1,
+    }
+    assert sampler.key_peak == oracle.KEY_CONCURRENCY + 1
     assert (sampler.samples, sampler.skipped) == (1, 1)
 
 

@@ -393,7 +393,9 @@ def test_lifecycle__bulk_enqueue_and_enqueue_many_take_periods(now):
         Job.objects.bulk_enqueue(
             [{"task": tasks.echo}, {"task": tasks.echo, "idempotency_key": "x", "debounce": 0}]
         )
-    with pytest.raises(InvalidJob, match="job #0: options must be a mapping of debounce"):
+    with pytest.raises(
+        InvalidJob, match="job #0: options must be a mapping of concurrency_key, debounce"
+    ):
         enqueue_many(tasks.echo, [([], {}, {"priority": 3})])
     assert Job.objects.count() == 4  # first, [1], the debounced one, [6]
 

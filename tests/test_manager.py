@@ -205,6 +205,7 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "run_at": None,
         "max_attempts": 5,
         "idempotency_key": key,
+        "concurrency_key": "",
         "channel": "pgqueue_job",
         "now": None,
         "args": "[1, 2]",

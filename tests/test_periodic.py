@@ -473,6 +473,7 @@ def test_schedule_enqueue_tick__second_statement_after_a_commit_changes_nothing(
         "kwargs": ["{}"],
         "priorities": [0],
         "max_attempts": [1],
+        "concurrency_keys": [""],
         "channel": "pgqueue_job",
         "now": tick,
     }

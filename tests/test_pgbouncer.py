@@ -295,6 +295,7 @@ COMMAND_RUNS: dict[str, tuple[list[str], str]] = {
     "pgqueue_worker": (["--burst", "--concurrency", "2"], "stopped: done=3"),
     "pgqueue_sweep": ([], "recovered=0 dead=0 promoted=0 pruned=0"),
     "pgqueue_status": (["--json"], '"workers"'),
+    "pgqueue_queue": (["list"], "default  running  pending=3"),
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import sql
-from django_pgqueue.models import Job, JobDependency, JobKey
+from django_pgqueue.models import Job, JobDependency, JobKey, RateWindow
 from tests.conftest import connect_test_db
 
 SQL_SOURCE = Path(sql.__file__).read_text()
@@ -67,8 +67,11 @@ def test_sql__table_name_matches_model(name):
         re.findall(r"\b(?:FROM|UPDATE|INTO|JOIN|COPY)\s+([a-z_][a-z0-9_]*)", getattr(sql, name))
     )
     # CTE names and set-returning functions are not tables; everything else is ours.
-    ctes = set(re.findall(r"\b([a-z_]+) AS (?:MATERIALIZED )?\(", getattr(sql, name)))
+    ctes = set(
+        re.findall(r"\b([a-z_0-9]+)(?:\([a-z_, ]*\))? AS (?:MATERIALIZED )?\(", getattr(sql, name))
+    )
     tables -= ctes | {"unnest", "jsonb_array_elements", "generate_series"}
+    tables -= {"jsonb_to_recordset", "jsonb_each_text"}
     if name in ("JOB_NOTIFY", "JOB_NOTIFY_CANCEL", "JOB_NOTIFY_MANY", "JOB_BULK_CLOCK"):
         assert tables == set()
     elif name == "JOB_BULK_IDS":  # the table's id sequence, no table read
@@ -80,6 +83,9 @@ def test_sql__table_name_matches_model(name):
     elif name in ("JOB_DELETE_EXPIRED_KEYS", "JOB_ENQUEUE_DEBOUNCED", "JOB_ENQUEUE_UNIQUE"):
         # The keys that outlive their jobs (keys.py), and the jobs they name.
         assert tables == {Job._meta.db_table, JobKey._meta.db_table}
+    elif name in ("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED", "JOB_CLAIM_LIMITED_LEASE"):
+        # Flow claims read (the last writes) the rate windows of limited budgets.
+        assert tables == {Job._meta.db_table, RateWindow._meta.db_table}
     elif name == "JOB_BULK_COPY_EDGES":  # a workflow's edges (workflows.py)
         assert tables == {JobDependency._meta.db_table}
     elif name in WORKFLOW_STATEMENTS:
@@ -327,7 +333,14 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
     assert fenced == {name for name, text in texts.items() if sql._FENCE in text}
     assert {"JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES", "JOB_FAIL", "JOB_SNOOZE"} <= fenced
     leased = {name for name, text in texts.items() if "%(lease_seconds)s" in text}
-    assert leased == {"JOB_CLAIM", "JOB_CLAIM_AFTER", "JOB_CLAIM_QUEUES", "JOB_EXTEND_LEASES"}
+    assert leased == {
+        "JOB_CLAIM",
+        "JOB_CLAIM_AFTER",
+        "JOB_CLAIM_FLOW",
+        "JOB_CLAIM_LIMITED_LEASE",
+        "JOB_CLAIM_QUEUES",
+        "JOB_EXTEND_LEASES",
+    }
     assert all(sql._LEASE in texts[name] for name in leased)
 
 

@@ -1,10 +1,12 @@
 """The admin: every job read-only, dead letters with requeue and discard, the periodic
-schedules, the workers and a queue dashboard, one module each.
+schedules, the workers, a queue dashboard, and flow control (queues paused and resumed,
+limits set at run time), one module each.
 
 Rules the package keeps (docs/admin.md explains them to operators):
 
-* Nothing is added or edited by hand: no add, no change, so no one can point a job at
-  another callable or touch a running job that a worker holds a lease on.
+* No job is added or edited by hand: no add, no change, so no one can point a job at
+  another callable or touch a running job that a worker holds a lease on. (Queues are
+  paused and limits set by hand: flow control is the operator's, through the manager.)
 * Every state change is one guarded statement from ``sql.py`` through the manager
   (``requeue_dead``, ``discard_dead``): a stale page or a second operator changes
   zero rows, and the message says how many rows changed.
@@ -20,6 +22,6 @@ their pages. Imports only look down: each page module imports ``base`` (and the 
 ``filters``, ``read_only_jobs``), never another page.
 """
 
-from . import dashboard, dead_letters, jobs, schedules, workers
+from . import dashboard, dead_letters, flow, jobs, schedules, workers
 
-__all__ = ["dashboard", "dead_letters", "jobs", "schedules", "workers"]
+__all__ = ["dashboard", "dead_letters", "flow", "jobs", "schedules", "workers"]

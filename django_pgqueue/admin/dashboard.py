@@ -19,8 +19,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .. import monitoring
-from ..models import Dashboard
+from .. import flow, monitoring
+from ..models import Dashboard, Limit
 from . import charts
 from .base import BREADCRUMBS_AS_LIST, ViewOnlyAdmin, human_duration
 
@@ -105,8 +105,32 @@ class DashboardAdmin(ViewOnlyAdmin):
                     "rate_estimated": "finished_per_second" in q.estimated,
                     "oldest": seconds_text(q.oldest_pending_age),
                     "oldest_lower_bound": "oldest_pending_age" in q.estimated,
+                    "paused": q.paused,
+                    "fair": q.queue in snap.fair,
                 }
             )
+        budgets = [
+            {
+                "limit": b.limit,
+                "subject": b.subject,
+                "running": f"{b.running:,}",
+                "concurrency": None if b.concurrency is None else f"{b.concurrency:,}",
+                "concurrency_full": b.concurrency is not None and b.running >= b.concurrency,
+                "rate": None if b.rate is None else flow.format_rate(b.rate),
+                "rate_full": b.rate is not None and b.started >= b.rate[0],
+                "started": f"{b.started:,}",
+                "pending": f"{b.pending:,}",
+                "waiting": f"{b.waiting:,}",
+                "capped": b.capped,
+            }
+            for b in snap.budgets
+        ]
+        limits_url = (
+            reverse("admin:django_pgqueue_limit_changelist", current_app=self.admin_site.name)
+            if self.admin_site.is_registered(Limit)
+            and request.user.has_perm("django_pgqueue.view_limit")
+            else None
+        )
         times = [m.start for m in hist.minutes]
         throughput = charts.stacked_bars(
             times,
@@ -178,6 +202,8 @@ class DashboardAdmin(ViewOnlyAdmin):
             "failures_chart": failures,
             "latency_chart": latency,
             "workers": workers,
+            "budgets": budgets,
+            "limits_url": limits_url,
             "jobs_url": jobs_url,
             "dead_url": dead_url,
             "workers_url": workers_url,

@@ -12,19 +12,23 @@ cancel missed here (the connection was down) still reaches the task at the next 
 extension, a third of a lease later at most. A job a workflow released (its parents
 finished) is announced as ``manager.RELEASE_NOTIFY_PREFIX`` and its queue: it keeps the
 id it was enqueued with, which a busy worker's claim position may be past, so the next
-claim starts at the head of the claim index (see ``position.py``).
+claim starts at the head of the claim index (see ``position.py``). And flow control's
+(``flow.NOTIFY_PREFIX``): limits or paused queues changed, so the claim loop loads them
+again before its next claim (a change missed here is loaded within
+``flow.REFRESH_SECONDS`` anyway).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
 
-from .. import sql
+from .. import flow, sql
 from ..conf import settings
 from ..exceptions import first_line
 from ..manager import CANCEL_NOTIFY_PREFIX, RELEASE_NOTIFY_PREFIX
@@ -40,10 +44,17 @@ class Listener(WorkerPart):
     set. Its connection is labelled ``pgqueue listen <worker id>``."""
 
     def __init__(
-        self, state: WorkerState, *, queues: list[str] | None, params: dict[str, Any]
+        self,
+        state: WorkerState,
+        *,
+        queues: list[str] | None,
+        params: dict[str, Any],
+        flow_changed: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(state)
         self.queues = queues
+        #: Called on a flow control notification (``FlowState.changed``).
+        self.flow_changed = flow_changed
         #: ``psycopg.connect`` arguments of a direct (session) connection: LISTEN
         #: through a transaction pooler would lose its subscription at commit.
         self.params = params
@@ -73,6 +84,10 @@ class Listener(WorkerPart):
                             payload = notify.payload
                             if payload.startswith(CANCEL_NOTIFY_PREFIX):
                                 self._cancel(payload)
+                                continue
+                            if payload.startswith(flow.NOTIFY_PREFIX):
+                                self.flow_changed()
+                                self.state.wakeup.set()
                                 continue
                             if payload.startswith(RELEASE_NOTIFY_PREFIX):
                                 payload = payload[len(RELEASE_NOTIFY_PREFIX) :]

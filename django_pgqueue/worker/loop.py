@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import DatabaseError, connections
 
-from .. import sweeper
+from .. import flow, sweeper
 from ..conf import settings
 from ..databases import backend_database, listen_target
 from ..exceptions import NotMigrated, first_line
@@ -164,11 +164,22 @@ class Worker:
         )
         #: The share of coroutine jobs among those claimed lately (None: none claimed).
         self._share: float | None = None
+        #: Flow control in force (limits, paused and fair queues): loaded on the claim
+        #: thread about once a second, and at once when the listener hears of a change.
+        self._flow = flow.FlowState(self.alias)
+        flow.settings_view()  # a bad PGQUEUE_LIMITS fails here, before any thread starts
+        #: Per queue, where the next flow claim's walk over keys resumes.
+        self._cursors: dict[str, str] = {}
         # No listener (and no LISTEN connection) when the worker only polls.
         self._listener = (
             None
             if self.listen.params is None
-            else Listener(state, queues=self.queues, params=self.listen.params)
+            else Listener(
+                state,
+                queues=self.queues,
+                params=self.listen.params,
+                flow_changed=self._flow.changed,
+            )
         )
         # Workers of some queues always claim from the head of each (a rescan interval
         # of 0); see position.py.
@@ -417,17 +428,32 @@ class Worker:
                 with bounded(
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 ):
-                    if self._state.released.is_set():
-                        self._state.released.clear()
-                        self._position.rescan()  # released dependants are behind it
-                    after = self._position.start()
-                    jobs = self._state.jobs.claim(
-                        self.worker_id,
-                        limit=free,
-                        queues=self.queues,
-                        lease_seconds=self.lease_seconds,
-                        after=after,
-                    )
+                    view = self._flow.current()
+                    if view.in_force(self.queues):
+                        after = None
+                        flowed = self._state.jobs.claim_flow(
+                            self.worker_id,
+                            limit=free,
+                            view=view,
+                            queues=self.queues,
+                            lease_seconds=self.lease_seconds,
+                            cursors=self._cursors,
+                        )
+                        self._cursors, jobs = flowed.cursors, flowed.jobs
+                    else:
+                        flowed = None
+                        if self._state.released.is_set():
+                            self._state.released.clear()
+                            self._position.rescan()  # released dependants are behind it
+                        after = self._position.start()
+                        jobs = self._state.jobs.claim(
+                            self.worker_id,
+                            limit=free,
+                            queues=self.queues,
+                            lease_seconds=self.lease_seconds,
+                            after=after,
+                            flow_view=view,
+                        )
                 self._position.claimed(after, jobs)
                 if not jobs and after is not None and self.burst:
                     self._position.rescan()  # look from the head before exiting idle
@@ -480,6 +506,14 @@ class Worker:
             retry.succeeded()
             self._route(jobs)
             self.stats.count("claimed", len(jobs))
+            if flowed is not None and (jobs or flowed.blocked):
+                # Under flow control a short claim is no sign of an empty queue: keys at
+                # their limits, or budgets another worker was claiming that instant.
+                # Claim on while claims take jobs; when limits keep every job back, wait
+                # for a slot (ours, or a NOTIFY) or the poll interval.
+                if not jobs:
+                    self._wait(self.poll_interval)
+                continue
             if jobs and len(jobs) < free and not always_wake:
                 # Fewer than asked for: the queue is drained for now. Claim again on a
                 # NOTIFY (or the poll), not as soon as these jobs end: an empty claim

@@ -14,10 +14,11 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from django_pgqueue.models import ClockTimestamp
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
 
-from .models import Execution
+from .models import Execution, Span
 
 
 def record(kind: str, backend_pid: int | None = None) -> int:
@@ -237,6 +238,24 @@ def enqueue_child_then_raise() -> None:
     record("tx")
     ledger_plain.enqueue(n=-1)
     raise RuntimeError("parent failed after enqueueing a child")
+
+
+@task()
+def span(seconds: float = 0.1) -> int:
+    """Record when this run's body starts and ends, by the database's clock (a ``Span``
+    row), sleeping ``seconds`` in between: the flow control tests' evidence of what ran
+    at once."""
+    job = current_job()
+    assert job is not None, "only a worker runs these tasks"
+    row = Span.objects.create(
+        job_id=job.id,
+        attempt=job.attempt,
+        worker_id=job.worker_id,
+        started_at=ClockTimestamp(),
+    )
+    time.sleep(seconds)
+    Span.objects.filter(pk=row.pk).update(finished_at=ClockTimestamp())
+    return job.id
 
 
 @task(max_attempts=50)

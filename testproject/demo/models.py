@@ -35,3 +35,18 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"execution of job {self.job_id} (attempt {self.attempt}, {self.kind})"
+
+
+class Span(models.Model):
+    """When the body of one run of a flow control test task ran, by the database's clock
+    (``tasks.span``): the tests read from these rows how many jobs of a key really ran
+    at once and when each started."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    attempt = models.IntegerField()
+    worker_id = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"span of job {self.job_id} (attempt {self.attempt})"

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import DatabaseError
 
-from django_pgqueue import deadline, monitoring, schema
+from django_pgqueue import deadline, flow, monitoring, schema
 from django_pgqueue.bounds import DAY, Bounds
 from django_pgqueue.databases import backend_database
 from django_pgqueue.exceptions import DeadlineExceeded, first_line
@@ -74,9 +74,10 @@ def render_table(snap: Snapshot) -> str:
         oldest = age(q.oldest_pending_age)
         if "oldest_pending_age" in q.estimated and q.oldest_pending_age is not None:
             oldest = "≥ " + oldest
+        marks = [m for m, on in (("paused", q.paused), ("fair", q.queue in snap.fair)) if on]
         rows.append(
             (
-                q.queue,
+                q.queue + (f" ({', '.join(marks)})" if marks else ""),
                 num(q, "pending"),
                 num(q, "scheduled"),
                 num(q, "waiting"),
@@ -92,6 +93,10 @@ def render_table(snap: Snapshot) -> str:
     lines = _columns(rows) if snap.queues else ["No queues: no jobs and no live workers."]
     if any(q.estimated for q in snap.queues.values()):
         lines.append(f"~ estimated (a status over {snap.cap:,} rows, or a busy window)")
+    if snap.budgets:
+        lines.append("")
+        lines.append("Limits:")
+        lines += render_budgets(snap.budgets)
     live = snap.live_workers
     lost = len(snap.workers) - len(live)
     lines.append("")
@@ -132,6 +137,19 @@ def render_table(snap: Snapshot) -> str:
             )
         lines += _columns(wrows)
     return "\n".join(lines)
+
+
+def render_budgets(budgets: list[monitoring.BudgetStats]) -> list[str]:
+    """One line per budget: what runs against its concurrency, what started against
+    its rate, what is pending and what the limit holds back now."""
+    rows: list[tuple[str, ...]] = [("limit", "key", "running", "started", "pending", "waiting")]
+    for b in budgets:
+        running = f"{b.running:,}" + ("" if b.concurrency is None else f" / {b.concurrency:,}")
+        started = "—" if b.rate is None else f"{b.started:,} / {flow.format_rate(b.rate)}"
+        pending = ("≥ " if b.capped else "") + f"{b.pending:,}"
+        waiting = ("≥ " if b.capped and b.waiting else "") + f"{b.waiting:,}"
+        rows.append((b.limit, b.subject, running, started, pending, waiting))
+    return _columns(rows)
 
 
 def _columns(rows: list[tuple[str, ...]]) -> list[str]:

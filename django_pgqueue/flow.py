@@ -1,0 +1,392 @@
+"""Flow control: limits per concurrency key and per queue, fair turns, paused queues.
+
+What is in force is a :class:`FlowView`: the limits (``PGQUEUE_LIMITS``, the declared
+defaults, with the rows of ``pgqueue_limit`` set at run time on top), the paused
+queues (rows of ``pgqueue_queue``) and the fair queues (``PGQUEUE_FAIR_QUEUES``). A
+worker loads it at start and again about once a second (:class:`FlowState`), at once
+when ``Job.objects.set_limit()``, ``pause_queue()`` and the like notify it (a NOTIFY
+on the worker channel whose payload starts with :data:`NOTIFY_PREFIX`), and claims
+through today's statements while nothing is in force for its queues.
+
+A limit's key is one of:
+
+``"stripe"``
+    an exact concurrency key: one budget shared by all its jobs;
+``"tenant:*"``
+    a prefix: every concurrency key that starts with ``"tenant:"`` is a budget of its
+    own (``"*"`` alone: every key);
+``"queue:emails"``
+    a queue: one budget for all of the queue's jobs.
+
+and its value ``{"concurrency": N, "rate": "R/s" | "R/m" | "R/h"}`` (either or both):
+at most N of the budget's jobs running at once, at most R started in any sliding
+window of one second, minute or hour, by the database's clock. A job obeys every limit
+that matches it. How the claim enforces them is in ``sql.JOB_CLAIM_LIMITED``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from . import db, sql, validation
+from .conf import settings
+
+#: A NOTIFY payload starting with this (a colon: no queue name has one) tells workers
+#: that limits or paused queues changed: they load them again before their next claim.
+NOTIFY_PREFIX = "flow:"
+#: How often a worker loads the limits and paused queues when not told sooner.
+REFRESH_SECONDS = 1.0
+#: The periods a rate may be given in, by their letter.
+RATE_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+#: The largest R of a rate: a budget's window keeps one timestamp per start in it.
+MAX_RATE = 100_000
+#: The largest concurrency bound (the column is an int; a fleet runs far fewer).
+MAX_CONCURRENCY = 1_000_000
+#: A queue limit's key is this and the queue's name.
+QUEUE_PREFIX = validation.QUEUE_LIMIT_PREFIX
+#: Longest limit key, as long as a concurrency key (the column's length).
+MAX_KEY_LENGTH = validation.MAX_CONCURRENCY_KEY_LENGTH
+
+_RATE_RE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSpec:
+    """One limit: its key as declared, its bound on what runs at once (None: none) and
+    its rate as (starts, window seconds) (None: none). Neither: it lifts a declared
+    limit of the same key (a row set at run time)."""
+
+    key: str
+    concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+
+    @property
+    def queue(self) -> str | None:
+        """The queue of a ``queue:NAME`` limit; None for a key limit."""
+        return self.key[len(QUEUE_PREFIX) :] if self.key.startswith(QUEUE_PREFIX) else None
+
+    @property
+    def prefix(self) -> bool:
+        """Whether the key ends in ``*``: every matching key has a budget of its own."""
+        return self.key.endswith("*")
+
+    @property
+    def lifts(self) -> bool:
+        """A limit with no bound: it removes the declared limit of its key."""
+        return self.concurrency is None and self.rate is None
+
+    def matches(self, key: str) -> bool:
+        """Whether this (key) limit applies to jobs of concurrency key ``key``."""
+        if not key or self.queue is not None:
+            return False
+        return key.startswith(self.key[:-1]) if self.prefix else key == self.key
+
+    def describe(self) -> str:
+        """``concurrency 2, rate 4/s``, as the status command and the admin show it."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.rate is not None:
+            parts.append(f"rate {format_rate(self.rate)}")
+        return ", ".join(parts) or "no limit"
+
+
+def format_rate(rate: tuple[int, float]) -> str:
+    """``(4, 1.0)`` as ``"4/s"``."""
+    count, seconds = rate
+    letter = next((k for k, v in RATE_PERIODS.items() if v == seconds), None)
+    return f"{count}/{letter}" if letter else f"{count}/{seconds:g}s"
+
+
+def parse_rate(value: Any) -> tuple[int, float]:
+    """``"R/s"``, ``"R/m"`` or ``"R/h"`` as (R, window seconds); ``ValueError`` naming
+    what is wrong otherwise (R a positive int up to :data:`MAX_RATE`)."""
+    match = _RATE_RE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(
+            f'rate must be "R/s", "R/m" or "R/h" with R a positive int, not '
+            f"{validation.show(value)}"
+        )
+    count = int(match.group(1))
+    if not 1 <= count <= MAX_RATE:
+        raise ValueError(f"rate {value!r}: R must be from 1 to {MAX_RATE}")
+    return count, RATE_PERIODS[match.group(2)]
+
+
+def check_key(key: Any) -> str:
+    """A limit's key, checked: an exact concurrency key, a prefix ending in ``*``, or
+    ``queue:NAME``; ``ValueError`` naming what is wrong otherwise."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a limit's key must be a non-empty str, not {validation.show(key)}")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"limit key {validation.show(key)} is longer than {MAX_KEY_LENGTH}")
+    if key.startswith(QUEUE_PREFIX):
+        name = key[len(QUEUE_PREFIX) :]
+        if not validation.QUEUE_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"limit key {key!r}: {name!r} is no queue name (1 to 64 of A-Z a-z 0-9 _ . -)"
+            )
+        return key
+    if "*" in key[:-1]:
+        raise ValueError(
+            f"limit key {key!r}: a '*' may only end a key (\"tenant:*\" limits each key "
+            'that starts with "tenant:")'
+        )
+    if "\x00" in key:
+        raise ValueError(f"limit key {validation.show(key)} contains a NUL character")
+    return key
+
+
+def parse_limit(key: Any, spec: Any, *, allow_empty: bool = False) -> LimitSpec:
+    """One ``PGQUEUE_LIMITS`` entry (or a run-time limit) as a :class:`LimitSpec`;
+    ``ValueError`` naming the key and what is wrong otherwise. ``allow_empty``: a spec
+    with neither bound is allowed (it lifts the declared limit of the key)."""
+    key = check_key(key)
+    if not isinstance(spec, Mapping):
+        raise ValueError(
+            f'limit {key!r} must be a dict like {{"concurrency": 2, "rate": "10/s"}}, '
+            f"not {validation.show(spec)}"
+        )
+    unknown = set(spec) - {"concurrency", "rate"}
+    if unknown:
+        names = ", ".join(sorted(map(repr, unknown)))
+        raise ValueError(f'limit {key!r}: unknown {names}: use "concurrency" and "rate"')
+    concurrency = spec.get("concurrency")
+    if concurrency is not None and (
+        isinstance(concurrency, bool)
+        or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= MAX_CONCURRENCY
+    ):
+        raise ValueError(
+            f"limit {key!r}: concurrency must be an int from 1 to {MAX_CONCURRENCY}, not "
+            f"{validation.show(concurrency)}"
+        )
+    rate_value = spec.get("rate")
+    try:
+        rate = None if rate_value in (None, "") else parse_rate(rate_value)
+    except ValueError as exc:
+        raise ValueError(f"limit {key!r}: {exc}") from None
+    if concurrency is None and rate is None and not allow_empty:
+        raise ValueError(f'limit {key!r} has neither "concurrency" nor "rate"')
+    return LimitSpec(key, concurrency, rate)
+
+
+def limit_problems(value: Any) -> list[str]:
+    """What is wrong with a ``PGQUEUE_LIMITS`` value, one message per problem."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        return [f"must be a dict of limits by key, not {validation.show(value)}"]
+    problems = []
+    for key, spec in value.items():
+        try:
+            parse_limit(key, spec)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def fair_problems(value: Any) -> list[str]:
+    """What is wrong with a ``PGQUEUE_FAIR_QUEUES`` value."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        return [f"must be a list of queue names, not {validation.show(value)}"]
+    return [
+        f"{validation.show(name)} is no queue name (1 to 64 of A-Z a-z 0-9 _ . -)"
+        for name in value
+        if not isinstance(name, str) or not validation.QUEUE_NAME_RE.fullmatch(name)
+    ]
+
+
+def declared() -> dict[str, LimitSpec]:
+    """``PGQUEUE_LIMITS``, parsed; ``ImproperlyConfigured`` if it is wrong (the system
+    check pgqueue.E063 says so first)."""
+    value = settings.LIMITS
+    problems = limit_problems(value)
+    if problems:
+        raise ImproperlyConfigured(f"PGQUEUE_LIMITS: {problems[0]}")
+    return {key: parse_limit(key, spec) for key, spec in (value or {}).items()}
+
+
+def declared_fair() -> frozenset[str]:
+    """``PGQUEUE_FAIR_QUEUES``, checked."""
+    value = settings.FAIR_QUEUES
+    problems = fair_problems(value)
+    if problems:
+        raise ImproperlyConfigured(f"PGQUEUE_FAIR_QUEUES: {problems[0]}")
+    return frozenset(value or ())
+
+
+@dataclass(frozen=True)
+class FlowView:
+    """What is in force: the limits (settings merged with run-time rows), the paused
+    queues and the fair queues. Immutable; a worker swaps it for a newer one."""
+
+    limits: tuple[LimitSpec, ...] = ()
+    paused: frozenset[str] = frozenset()
+    fair: frozenset[str] = frozenset()
+    #: The claim statements' parameters that say all this (sql._FLOW_LIMITS).
+    params: dict[str, Any] = field(init=False, repr=False, compare=False)
+    #: The limits of keys, and the queues with a limit (asked on every claim).
+    key_limits: tuple[LimitSpec, ...] = field(init=False, repr=False, compare=False)
+    limited_queues: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = [limit for limit in self.limits if limit.queue is None]
+        queues = [limit for limit in self.limits if limit.queue is not None]
+        object.__setattr__(self, "key_limits", tuple(keys))
+        object.__setattr__(self, "limited_queues", frozenset(str(limit.queue) for limit in queues))
+        limits = {
+            "keys": [
+                {
+                    "name": limit.key,
+                    "pattern": limit.key[:-1] if limit.prefix else limit.key,
+                    "prefix": limit.prefix,
+                    "concurrency": limit.concurrency,
+                    "rate": None if limit.rate is None else limit.rate[0],
+                    "period": None if limit.rate is None else limit.rate[1],
+                }
+                for limit in keys
+            ],
+            "queues": [
+                {
+                    "queue": limit.queue,
+                    "concurrency": limit.concurrency,
+                    "rate": None if limit.rate is None else limit.rate[0],
+                    "period": None if limit.rate is None else limit.rate[1],
+                }
+                for limit in queues
+            ],
+        }
+        params = {
+            "paused": sorted(self.paused),
+            "fair": sorted(self.fair),
+            "queue_names": sorted(str(limit.queue) for limit in queues),
+            "limits": json.dumps(limits, sort_keys=True),
+        }
+        object.__setattr__(self, "params", params)
+
+    def queue_limit(self, queue: str) -> LimitSpec | None:
+        """The ``queue:NAME`` limit of ``queue``, if any."""
+        return next((limit for limit in self.limits if limit.queue == queue), None)
+
+    def key_limits_of(self, key: str) -> list[LimitSpec]:
+        """The key limits that apply to jobs of concurrency key ``key``."""
+        return [limit for limit in self.key_limits if limit.matches(key)]
+
+    @staticmethod
+    def _touches(names: frozenset[str], queues: Iterable[str] | None) -> bool:
+        return bool(names) and (queues is None or not names.isdisjoint(queues))
+
+    def limited(self, queues: Iterable[str] | None) -> bool:
+        """Whether a claim from ``queues`` (None: every queue) must respect limits: any
+        key limit (a keyed job may be in any queue), or a limit of one of its queues."""
+        return bool(self.key_limits) or self._touches(self.limited_queues, queues)
+
+    def in_force(self, queues: Iterable[str] | None) -> bool:
+        """Whether a claim from ``queues`` cannot take today's plain statements: limits,
+        a paused or a fair queue among them."""
+        if not (self.limits or self.paused or self.fair):
+            return False
+        return (
+            self.limited(queues)
+            or self._touches(self.paused, queues)
+            or self._touches(self.fair, queues)
+        )
+
+
+_settings_views: dict[tuple[int, int], tuple[Any, Any, FlowView]] = {}
+
+
+def settings_view() -> FlowView:
+    """The view of the settings alone (no run-time limits, nothing paused); made again
+    only when the settings' objects change (``override_settings`` in tests)."""
+    limits, fair = settings.LIMITS, settings.FAIR_QUEUES
+    cached = _settings_views.get((id(limits), id(fair)))
+    if cached is not None and cached[0] is limits and cached[1] is fair:
+        return cached[2]
+    view = FlowView(limits=tuple(declared().values()), fair=declared_fair())
+    _settings_views.clear()
+    _settings_views[id(limits), id(fair)] = (limits, fair, view)
+    return view
+
+
+def merge(
+    declared_limits: Mapping[str, LimitSpec], rows: Iterable[tuple[Any, ...]]
+) -> tuple[tuple[LimitSpec, ...], frozenset[str]]:
+    """The limits in force and the paused queues, from the settings' limits and the
+    rows of ``sql.FLOW_GET_STATE``: a limit row replaces the declared limit of its key
+    (one with no bound removes it); a row that no longer parses is skipped."""
+    limits = dict(declared_limits)
+    paused = set()
+    for kind, key, concurrency, rate in rows:
+        if kind == "paused":
+            paused.add(key)
+            continue
+        try:
+            spec = parse_limit(key, {"concurrency": concurrency, "rate": rate}, allow_empty=True)
+        except ValueError:
+            continue  # written by hand around the API; the admin and set_limit check
+        if spec.lifts:
+            limits.pop(key, None)
+        else:
+            limits[key] = spec
+    return tuple(limits[key] for key in sorted(limits)), frozenset(paused)
+
+
+def load(alias: str) -> FlowView:
+    """The view in force on jobs database ``alias``, read now (one statement)."""
+    rows = db.rows(alias, sql.FLOW_GET_STATE, {})
+    limits, paused = merge(declared(), rows)
+    return FlowView(limits=limits, paused=paused, fair=declared_fair())
+
+
+class FlowState:
+    """A worker's view, loaded again when due: :data:`REFRESH_SECONDS` after the last
+    load, or at once after :meth:`changed` (the listener heard a flow notification).
+    ``current()`` runs on the claim thread, on its connection; ``changed()`` on any."""
+
+    def __init__(self, alias: str, *, refresh_seconds: float = REFRESH_SECONDS) -> None:
+        self.alias = alias
+        self.refresh_seconds = refresh_seconds
+        self._view: FlowView | None = None
+        self._loaded_at = float("-inf")
+        self._changed = threading.Event()
+
+    def changed(self) -> None:
+        """Limits or pauses changed: load them again before the next claim."""
+        self._changed.set()
+
+    def current(self) -> FlowView:
+        """The view, loaded again first if it is due (raises a ``DatabaseError`` the
+        claim loop handles as a failed claim)."""
+        now = time.monotonic()
+        if (
+            self._view is None
+            or self._changed.is_set()
+            or now - self._loaded_at >= self.refresh_seconds
+        ):
+            self._changed.clear()
+            self._view = load(self.alias)
+            self._loaded_at = now
+        return self._view
+
+
+def rotation_cursor(old: str, keys: Iterable[str]) -> str:
+    """Where a queue's next walk starts after taking groups of ``keys``: the furthest
+    of them in the walk's order from ``old`` (keys after it, then round from the
+    start)."""
+    after = [key for key in keys if key > old]
+    if after:
+        return max(after)
+    before = [key for key in keys if key <= old]
+    return max(before) if before else old
