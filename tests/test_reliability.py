@@ -852,3 +852,35 @@ def test_shutdown__second_signal_exits_at_once(manage: Callable[..., ManagedProc
     worker.signal(signal.SIGTERM)
     assert worker.wait(10) == 1
     sweep_until(lambda: job(running.id).status == "pending")
+
+
+@pytest.mark.slow
+def test_shutdown__two_signals_at_once_abort_too(manage: Callable[..., ManagedProcess]) -> None:
+    """C24: a second signal that comes before the worker acted on the first aborts as
+    well: it used to raise in the claim loop, whose clean-up then drained, waiting out
+    the running job. (Two kinds of signal, so they cannot merge into one delivery:
+    Python runs both handlers back to back, before the claim loop sees the first.)"""
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [30.0])
+    worker = manage("pgqueue_worker", *FAST)
+    wait_for(lambda: job(running.id).status == "running")
+    worker.signal(signal.SIGTERM)
+    worker.signal(signal.SIGINT)
+    assert worker.wait(10) == 1
+    assert in_log(worker, "received again: aborting now")
+    sweep_until(lambda: job(running.id).status == "pending")
+
+
+@pytest.mark.slow
+def test_shutdown__second_signal_does_not_wait_for_a_thread_of_a_coroutine_job(
+    manage: Callable[..., ManagedProcess],
+) -> None:
+    """C24: the thread pool of the event loop is joined when the interpreter exits, so
+    an aborting worker that exited the ordinary way waited for the blocking call."""
+    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_in_thread", [30.0])
+    worker = manage("pgqueue_worker", *FAST)
+    wait_for(lambda: job(running.id).status == "running")
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: in_log(worker, "SIGTERM received"))
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(10) == 1
+    sweep_until(lambda: job(running.id).status == "pending")

@@ -47,6 +47,7 @@ from ..databases import backend_database, listen_target
 from ..exceptions import NotMigrated, first_line
 from ..models import Job
 from ..reconnect import Retry, close_connection
+from ..signals import Abort
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
 from .catalog import Catalog, Known
@@ -256,10 +257,16 @@ class Worker:
             # Jitter so a fleet restarted together does not claim in lock-step.
             self._stopping.wait(random.uniform(0, min(0.1, self.poll_interval)))
             self._claim_loop()
-        finally:
-            self._shutdown()
-            presence.unregister(self.worker_id)
-            close_connection(self.alias)
+        except Abort:
+            # The second stop signal, come before the claim loop saw the first (both
+            # handlers ran back to back): leave now rather than drain, which would
+            # wait out the running jobs. Their leases expire, the sweeper recovers them.
+            self._abandon()
+            raise
+        except BaseException:
+            self._finish()
+            raise
+        self._finish()
         logger.info(
             "worker %s stopped: done=%d failed=%d cancelled=%d lost=%d released=%d",
             self.worker_id,
@@ -595,6 +602,19 @@ class Worker:
     def _start_threads(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    def _finish(self) -> None:
+        """Drain (:meth:`_shutdown`), then leave the presence table and the database."""
+        self._shutdown()
+        presence.unregister(self.worker_id)
+        close_connection(self.alias)
+
+    def _abandon(self) -> None:
+        """Stop every thread without waiting for any: claimed jobs keep their leases
+        until these expire (the heartbeat stops too), as if the process had died."""
+        self._stopping.set()
+        self._state.done.set()
+        self._state.wakeup.set()
 
     def _shutdown(self) -> None:
         """Let running jobs finish (within the grace period), release unstarted ones."""

@@ -7,6 +7,7 @@ its completion (so exactly one per done job), an ordinary task's row commits at 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -73,6 +74,13 @@ def slow_plain(seconds: float = 1.0) -> float:
     """Sleeps, then records: a zombie's effect shows up as a second ledger row."""
     time.sleep(seconds)
     record("plain")
+    return seconds
+
+
+@task()
+async def slow_in_thread(seconds: float = 1.0) -> float:
+    """A coroutine task waiting on a blocking call in the event loop's thread pool."""
+    await asyncio.to_thread(time.sleep, seconds)
     return seconds
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from typing import Any
 
@@ -10,7 +12,7 @@ from django_pgqueue import bounds
 from django_pgqueue.databases import backend_database
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument, configure_logging
 from django_pgqueue.validation import QUEUE_NAME_RE
-from django_pgqueue.worker.supervisor import Supervisor, run_worker_process
+from django_pgqueue.worker.supervisor import ExitCode, Supervisor, run_worker_process
 
 
 def queue_name(value: str) -> str:
@@ -161,6 +163,14 @@ class Command(PgQueueCommand):
         }
         if processes == 1:
             code = run_worker_process(worker_options, None)
+            if code == ExitCode.ABORTED:
+                # Leave now, as a supervisor's child does: an ordinary exit joins the
+                # threads of the event loop's pool, one of which may be in a job's
+                # blocking call for a long while. Logs are flushed first.
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(int(code))
         else:
             supervisor = Supervisor(
                 processes=processes,
