@@ -3,6 +3,7 @@ with the xmin horizon pinned by a long transaction; worker RSS over a million jo
 
     python -m bench.scale [--small 20000] [--big 1000000] [--pin-seconds 300]
                           [--processes 2] [--concurrency 4] [--batch-size 50]
+                          [--queue NAME ...] [--rescan-seconds S]
     make bench NAME=scale
 
 One ``pgqueue_worker --processes P`` (a supervisor and P workers) runs for the whole
@@ -203,6 +204,13 @@ def main() -> None:
         "before claims resumed; default: the setting's)",
     )
     parser.add_argument(
+        "--queue",
+        action="append",
+        default=None,
+        help="run the workers with --queue (repeatable): their claims keep a position "
+        "per queue (the jobs go to 'default'; default: workers of all queues)",
+    )
+    parser.add_argument(
         "--skip", default="", help="comma-separated scenarios to leave out (backlog,pinned)"
     )
     parser.add_argument(
@@ -242,6 +250,8 @@ def run(args: argparse.Namespace, skip: set[str]) -> None:
         "--processes", str(args.processes), "--concurrency", str(args.concurrency),
         "--batch-size", str(args.batch_size), "--poll-interval", "1",
     ]  # fmt: skip
+    for name in args.queue or ():
+        command += ["--queue", name]
     env = {**os.environ}
     if args.rescan_seconds is not None:
         env["PGQUEUE_CLAIM_RESCAN_SECONDS"] = str(args.rescan_seconds)
@@ -251,6 +261,8 @@ def run(args: argparse.Namespace, skip: set[str]) -> None:
     try:
         time.sleep(3)  # Django start-up of the workers, not part of the measurement
         rescan = "" if args.rescan_seconds is None else f", rescan {args.rescan_seconds}s"
+        if args.queue:
+            rescan += f", --queue {' --queue '.join(args.queue)}"
         print(
             f"pgqueue scale benchmark: {args.processes} worker processes x "
             f"{args.concurrency} threads, batch {args.batch_size}{rescan}; PostgreSQL "

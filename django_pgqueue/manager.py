@@ -82,6 +82,11 @@ def describe_error(exc: BaseException) -> tuple[str, str]:
     return f"{cls.__module__}.{cls.__qualname__}", text
 
 
+#: The position of a queue a resumed claim starts at its head: above every priority (the
+#: CHECK constraint keeps them within -100 to 100) and every id, so that only its range
+#: below the position, the whole line, holds anything (``sql.JOB_CLAIM_QUEUES_AFTER``).
+QUEUE_HEAD = (101, 2**63 - 1)
+
 #: How often ``cancel()`` tries again a job locked at that instant (being claimed or
 #: completed), and how long it waits in between.
 CANCEL_ROUNDS = 5
@@ -299,16 +304,18 @@ class JobManager(models.Manager["Job"]):
         limit: int,
         queues: Iterable[str] | None = None,
         lease_seconds: float | None = None,
-        after: tuple[int, int] | None = None,
+        after: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
         now: dt.datetime | None = None,
         flow_view: flow.FlowView | None = None,
     ) -> list[Job]:
         """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first.
 
-        ``queues``: only those (through the per-queue claim index). ``after``: the
-        ``(priority, id)`` of the last job of this worker's previous claim of all
-        queues; the claim resumes there instead of at the head of the claim index
-        (see ``sql.JOB_CLAIM_AFTER``), and may miss jobs of that priority behind it.
+        ``queues``: only those (through the per-queue claim index). ``after``: where
+        this worker's previous claim ended, the ``(priority, id)`` of its last job (of
+        all queues), or by queue name (with ``queues``; a queue not named starts at its
+        head); the claim resumes there instead of at the head of the claim index (see
+        ``sql.JOB_CLAIM_AFTER``, ``sql.JOB_CLAIM_QUEUES_AFTER``), and may miss jobs of
+        that priority behind it.
         ``flow_view``: the flow control in force (default: the settings'; a worker
         passes what it loaded, with the limits and pauses set at run time); while
         anything of it applies to ``queues``, the claim is :meth:`claim_flow`'s."""
@@ -331,11 +338,19 @@ class JobManager(models.Manager["Job"]):
             "now": now,
         }
         if queues is not None:
-            if after is not None:
-                raise ValueError("claim(after=...) is for claims of all queues")
-            query = sql.JOB_CLAIM_QUEUES
             params["queues"] = list(queues)
+            if after is None:
+                query = sql.JOB_CLAIM_QUEUES
+            elif isinstance(after, Mapping):
+                query = sql.JOB_CLAIM_QUEUES_AFTER
+                ends = [after.get(name, QUEUE_HEAD) for name in params["queues"]]
+                params["after_priorities"] = [priority for priority, _ in ends]
+                params["after_ids"] = [job_id for _, job_id in ends]
+            else:
+                raise ValueError("claim(queues=..., after=...) takes a position per queue")
         elif after is not None:
+            if isinstance(after, Mapping):
+                raise ValueError("claim(after=...) of all queues takes one position")
             query = sql.JOB_CLAIM_AFTER
             params["after_priority"], params["after_id"] = after
         else:

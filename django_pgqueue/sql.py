@@ -1074,6 +1074,64 @@ WITH candidate AS (
 )
 
 
+# JOB_CLAIM_QUEUES resumed after the worker's previous claim, per queue: three lazy
+# ranges of each queue's part of pgqueue_job_queue_claim_idx (as JOB_CLAIM_AFTER), so
+# the claim never walks the dead entries of jobs claimed while xmin is pinned. A queue
+# with no position yet starts above every priority and id (manager.QUEUE_HEAD), where
+# its third range is its whole line from the head.
+JOB_CLAIM_QUEUES_AFTER = (
+    """
+WITH queue_position AS (
+    SELECT *
+    FROM unnest(%(queues)s::text[], %(after_priorities)s::int[], %(after_ids)s::bigint[])
+         AS q(name, after_priority, after_id)
+), above AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name
+          AND priority > q.after_priority
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), level AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name
+          AND priority = q.after_priority AND id > q.after_id
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), below AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name
+          AND priority < q.after_priority
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), candidate AS (
+    SELECT id
+    FROM (SELECT id, priority FROM above UNION ALL SELECT id, priority FROM level
+          UNION ALL SELECT id, priority FROM below) AS branches
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+)"""
+    + _CLAIM_LEASE
+)
+
+
 # Mark a job done with its result, only while this worker still owns this attempt (or
 # 'cancelled' if its cancellation was requested). Primary-key lookup; the fence makes a
 # late (zombie) completion update zero rows. For a job created without dependants

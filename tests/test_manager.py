@@ -1109,9 +1109,33 @@ def test_claim__after_resumes_behind_the_position_in_claim_order(job_factory):
 
 
 @pytest.mark.django_db
-def test_claim__after_is_only_for_claims_of_all_queues(job_factory):
-    with pytest.raises(ValueError, match="all queues"):
+def test_claim__after_takes_one_position_of_all_queues_or_one_per_queue(job_factory):
+    with pytest.raises(ValueError, match="a position per queue"):
         Job.objects.claim("w1", limit=1, queues=["default"], after=(0, 1))
+    with pytest.raises(ValueError, match="one position"):
+        Job.objects.claim("w1", limit=1, after={"default": (0, 1)})
+
+
+@pytest.mark.django_db
+def test_claim__queues_after_resume_each_queue_behind_its_own_position(job_factory):
+    """A worker of some queues resumes each queue's line where its previous claim of that
+    queue ended (higher priorities first, then the rest of that priority, then lower);
+    a queue without a position is taken from its head."""
+    a_low, a_mid1, a_mid2 = (job_factory(queue="a", priority=p) for p in (-5, 0, 0))
+    a_high = job_factory(queue="a", priority=9)
+    b1, b2 = job_factory(queue="b", priority=3), job_factory(queue="b", priority=3)
+    c1 = job_factory(queue="c", priority=1)
+    got = Job.objects.claim(
+        "w1", limit=10, queues=["a", "b", "c"], after={"a": (0, a_mid1.id), "b": (3, b1.id)}
+    )
+    # a: behind mid1 only (mid1 itself waits for a claim from the head); b: behind b1;
+    # c: from its head. Across queues, in claim order.
+    assert [j.id for j in got] == [a_high.id, b2.id, c1.id, a_mid2.id, a_low.id]
+    assert fresh(a_mid1).status == fresh(b1).status == "pending"
+    assert {j.id for j in Job.objects.claim("w1", limit=10, queues=["a", "b"])} == {
+        a_mid1.id,
+        b1.id,
+    }
 
 
 @pytest.mark.django_db

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import sql
+from django_pgqueue.manager import QUEUE_HEAD
 from django_pgqueue.models import Job, JobDependency, JobKey, RateWindow
 from tests.conftest import connect_test_db
 
@@ -264,8 +265,13 @@ def index_scans(plan: str) -> list[dict[str, object]]:
         ("JOB_CLAIM", {}, "pgqueue_job_claim_idx"),
         ("JOB_CLAIM_AFTER", {"after_priority": 0, "after_id": 100}, "pgqueue_job_claim_idx"),
         ("JOB_CLAIM_QUEUES", {"queues": ["default"]}, "pgqueue_job_queue_claim_idx"),
+        (
+            "JOB_CLAIM_QUEUES_AFTER",
+            {"queues": ["default"], "after_priorities": [0], "after_ids": [100]},
+            "pgqueue_job_queue_claim_idx",
+        ),
     ],
-    ids=["all_queues", "resumed", "one_queue"],
+    ids=["all_queues", "resumed", "one_queue", "one_queue_resumed"],
 )
 def test_sql__claim_plan_uses_the_claim_index(name, params, index):
     with connection.cursor() as cursor:
@@ -276,7 +282,7 @@ def test_sql__claim_plan_uses_the_claim_index(name, params, index):
         cursor.execute("ANALYZE pgqueue_job")
     plan = claim_plan(name, **params)
     assert f'"Index Name": "{index}"' in plan
-    assert '"Node Type": "Sort"' not in plan or name == "JOB_CLAIM_QUEUES"
+    assert '"Node Type": "Sort"' not in plan or name.startswith("JOB_CLAIM_QUEUES")
     assert '"Node Type": "Seq Scan"' not in plan
 
 
@@ -311,12 +317,46 @@ def test_sql__resumed_claim_does_not_walk_the_jobs_before_it():
     assert all(s.get("Rows Removed by Filter", 0) == 0 for s in branches)
 
 
+@pytest.mark.django_db
+def test_sql__resumed_queue_claim_does_not_walk_the_jobs_before_it():
+    """The per-queue resumed claim reads each queue from its position on: none of the
+    jobs before it (the dead entries a pinned horizon leaves), and a queue given the
+    head position from its head."""
+    with connection.cursor() as cursor:
+        insert_jobs(cursor, "pending", 20000, queue="big")
+        insert_jobs(cursor, "pending", 5, queue="small")
+        cursor.execute("UPDATE pgqueue_job SET priority = 0")
+        cursor.execute("SELECT max(id) - 10 FROM pgqueue_job WHERE queue = 'big'")
+        (after,) = cursor.fetchone()
+        cursor.execute("ANALYZE pgqueue_job")
+    plan = claim_plan(
+        "JOB_CLAIM_QUEUES_AFTER",
+        analyze=True,
+        queues=["big", "small"],
+        after_priorities=[0, QUEUE_HEAD[0]],
+        after_ids=[after, QUEUE_HEAD[1]],
+        limit=50,
+    )
+    branches = [s for s in index_scans(plan) if "= ANY" not in str(s["Index Cond"])]
+    assert len(branches) == 3, branches  # above, level, below (each run once per queue)
+
+    def read(scan: dict[str, object]) -> int:
+        loops = int(scan["Actual Loops"])  # type: ignore[call-overload]
+        rows = float(scan["Actual Rows"]) * loops  # type: ignore[arg-type]
+        return round(rows) + int(scan.get("Rows Removed by Filter", 0))  # type: ignore[call-overload]
+
+    # 10 of big's after the position and small's 5 from its head: a handful of entries
+    # read (whatever index the planner takes for a range), none of the 19,990 before it.
+    assert sum(read(s) for s in branches) <= 30, [(s["Index Name"], read(s)) for s in branches]
+
+
 def test_sql__every_claim_leases_its_candidates_alike():
     def lease(name: str) -> str:
         text = getattr(sql, name)
         return text[text.index("), clock AS (") :]
 
     assert lease("JOB_CLAIM_AFTER") == lease("JOB_CLAIM") == lease("JOB_CLAIM_QUEUES")
+    assert lease("JOB_CLAIM_QUEUES_AFTER") == lease("JOB_CLAIM")
 
 
 def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
@@ -339,6 +379,7 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
         "JOB_CLAIM_FLOW",
         "JOB_CLAIM_LIMITED_LEASE",
         "JOB_CLAIM_QUEUES",
+        "JOB_CLAIM_QUEUES_AFTER",
         "JOB_EXTEND_LEASES",
     }
     assert all(sql._LEASE in texts[name] for name in leased)
@@ -395,7 +436,7 @@ def generic_claim_plan(name: str, **params: object) -> str:
         text = text.replace(f"%({key})s", f"${i}")
     types = {"worker_id": "text", "limit": "bigint", "lease_seconds": "float8",
              "now": "timestamptz", "after_priority": "int", "after_id": "bigint",
-             "queues": "text[]"}  # fmt: skip
+             "queues": "text[]", "after_priorities": "int[]", "after_ids": "bigint[]"}  # fmt: skip
     with connect_test_db(autocommit=True) as conn:
         conn.execute(sql.SESSION_CONFIGURE_CLAIM)
         conn.execute(f"PREPARE claim ({', '.join(types[k] for k in order)}) AS {text}")
@@ -415,8 +456,12 @@ def generic_claim_plan(name: str, **params: object) -> str:
         ("JOB_CLAIM", {}),
         ("JOB_CLAIM_AFTER", {"after_priority": 0, "after_id": 0}),
         ("JOB_CLAIM_QUEUES", {"queues": ["default"]}),
+        (
+            "JOB_CLAIM_QUEUES_AFTER",
+            {"queues": ["default"], "after_priorities": [0], "after_ids": [0]},
+        ),
     ],
-    ids=["all_queues", "resumed", "one_queue"],
+    ids=["all_queues", "resumed", "one_queue", "one_queue_resumed"],
 )
 def test_sql__generic_claim_plan_takes_its_rows_by_key(name, params):
     """On a claim connection the claims are prepared with one generic plan (planned for

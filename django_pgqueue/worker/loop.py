@@ -182,10 +182,9 @@ class Worker:
                 flow_changed=self._flow.changed,
             )
         )
-        # Workers of some queues always claim from the head of each (a rescan interval
-        # of 0); see position.py.
+        # Where each claim resumes (a worker of some queues: per queue); see position.py.
         self._position = ClaimPosition(
-            0.0 if self.queues else float(settings.CLAIM_RESCAN_SECONDS)
+            float(settings.CLAIM_RESCAN_SECONDS), by_queue=self.queues is not None
         )
         # Their threads, held by handle (started by run()).
         self._heartbeat_thread = self._thread(self._heartbeat.run, "heartbeat")

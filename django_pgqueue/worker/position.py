@@ -18,8 +18,9 @@ late by a long transaction has an older id). They wait at most one rescan interv
 longer than they would have; except a workflow's dependant released by its parents'
 finishing, whose notification makes the next claim start at the head (listener.py).
 
-Workers of some queues only (``--queue``) always claim from the head of their queues
-(``sql.JOB_CLAIM_QUEUES``).
+A worker of some queues only (``--queue``) keeps a position per queue and resumes each
+queue's part of its claim there in the same way (``sql.JOB_CLAIM_QUEUES_AFTER``); a
+queue it has claimed nothing from yet starts at its head.
 """
 
 from __future__ import annotations
@@ -29,28 +30,43 @@ from collections.abc import Sequence
 
 from ..models import Job
 
+#: Where a claim resumes: the ``(priority, id)`` of the last job of the previous claim
+#: of all queues, or by queue name for a worker of some queues.
+Position = tuple[int, int] | dict[str, tuple[int, int]]
+
 
 class ClaimPosition:
-    """The ``(priority, id)`` after which the next claim resumes (None: the head)."""
+    """Where the next claim resumes (None: the head); ``by_queue`` for a worker of some
+    queues, which keeps one position per queue."""
 
-    def __init__(self, rescan_seconds: float) -> None:
+    def __init__(self, rescan_seconds: float, *, by_queue: bool = False) -> None:
         self.rescan_seconds = rescan_seconds
+        self.by_queue = by_queue
         self._after: tuple[int, int] | None = None
+        self._queues: dict[str, tuple[int, int]] = {}
         self._head_at = float("-inf")  # time.monotonic() of the last claim from the head
 
-    def start(self) -> tuple[int, int] | None:
+    def start(self) -> Position | None:
         """Where the next claim starts: None (the head) when a rescan is due."""
-        if self._after is not None and time.monotonic() - self._head_at < self.rescan_seconds:
-            return self._after
-        return None
+        if time.monotonic() - self._head_at >= self.rescan_seconds:
+            return None
+        if self.by_queue:
+            return dict(self._queues) if self._queues else None
+        return self._after
 
-    def claimed(self, after: tuple[int, int] | None, jobs: Sequence[Job]) -> None:
+    def claimed(self, after: Position | None, jobs: Sequence[Job]) -> None:
         """Record a claim that started at ``after`` and returned ``jobs`` (in claim
-        order): the next one resumes after the last of them. A claim that found nothing
-        leaves the position where it was: jobs enqueued later come after it anyway."""
+        order): the next one resumes after the last of them (of each queue). A claim
+        that found nothing leaves the position where it was: jobs enqueued later come
+        after it anyway."""
         if after is None:
             self._head_at = time.monotonic()
-        if jobs:
+        if not jobs:
+            return
+        if self.by_queue:
+            for job in jobs:  # in claim order: each queue's last one stays
+                self._queues[job.queue] = (job.priority, job.id)
+        else:
             last = jobs[-1]
             self._after = (last.priority, last.id)
 
