@@ -135,9 +135,10 @@ class Settings:
     """Periodic jobs, by name: ``{"name": {"task": "app.tasks.f", "cron": "0 3 * * *"}}``,
     optionally with ``args``, ``kwargs``, ``queue``, ``priority``, ``timezone`` (default
     ``TIME_ZONE``), ``max_attempts``, ``enabled`` and ``backend`` (the ``TASKS`` alias of
-    its jobs, default ``"default"``; the sweepers of that alias's database enqueue them).
-    Every ``pgqueue_sweep`` pass enqueues each due tick once (see the periodic jobs
-    how-to)."""
+    its jobs, default ``"default"``; the sweepers of that alias's database enqueue them)
+    and ``unique_for`` (seconds: a tick makes a job only outside the window of the last
+    one, key ``periodic:<name>``). Every ``pgqueue_sweep`` pass enqueues each due tick
+    once (see the periodic jobs how-to)."""
 
     LIMITS: dict[str, dict[str, Any]] | None = None
     """Flow control limits, by key: ``{"stripe": {"concurrency": 2}, "tenant:*":

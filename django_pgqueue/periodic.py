@@ -29,6 +29,7 @@ daylight saving time included (see ``docs/howto/periodic-jobs.md``):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import zoneinfo
@@ -38,8 +39,9 @@ from typing import Any
 
 from cronsim import CronSim, CronSimError
 from django.conf import settings as django_settings
+from django.db import transaction
 
-from . import db, defaults, sql, validation
+from . import db, defaults, keys, sql, validation
 from .conf import settings
 from .databases import backend_database
 from .exceptions import InvalidJob
@@ -68,6 +70,7 @@ ENTRY_KEYS = frozenset(
         "max_attempts",
         "enabled",
         "backend",
+        "unique_for",
     }
 )
 #: Lengths of the ``pgqueue_schedule`` columns these strings are stored in.
@@ -99,6 +102,15 @@ class PeriodicEntry:
     max_attempts: int | None = None  # None: the task's option, else PGQUEUE_MAX_ATTEMPTS
     enabled: bool = True
     backend: str = "default"  # the TASKS alias its jobs' results are read back through
+    #: Seconds: its ticks share the key ``periodic:<name>`` and a tick inside the window
+    #: of the last job it made enqueues nothing (``enqueue(unique_for=...)``).
+    unique_for: float | None = None
+
+    @property
+    def unique_key(self) -> str:
+        """The idempotency key of its jobs when ``unique_for`` is set; an ``enqueue``
+        with this key and ``unique_for`` shares their window."""
+        return f"periodic:{self.name}"
 
     @property
     def expression(self) -> str:
@@ -250,6 +262,7 @@ def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise InvalidJob(f"enabled must be True or False, not {enabled!r}")
+    unique_for = raw.get("unique_for")
     return PeriodicEntry(
         name=name,
         task=task_path,
@@ -262,6 +275,7 @@ def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
         max_attempts=None if max_attempts is None else validation.max_attempts(max_attempts),
         enabled=enabled,
         backend=validation.backend_alias(raw.get("backend", "default")),
+        unique_for=None if unique_for is None else keys.period(unique_for, "unique_for"),
     )
 
 
@@ -361,7 +375,7 @@ def enqueue_due(
         key: []
         for key in (
             "names crons timezones ticks keys backends queues tasks args kwargs "
-            "priorities max_attempts concurrency_keys"
+            "priorities max_attempts concurrency_keys unique_fors"
         ).split()
     }
     for entry, tick in due:
@@ -392,7 +406,12 @@ def enqueue_due(
         columns["crons"].append(entry.cron)
         columns["timezones"].append(entry.timezone)
         columns["ticks"].append(tick)
-        columns["keys"].append(f"periodic:{entry.name}:{tick.isoformat()}")
+        columns["keys"].append(
+            f"periodic:{entry.name}:{tick.isoformat()}"
+            if entry.unique_for is None
+            else entry.unique_key
+        )
+        columns["unique_fors"].append(entry.unique_for)
         columns["backends"].append(resolved.backend)
         columns["queues"].append(resolved.queue)
         columns["tasks"].append(resolved.task)
@@ -400,21 +419,47 @@ def enqueue_due(
         columns["kwargs"].append(kwargs)
         columns["priorities"].append(resolved.priority)
         columns["max_attempts"].append(resolved.max_attempts)
-    rows = db.rows(
-        using,
-        sql.SCHEDULE_ENQUEUE_TICKS,
-        {**columns, "channel": settings.NOTIFY_CHANNEL, "now": now},
-    )
     tick_of = dict(zip(columns["names"], columns["ticks"], strict=True))
+    key_of = dict(zip(columns["names"], columns["keys"], strict=True))
     enqueued: list[EnqueuedTick] = []
-    for name, job_id, queue in rows:
-        tick = tick_of[name]
-        enqueued.append(EnqueuedTick(name, tick, job_id, queue))
+    kept: list[tuple[str, int | None]] = []  # (name, job of the open window) per tick skipped
+    # With a unique_for entry a second statement may give its window back: one
+    # transaction, so that no other enqueue sees that window meanwhile.
+    unique = any(seconds is not None for seconds in columns["unique_fors"])
+    with transaction.atomic(using=using) if unique else contextlib.nullcontext():
+        rows = db.rows(
+            using,
+            sql.SCHEDULE_ENQUEUE_TICKS,
+            {**columns, "channel": settings.NOTIFY_CHANNEL, "now": now},
+        )
+        given_back: dict[str, list[Any]] = {"queues": [], "keys": [], "job_ids": []}
+        for name, new_id, job_id, queue, window_job in rows:
+            if job_id is not None:
+                enqueued.append(EnqueuedTick(name, tick_of[name], job_id, queue))
+                continue
+            if window_job == new_id:  # its window was opened, but a live job holds the key
+                given_back["queues"].append(queue)
+                given_back["keys"].append(key_of[name])
+                given_back["job_ids"].append(new_id)
+                window_job = None
+            kept.append((name, window_job))
+        if given_back["job_ids"]:
+            db.rows(using, sql.SCHEDULE_GIVE_BACK_KEYS, given_back)
+    for made in enqueued:
         logger.info(
             "periodic %s: enqueued tick %s as job %s",
+            made.name,
+            made.tick.isoformat(),
+            made.job_id,
+            extra={"action": "periodic", "job_id": made.job_id, "schedule": made.name},
+        )
+    for name, window_job in kept:
+        logger.info(
+            "periodic %s: tick %s not enqueued: %s holds its key %s",
             name,
-            tick.isoformat(),
-            job_id,
-            extra={"action": "periodic", "job_id": job_id, "schedule": name},
+            tick_of[name].isoformat(),
+            f"the window of job {window_job}" if window_job else "a live job",
+            key_of[name],
+            extra={"action": "periodic", "job_id": window_job, "schedule": name},
         )
     return enqueued

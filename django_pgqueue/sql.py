@@ -2349,6 +2349,11 @@ RETURNING r.name
 # Enqueue each entry's due tick once however many sweepers run: advance its row (by key,
 # locked in name order, SKIP LOCKED) only to a newer tick not after the clock, and insert
 # the job (key periodic:<name>:<tick>; a live job holding it wins) from that same row.
+# An entry with unique_for keys its jobs periodic:<name> and first takes the key's window
+# row as JOB_ENQUEUE_UNIQUE does (one row per entry: names are unique, so no row is
+# upserted twice): its job is inserted only if it opened a new window. Each advanced row
+# comes back, with its job (if inserted) and the job its window names; a window this
+# statement opened for a job a live holder kept out is given back (SCHEDULE_GIVE_BACK_KEYS).
 SCHEDULE_ENQUEUE_TICKS = """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
@@ -2358,9 +2363,10 @@ WITH clock AS (
         %(names)s::text[], %(crons)s::text[], %(timezones)s::text[],
         %(ticks)s::timestamptz[], %(keys)s::text[], %(backends)s::text[],
         %(queues)s::text[], %(tasks)s::text[], %(args)s::text[], %(kwargs)s::text[],
-        %(priorities)s::int[], %(max_attempts)s::int[], %(concurrency_keys)s::text[]
+        %(priorities)s::int[], %(max_attempts)s::int[], %(concurrency_keys)s::text[],
+        %(unique_fors)s::float8[]
     ) AS e(name, cron, timezone, tick, key, backend, queue, task, args, kwargs,
-           priority, max_attempts, concurrency_key)
+           priority, max_attempts, concurrency_key, unique_for)
 ), due AS (
     SELECT s.name
     FROM pgqueue_schedule AS s
@@ -2382,6 +2388,21 @@ WITH clock AS (
     WHERE s.name = due.name
       AND e.name = due.name
     RETURNING s.name, s.last_job_id
+), held AS (
+    INSERT INTO pgqueue_job_key AS k (kind, queue, key, job_id, created_at, expires_at)
+    SELECT 'unique', e.queue, e.key, a.last_job_id, clock.now,
+           clock.now + make_interval(secs => e.unique_for)
+    FROM advanced AS a
+    JOIN entry AS e ON e.name = a.name, clock
+    WHERE e.unique_for IS NOT NULL
+    ON CONFLICT (kind, queue, key) DO UPDATE
+    SET job_id = CASE WHEN k.expires_at <= excluded.created_at
+                      THEN excluded.job_id ELSE k.job_id END,
+        created_at = CASE WHEN k.expires_at <= excluded.created_at
+                          THEN excluded.created_at ELSE k.created_at END,
+        expires_at = CASE WHEN k.expires_at <= excluded.created_at
+                          THEN excluded.expires_at ELSE k.expires_at END
+    RETURNING k.queue, k.key, k.job_id
 ), inserted AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
@@ -2392,16 +2413,31 @@ WITH clock AS (
            e.concurrency_key
     FROM advanced AS a
     JOIN entry AS e ON e.name = a.name, clock
+    WHERE e.unique_for IS NULL
+       OR a.last_job_id IN (SELECT job_id FROM held)
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL
           AND status IN ('pending', 'scheduled', 'running')
         DO NOTHING
     RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
 )
-SELECT a.name, i.id, i.queue
-FROM inserted AS i
-JOIN advanced AS a ON a.last_job_id = i.id
+SELECT a.name, a.last_job_id, i.id, e.queue, h.job_id
+FROM advanced AS a
+JOIN entry AS e ON e.name = a.name
+LEFT JOIN inserted AS i ON i.id = a.last_job_id
+LEFT JOIN held AS h ON (h.queue, h.key) = (e.queue, e.key)
 ORDER BY a.name
+"""
+
+# Give back the windows SCHEDULE_ENQUEUE_TICKS opened (in the same transaction) for jobs
+# it did not insert, since a live job held the key: as JOB_ENQUEUE_UNIQUE's roll-back,
+# the key is free again, for the next tick or enqueue. By primary key; the job_id
+# condition leaves alone a row that names any other job.
+SCHEDULE_GIVE_BACK_KEYS = """
+DELETE FROM pgqueue_job_key AS k
+USING unnest(%(queues)s::text[], %(keys)s::text[], %(job_ids)s::bigint[]) AS g(queue, key, job_id)
+WHERE (k.kind, k.queue, k.key) = ('unique', g.queue, g.key)
+  AND k.job_id = g.job_id
 """
 
 # Make the entries' rows agree with the settings, locking only rows that differ (name

@@ -13,7 +13,7 @@ from django.test import override_settings
 from django_pgqueue import periodic
 from django_pgqueue.checks import check_periodic
 from django_pgqueue.exceptions import InvalidJob
-from django_pgqueue.models import Job, Schedule
+from django_pgqueue.models import Job, JobKey, Schedule
 from django_pgqueue.taskapi import FRAMEWORK
 
 from .conftest import wait_for
@@ -58,6 +58,8 @@ def run_ats() -> list[dt.datetime]:
         (entry(enabled="yes"), "enabled must be True or False"),
         (entry(backend="nope"), "backend 'nope' is not an alias in settings.TASKS"),
         (entry(schedule="daily"), "unknown key(s) 'schedule'"),
+        (entry(unique_for=0), "unique_for must be a number of seconds > 0"),
+        (entry(unique_for="1h"), "unique_for must be a number of seconds > 0"),
         ({"cron": "* * * * *"}, "'task' key is missing"),
         ("0 3 * * *", "must be a dict"),
     ],
@@ -181,6 +183,57 @@ def test_enqueue_due__a_tick_is_enqueued_once_even_after_its_job_finished(db):
     Job.objects.update(status="done", finished_at=at)
     assert sweep(at) == []
     assert sweep(at + dt.timedelta(seconds=10)) == []
+    assert Job.objects.count() == 1
+
+
+@override_settings(PGQUEUE_PERIODIC={"e": entry(unique_for=dt.timedelta(minutes=5))})
+def test_enqueue_due__unique_for_makes_one_job_a_window_and_ticks_once(db, caplog):
+    """Issue 21: a periodic entry with unique_for shares one key (periodic:<name>) and
+    a window: ticks inside the window of its last job (done here) enqueue nothing."""
+    sweep(T0)
+    caplog.set_level("INFO", logger="django_pgqueue.periodic")
+    for minute in range(1, 12):
+        at = T0 + dt.timedelta(minutes=minute, seconds=5)
+        sweep(at)
+        Job.objects.filter(status="pending").update(status="done", finished_at=at)
+    assert run_ats() == [T0 + dt.timedelta(minutes=m) for m in (1, 6, 11)]
+    assert set(Job.objects.values_list("idempotency_key", flat=True)) == {"periodic:e"}
+    first = Job.objects.order_by("id").first()
+    assert "tick 2030-01-01T12:02:00+00:00 not enqueued: the window of job" in caplog.text
+    assert f"job {first.id} holds its key periodic:e" in caplog.text
+    # Each tick was taken once: sweeping a minute again changes nothing.
+    assert Schedule.objects.get(name="e").last_tick == T0 + dt.timedelta(minutes=11)
+    assert sweep(T0 + dt.timedelta(minutes=11, seconds=30)) == []
+
+
+@override_settings(PGQUEUE_PERIODIC={"e": entry(unique_for=60)})
+def test_enqueue_due__unique_for_window_of_a_tick_a_live_job_kept_out_is_given_back(db):
+    """A window that closed while its job is still live: the next tick opens a window,
+    but the live job holds the key, so no job is made and the window is given back (as
+    enqueue(unique_for=...) rolls it back); the tick after the job ended makes one."""
+    sweep(T0)
+    (first,) = sweep(T0 + dt.timedelta(minutes=1, seconds=5))
+    assert sweep(T0 + dt.timedelta(minutes=2, seconds=10)) == []  # window closed, job live
+    assert not JobKey.objects.filter(key="periodic:e").exists()  # given back
+    Job.objects.update(status="done", finished_at=T0 + dt.timedelta(minutes=2, seconds=20))
+    (second,) = sweep(T0 + dt.timedelta(minutes=3, seconds=5))
+    assert second.job_id != first.job_id
+    assert JobKey.objects.get(key="periodic:e").job_id == second.job_id
+
+
+@override_settings(PGQUEUE_PERIODIC={"e": entry(unique_for=3600)})
+def test_enqueue_due__unique_for_window_is_shared_with_enqueue_of_its_key(db):
+    """An enqueue of the entry's key with unique_for inside the window returns the
+    periodic job (whatever its state), and a periodic tick inside the window of an
+    enqueued job makes none."""
+    sweep(T0)
+    (ticked,) = sweep(T0 + dt.timedelta(minutes=1, seconds=5))
+    Job.objects.update(status="done", finished_at=T0 + dt.timedelta(minutes=1, seconds=6))
+    queue = Job.objects.get(pk=ticked.job_id).queue
+    again = Job.objects.enqueue(
+        TASK, ["y"], queue=queue, idempotency_key="periodic:e", unique_for=3600
+    )
+    assert again.id == ticked.job_id
     assert Job.objects.count() == 1
 
 
@@ -474,6 +527,7 @@ def test_schedule_enqueue_tick__second_statement_after_a_commit_changes_nothing(
         "priorities": [0],
         "max_attempts": [1],
         "concurrency_keys": [""],
+        "unique_fors": [None],
         "channel": "pgqueue_job",
         "now": tick,
     }
