@@ -907,33 +907,41 @@ WITH candidate AS (
     + _CLAIM_LEASE
 )
 
-# JOB_CLAIM resumed after the worker's previous claim: three lazy ranges of
-# pgqueue_job_claim_idx (higher priority, same priority after after_id, lower), so a
-# claim never walks the dead entries of jobs already claimed while xmin is pinned.
+# The three ranges a resumed claim walks, in claim order, each lazily, from its own
+# start in the claim index: higher priority than the position's, the same priority
+# after its id, lower. {p} and {i}: the position's priority and id.
+_RESUME_RANGES = (
+    ("above", "priority > {p}"),
+    ("level", "priority = {p} AND id > {i}"),
+    ("below", "priority < {p}"),
+)
+
+
+def _resume_ranges(template: str, priority: str, job_id: str) -> str:
+    """The _RESUME_RANGES as CTEs of ``template``, for a position given as SQL."""
+    return ", ".join(
+        template.format(name=name, range=where.format(p=priority, i=job_id))
+        for name, where in _RESUME_RANGES
+    )
+
+
+# One range of a resumed claim of all queues (pgqueue_job_claim_idx).
+_RESUME_RANGE = """{name} AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND {range}
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)"""
+
+# JOB_CLAIM resumed after the worker's previous claim: the three _RESUME_RANGES of
+# pgqueue_job_claim_idx, so a claim never walks the dead entries of jobs already
+# claimed while xmin is pinned.
 JOB_CLAIM_AFTER = (
-    """
-WITH above AS (
-    SELECT id
-    FROM pgqueue_job
-    WHERE status = 'pending' AND priority > %(after_priority)s
-    ORDER BY priority DESC, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), level AS (
-    SELECT id
-    FROM pgqueue_job
-    WHERE status = 'pending' AND priority = %(after_priority)s AND id > %(after_id)s
-    ORDER BY priority DESC, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), below AS (
-    SELECT id
-    FROM pgqueue_job
-    WHERE status = 'pending' AND priority < %(after_priority)s
-    ORDER BY priority DESC, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), candidate AS (
+    "\nWITH "
+    + _resume_ranges(_RESUME_RANGE, "%(after_priority)s", "%(after_id)s")
+    + """, candidate AS (
     SELECT id
     FROM (SELECT id FROM above UNION ALL SELECT id FROM level
           UNION ALL SELECT id FROM below) AS branches
@@ -1074,54 +1082,35 @@ WITH candidate AS (
 )
 
 
-# JOB_CLAIM_QUEUES resumed after the worker's previous claim, per queue: three lazy
-# ranges of each queue's part of pgqueue_job_queue_claim_idx (as JOB_CLAIM_AFTER), so
-# the claim never walks the dead entries of jobs claimed while xmin is pinned. A queue
-# with no position yet starts above every priority and id (manager.QUEUE_HEAD), where
-# its third range is its whole line from the head.
+# One range of a resumed claim of some queues, walked for each queue's position
+# (pgqueue_job_queue_claim_idx, from that queue's own start in it).
+_RESUME_QUEUE_RANGE = """{name} AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name AND {range}
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+)"""
+
+# JOB_CLAIM_QUEUES resumed after the worker's previous claim, per queue: the three
+# _RESUME_RANGES of each queue's part of pgqueue_job_queue_claim_idx (as
+# JOB_CLAIM_AFTER), so the claim never walks the dead entries of jobs claimed while xmin
+# is pinned. A queue with no position yet starts above every priority and id
+# (manager.QUEUE_HEAD), where its third range is its whole line from the head.
 JOB_CLAIM_QUEUES_AFTER = (
     """
 WITH queue_position AS (
     SELECT *
     FROM unnest(%(queues)s::text[], %(after_priorities)s::int[], %(after_ids)s::bigint[])
          AS q(name, after_priority, after_id)
-), above AS (
-    SELECT c.id, c.priority
-    FROM queue_position AS q
-    CROSS JOIN LATERAL (
-        SELECT id, priority
-        FROM pgqueue_job
-        WHERE status = 'pending' AND queue = q.name
-          AND priority > q.after_priority
-        ORDER BY priority DESC, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-), level AS (
-    SELECT c.id, c.priority
-    FROM queue_position AS q
-    CROSS JOIN LATERAL (
-        SELECT id, priority
-        FROM pgqueue_job
-        WHERE status = 'pending' AND queue = q.name
-          AND priority = q.after_priority AND id > q.after_id
-        ORDER BY priority DESC, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-), below AS (
-    SELECT c.id, c.priority
-    FROM queue_position AS q
-    CROSS JOIN LATERAL (
-        SELECT id, priority
-        FROM pgqueue_job
-        WHERE status = 'pending' AND queue = q.name
-          AND priority < q.after_priority
-        ORDER BY priority DESC, id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-), candidate AS (
+), """
+    + _resume_ranges(_RESUME_QUEUE_RANGE, "q.after_priority", "q.after_id")
+    + """, candidate AS (
     SELECT id
     FROM (SELECT id, priority FROM above UNION ALL SELECT id, priority FROM level
           UNION ALL SELECT id, priority FROM below) AS branches
@@ -1568,6 +1557,17 @@ LEFT JOIN job ON true
 """
 )
 
+# The upsert of a unique_for window's row (kind 'unique', alias k): a window that closed
+# takes the new job and a new window from its creation; an open one keeps its job,
+# which RETURNING then names. Concurrent upserts of one key take turns on the row.
+_UNIQUE_WINDOW = """    ON CONFLICT (kind, queue, key) DO UPDATE
+    SET job_id = CASE WHEN k.expires_at <= excluded.created_at
+                      THEN excluded.job_id ELSE k.job_id END,
+        created_at = CASE WHEN k.expires_at <= excluded.created_at
+                          THEN excluded.created_at ELSE k.created_at END,
+        expires_at = CASE WHEN k.expires_at <= excluded.created_at
+                          THEN excluded.expires_at ELSE k.expires_at END"""
+
 # Enqueue unique for a period: the key's row (an upsert: concurrent enqueues take turns)
 # names the job created in its window, or, once the window closed, this new one. The job
 # is inserted only then; a live job holding the key wins (inserted false: roll back).
@@ -1582,13 +1582,9 @@ WITH clock AS (
     SELECT 'unique', %(queue)s, %(idempotency_key)s, clock.new_id, clock.now,
            clock.now + make_interval(secs => %(unique_for)s)
     FROM clock
-    ON CONFLICT (kind, queue, key) DO UPDATE
-    SET job_id = CASE WHEN k.expires_at <= excluded.created_at
-                      THEN excluded.job_id ELSE k.job_id END,
-        created_at = CASE WHEN k.expires_at <= excluded.created_at
-                          THEN excluded.created_at ELSE k.created_at END,
-        expires_at = CASE WHEN k.expires_at <= excluded.created_at
-                          THEN excluded.expires_at ELSE k.expires_at END
+"""
+    + _UNIQUE_WINDOW
+    + """
     RETURNING k.job_id, k.job_id = (SELECT new_id FROM clock) AS fresh
 ), inserted AS (
     """
@@ -2354,7 +2350,8 @@ RETURNING r.name
 # upserted twice): its job is inserted only if it opened a new window. Each advanced row
 # comes back, with its job (if inserted) and the job its window names; a window this
 # statement opened for a job a live holder kept out is given back (SCHEDULE_GIVE_BACK_KEYS).
-SCHEDULE_ENQUEUE_TICKS = """
+SCHEDULE_ENQUEUE_TICKS = (
+    """
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 ), entry AS (
@@ -2395,13 +2392,9 @@ WITH clock AS (
     FROM advanced AS a
     JOIN entry AS e ON e.name = a.name, clock
     WHERE e.unique_for IS NOT NULL
-    ON CONFLICT (kind, queue, key) DO UPDATE
-    SET job_id = CASE WHEN k.expires_at <= excluded.created_at
-                      THEN excluded.job_id ELSE k.job_id END,
-        created_at = CASE WHEN k.expires_at <= excluded.created_at
-                          THEN excluded.created_at ELSE k.created_at END,
-        expires_at = CASE WHEN k.expires_at <= excluded.created_at
-                          THEN excluded.expires_at ELSE k.expires_at END
+"""
+    + _UNIQUE_WINDOW
+    + """
     RETURNING k.queue, k.key, k.job_id
 ), inserted AS (
     INSERT INTO pgqueue_job AS j (
@@ -2428,6 +2421,7 @@ LEFT JOIN inserted AS i ON i.id = a.last_job_id
 LEFT JOIN held AS h ON (h.queue, h.key) = (e.queue, e.key)
 ORDER BY a.name
 """
+)
 
 # Give back the windows SCHEDULE_ENQUEUE_TICKS opened (in the same transaction) for jobs
 # it did not insert, since a live job held the key: as JOB_ENQUEUE_UNIQUE's roll-back,

@@ -842,9 +842,15 @@ def test_shutdown__grace_expiry_leaves_job_to_its_lease(
 
 
 @pytest.mark.slow
-def test_shutdown__second_signal_exits_at_once(manage: Callable[..., ManagedProcess]) -> None:
-    """C24: the second SIGTERM aborts; the running job is left to its lease."""
-    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [30.0])
+@pytest.mark.parametrize("task", ["slow_plain", "slow_in_thread"])
+def test_shutdown__second_signal_exits_at_once(
+    manage: Callable[..., ManagedProcess], task: str
+) -> None:
+    """C24: the second SIGTERM aborts; the running job is left to its lease. Also a
+    coroutine job in a blocking call on the event loop's thread pool: that pool is
+    joined when the interpreter exits, so a worker that exited the ordinary way waited
+    for the call."""
+    running = Job.objects.enqueue(f"testproject.demo.fault_tasks.{task}", [30.0])
     worker = manage("pgqueue_worker", *FAST)
     wait_for(lambda: job(running.id).status == "running")
     worker.signal(signal.SIGTERM)
@@ -867,20 +873,4 @@ def test_shutdown__two_signals_at_once_abort_too(manage: Callable[..., ManagedPr
     worker.signal(signal.SIGINT)
     assert worker.wait(10) == 1
     assert in_log(worker, "received again: aborting now")
-    sweep_until(lambda: job(running.id).status == "pending")
-
-
-@pytest.mark.slow
-def test_shutdown__second_signal_does_not_wait_for_a_thread_of_a_coroutine_job(
-    manage: Callable[..., ManagedProcess],
-) -> None:
-    """C24: the thread pool of the event loop is joined when the interpreter exits, so
-    an aborting worker that exited the ordinary way waited for the blocking call."""
-    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_in_thread", [30.0])
-    worker = manage("pgqueue_worker", *FAST)
-    wait_for(lambda: job(running.id).status == "running")
-    worker.signal(signal.SIGTERM)
-    wait_for(lambda: in_log(worker, "SIGTERM received"))
-    worker.signal(signal.SIGTERM)
-    assert worker.wait(10) == 1
     sweep_until(lambda: job(running.id).status == "pending")
