@@ -1121,6 +1121,25 @@ WITH queue_position AS (
 )
 
 
+def _done_set(result: str) -> str:
+    """The SET of a successful completion (alias j, with clock): done, or cancelled with
+    its error entry if a cancel was asked while it ran. ``result``: the result's SQL."""
+    return (
+        "SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,"
+        f"\n    result = {result},\n    finished_at = clock.now,\n    lease_expires_at = NULL,"
+        "\n    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors"
+        "\n                  ELSE j.errors || jsonb_build_array("
+        + _cancelled_entry("'cancellation requested while running; the task returned'")
+        + ") END"
+    )
+
+
+# The batch of a batched completion, one row per job in the caller's (id) order: what
+# _FENCE checks (id, attempt, claimed_at), its result, and its 1-based position.
+_OWNED_BATCH = """unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
+       %(results)s::jsonb[]) WITH ORDINALITY AS owned(id, attempt, claimed_at, result, ord)"""
+
+
 # Mark a job done with its result, only while this worker still owns this attempt (or
 # 'cancelled' if its cancellation was requested). Primary-key lookup; the fence makes a
 # late (zombie) completion update zero rows. For a job created without dependants
@@ -1132,14 +1151,9 @@ WITH """
     + _CLOCK
     + """
 UPDATE pgqueue_job AS j
-SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
-    result = %(result)s::jsonb,
-    finished_at = clock.now,
-    lease_expires_at = NULL,
-    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array("""
-    + _cancelled_entry("'cancellation requested while running; the task returned'")
-    + """) END
+"""
+    + _done_set("%(result)s::jsonb")
+    + """
 FROM clock, """
     + _OWNED_ONE
     + """
@@ -1162,17 +1176,12 @@ WITH """
     + _CLOCK
     + """
 UPDATE pgqueue_job AS j
-SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
-    result = owned.result,
-    finished_at = clock.now,
-    lease_expires_at = NULL,
-    errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                  ELSE j.errors || jsonb_build_array("""
-    + _cancelled_entry("'cancellation requested while running; the task returned'")
-    + """) END
-FROM clock,
-     unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
-            %(results)s::jsonb[]) WITH ORDINALITY AS owned(id, attempt, claimed_at, result, ord)
+"""
+    + _done_set("owned.result")
+    + """
+FROM clock, """
+    + _OWNED_BATCH
+    + """
 WHERE """
     + _FENCE
     + """
@@ -1192,18 +1201,12 @@ WITH RECURSIVE """
     + _CLOCK
     + """, ended AS (
     UPDATE pgqueue_job AS j
-    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
-        result = owned.result,
-        finished_at = clock.now,
-        lease_expires_at = NULL,
-        errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                      ELSE j.errors || jsonb_build_array("""
-    + _cancelled_entry("'cancellation requested while running; the task returned'")
-    + """) END
-    FROM clock,
-         unnest(%(ids)s::bigint[], %(attempts)s::int[], %(claimed_at)s::timestamp[],
-                %(results)s::jsonb[]) WITH ORDINALITY
-             AS owned(id, attempt, claimed_at, result, ord)
+    """
+    + _done_set("owned.result")
+    + """
+    FROM clock, """
+    + _OWNED_BATCH
+    + """
     WHERE """
     + _FENCE
     + """
@@ -1223,14 +1226,9 @@ WITH RECURSIVE """
     + _CLOCK
     + """, ended AS (
     UPDATE pgqueue_job AS j
-    SET status = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
-        result = %(result)s::jsonb,
-        finished_at = clock.now,
-        lease_expires_at = NULL,
-        errors = CASE WHEN j.cancel_requested_at IS NULL THEN j.errors
-                      ELSE j.errors || jsonb_build_array("""
-    + _cancelled_entry("'cancellation requested while running; the task returned'")
-    + """) END
+    """
+    + _done_set("%(result)s::jsonb")
+    + """
     FROM clock, """
     + _OWNED_ONE
     + """

@@ -319,40 +319,61 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
     for position, (node, job_id, (r, _, args, kwargs, key)) in enumerate(
         zip(nodes, ids, checked, strict=True)
     ):
-        run_at = r.run_at or now
-        if node.parents:
-            status = Status.WAITING.value
-        elif run_at > now:
-            status = Status.SCHEDULED.value
-        else:
-            status = Status.PENDING.value
         rows.append(
-            (
-                job_id,
-                r.backend,
-                r.queue,
-                r.task,
-                args,
-                kwargs,
-                r.priority,
-                status,
-                r.max_attempts,
-                run_at,
-                now,
-                "[]",
-                None,
-                key,
-                len(node.parents) if node.parents else None,
-                node.parent_results,
-                node.on_parent_failure,
-                min(ids),
-                position in parents,
-            )
+            _job_row(node, job_id, r, args, kwargs, key, now, min(ids), position in parents)
         )
     jobs = Jobs(check.alias, rows)
     if bulk.wants_announcements():
         _announce(jobs, [own for _, own, *_ in checked])
     return jobs
+
+
+#: Where a row of _job_row holds the job's status.
+_STATUS_COLUMN = [name for name, _ in sql.WORKFLOW_COLUMNS].index("status")
+
+
+def _job_row(
+    node: _Node,
+    job_id: int,
+    r: defaults.JobDefaults,
+    args: str,
+    kwargs: str,
+    key: str,
+    now: dt.datetime,
+    workflow_id: int,
+    has_dependants: bool,
+) -> tuple[Any, ...]:
+    """A workflow job's row in ``sql.WORKFLOW_COLUMNS``' order: ``waiting`` while it has
+    parents, else ``scheduled`` or ``pending`` by its run time against the database's
+    ``now``. ``r``: its resolved defaults; ``args``/``kwargs``: its checked JSON."""
+    run_at = r.run_at or now
+    if node.parents:
+        status = Status.WAITING.value
+    elif run_at > now:
+        status = Status.SCHEDULED.value
+    else:
+        status = Status.PENDING.value
+    return (
+        job_id,
+        r.backend,
+        r.queue,
+        r.task,
+        args,
+        kwargs,
+        r.priority,
+        status,
+        r.max_attempts,
+        run_at,
+        now,
+        "[]",
+        None,
+        key,
+        len(node.parents) if node.parents else None,
+        node.parent_results,
+        node.on_parent_failure,
+        workflow_id,
+        has_dependants,
+    )
 
 
 def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
@@ -381,37 +402,12 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                 r, own, args, kwargs, key = check(position, node)
                 if announce:
                     tasks.append(own)
-                run_at = r.run_at or now
-                if node.parents:
-                    status = Status.WAITING.value
-                elif run_at > now:
-                    status = Status.SCHEDULED.value
-                else:
-                    status = Status.PENDING.value
-                    woken.add(r.queue)
-                batch.append(
-                    (
-                        job_id,
-                        r.backend,
-                        r.queue,
-                        r.task,
-                        args,
-                        kwargs,
-                        r.priority,
-                        status,
-                        r.max_attempts,
-                        run_at,
-                        now,
-                        "[]",
-                        None,
-                        key,
-                        len(node.parents) if node.parents else None,
-                        node.parent_results,
-                        node.on_parent_failure,
-                        workflow_id,
-                        position in parents,
-                    )
+                row = _job_row(
+                    node, job_id, r, args, kwargs, key, now, workflow_id, position in parents
                 )
+                if row[_STATUS_COLUMN] == Status.PENDING.value:
+                    woken.add(r.queue)
+                batch.append(row)
                 if len(batch) == size:
                     background.submit(
                         len(rows), batch, statement=sql.JOB_BULK_COPY_WORKFLOW, types=job_types
