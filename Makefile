@@ -16,8 +16,8 @@ NAME ?=
 MATRIX ?=
 DEV := bash scripts/dev.sh
 PY := .venv/bin/python
-# Not benches: the package, the chaos runs' settings, bench.compare's PgQueuer side.
-BENCHES := $(filter-out __init__ chaos_settings stock_settings pgqueuer_side,$(basename $(notdir $(wildcard bench/*.py))))
+# Not benches: the package, their shared helpers, the chaos runs' settings, bench.compare's PgQueuer side.
+BENCHES := $(filter-out __init__ common chaos_settings stock_settings pgqueuer_side,$(basename $(notdir $(wildcard bench/*.py))))
 
 .PHONY: help setup demo test lint docs dist matrix bench stop ci
 

@@ -30,10 +30,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench.common import setup_django, sql_one, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -47,30 +49,7 @@ def prepare() -> None:
         from testproject.pgserver import embedded_server, ensure_database
 
         os.environ["DATABASE_URL"] = ensure_database(embedded_server(), "pgqueue_bench_async")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def sql_one(query: str, params: list[Any] | None = None) -> Any:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(query, params or [])
-        row = cursor.fetchone() if cursor.description else None
-    return None if row is None else row[0]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark timed out waiting for {what}")
-        time.sleep(0.02)
+    setup_django()
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:

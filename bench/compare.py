@@ -58,11 +58,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.common import ensure_databases, setup_django, sql_one, wait_until
 from django_pgqueue.sql import BULK_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,45 +90,6 @@ def ensure_pgqueuer_venv() -> None:
     subprocess.run([sys.executable, "-m", "venv", str(PGQ_VENV)], check=True)
     subprocess.run([str(PGQ_PYTHON), "-m", "pip", "install", "-q", *PGQ_REQUIREMENTS], check=True)
     marker.touch()
-
-
-def ensure_database(url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    base, _, name = url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-
-
-def setup_django(url: str) -> None:
-    sys.path.insert(0, str(REPO))
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def sql_one(query: str, params: list[Any] | None = None) -> Any:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(query, params or [])
-        row = cursor.fetchone() if cursor.description else None
-    return None if row is None else row[0]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # --- the two sides ----------------------------------------------------------------------
@@ -517,7 +479,7 @@ def main() -> None:
         return not only or figure in only
 
     ensure_pgqueuer_venv()
-    ensure_database(args.database_url)
+    ensure_databases(args.database_url)
     setup_django(args.database_url)
     logs = Path(tempfile.mkdtemp(prefix="pgqueue-compare-"))
     pgq = PgQueuerSide(args)

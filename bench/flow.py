@@ -44,55 +44,16 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+
+from bench.common import ensure_databases, setup_django, sql_one, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "testproject.demo.tasks.add"
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_flow"
 KINDS = ("main", "no limits", "keys, no limits", "limits")
-
-
-def ensure_database(url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    base, _, name = url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        for db in (name, f"{name}_second"):
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone():
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
-
-
-def setup_django(url: str) -> None:
-    sys.path.insert(0, str(REPO))
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-
-def sql_one(query: str, params: list[Any] | None = None) -> Any:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(query, params or [])
-        row = cursor.fetchone() if cursor.description else None
-    return None if row is None else row[0]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def unfinished() -> bool:
@@ -299,7 +260,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=DEFAULT_URL, help="(default: %(default)r)")
     parser.add_argument("--only", default="drain,scale", help="(default: %(default)r)")
     args = parser.parse_args()
-    ensure_database(args.database_url)
+    ensure_databases(args.database_url, "_second")
     setup_django(args.database_url)
     only = set(args.only.split(","))
     print(

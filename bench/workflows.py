@@ -43,9 +43,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.common import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -73,14 +74,6 @@ def truncate() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE pgqueue_job, pgqueue_job_dependency, demo_execution")
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmark timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def scalar(query: str, params: Any = None) -> Any:
@@ -140,7 +133,7 @@ def database_now() -> Any:
 def drain_rate(jobs: int, committed: Any, timeout: float) -> float:
     """Jobs per second from the enqueue's commit (``committed``, read from the
     database clock right after it) to the last job's completion, once none is left."""
-    wait_until(drained, timeout, "the drain")
+    wait_until(drained, timeout, "the drain", poll=0.05)
     seconds = scalar(
         "SELECT extract(epoch FROM max(finished_at) - %s) FROM pgqueue_job", [committed]
     )
