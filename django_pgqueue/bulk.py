@@ -308,8 +308,7 @@ def _store(
         cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
         make_row = _RowMaker(cursor.fetchone()[0])
         cursor.cursor.adapters.register_dumper(None, _JsonTextDumper)
-        background = BackgroundCopy(connection)
-        try:
+        with BackgroundCopy(connection) as background:
             for first, rows, keyed in _validated_batches(jobs, make_row, batch_size):
                 if announcer is not None:
                     # Written one batch after another (no overlap), then announced.
@@ -337,12 +336,6 @@ def _store(
                 for params in make_row.deferred:
                     made = keys.store(manager, params)[1]
                     created, skipped = created + made, skipped + (not made)
-        except BaseException as exc:
-            also = background.close()
-            if also is not None:
-                exc.add_note(f"writing an earlier batch failed too: {also!r}")
-            raise
-        background.close()
         if created:
             # One statement per call, whatever the number of rows or queues.
             cursor.execute(
@@ -482,6 +475,16 @@ class BackgroundCopy:
         self.pending = None
         with _writing(self.connection, first, count):
             return future.result()
+
+    def __enter__(self) -> BackgroundCopy:
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        """Close; while an error is raised, the error of the batch still in flight (if
+        any) goes into a note of it rather than being lost."""
+        also = self.close()
+        if error is not None and also is not None:
+            error.add_note(f"writing an earlier batch failed too: {also!r}")
 
     def close(self) -> BaseException | None:
         """Wait for the batch in flight and stop the thread; return (not raise) the

@@ -392,11 +392,10 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         workflow_id = ids[0]
         # Each full batch is COPYed by a helper thread while this one checks and builds
         # the next: jobs first, then the edges that name them.
-        background = bulk.BackgroundCopy(connection)
         rows: list[tuple[Any, ...]] = []
         woken: set[str] = set()
         parents = {parent for node in nodes for parent in node.parents}
-        try:
+        with bulk.BackgroundCopy(connection) as background:
             batch: list[tuple[Any, ...]] = []
             for position, (node, job_id) in enumerate(zip(nodes, ids, strict=True)):
                 r, own, args, kwargs, key = check(position, node)
@@ -434,12 +433,6 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                     written, edges, statement=sql.JOB_BULK_COPY_EDGES, types=edge_types
                 )
             background.wait()
-        except BaseException as exc:
-            also = background.close()
-            if also is not None:
-                exc.add_note(f"writing an earlier batch failed too: {also!r}")
-            raise
-        background.close()
         if woken:
             cursor.execute(
                 sql.JOB_NOTIFY_MANY,
