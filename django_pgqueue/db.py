@@ -216,84 +216,36 @@ def row(alias: str, query: str, params: dict[str, Any], *, prepare: bool = False
     return found[0] if found else None
 
 
-def pipeline(
-    alias: str, statements: list[tuple[str, dict[str, Any]]]
-) -> list[tuple[tuple[str, ...], list[tuple[Any, ...]]]]:
-    """Run ``statements`` in one round trip (a psycopg pipeline) and one transaction:
-    their own, its BEGIN and COMMIT in the same round trip, or the one already open on
-    the connection. The (column names, rows) of each; on an error, nothing of them is
-    kept. Prepared as :func:`jobs` prepares (a generic plan on a worker's claim
-    connection).
-
-    A worker's claim waits for its round trips while its runner threads hold the GIL:
-    each wait costs a turn of the GIL's switch interval, so a claim of several
-    statements is sent at once (flow control's JOB_CLAIM_LIMITED and _LEASE)."""
-    connection = connections[alias]
-    try:
-        connection.ensure_connection()
-        raw = connection.connection
-        own = (
-            not connection.in_atomic_block
-            and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        )
-        generic = getattr(raw, "_pgqueue_claims_prepared", False)
-        cursors = []
-        with connection.wrap_database_errors:
-            try:
-                with raw.pipeline():
-                    if own:
-                        raw.execute("BEGIN")
-                    for query, params in statements:
-                        cur = cursor(alias, prepare=generic)
-                        cur.execute(query, params)
-                        cursors.append(cur)
-                    if own:
-                        raw.execute("COMMIT")
-                found = [
-                    (tuple(column.name for column in cur.description or ()), cur.fetchall())
-                    for cur in cursors
-                ]
-            except BaseException:
-                if own and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    raw.rollback()
-                raise
-            finally:
-                for cur in cursors:
-                    cur.close()
-    except DatabaseError as exc:
-        error = _translated(alias, exc)
-        if error is exc:
-            raise
-        raise error from exc
-    return found
-
-
-def jobs[M: models.Model](
-    model: type[M], alias: str, query: str, params: dict[str, Any]
-) -> list[M]:
-    """Run a statement that returns whole rows of ``model``'s table; the rows as model
-    instances, as ``RawQuerySet`` would give them, at a fraction of its cost (a worker
-    runs this for every batch it claims).
+def returned(alias: str, query: str, params: dict[str, Any]) -> tuple[tuple[str, ...], list]:
+    """Run a statement of whole job rows (a claim); its column names and rows.
 
     Bound on the server; prepared on a worker's claim connection only, whose session
     settings make the generic plan the ordered index scan (see
-    ``worker.connections.configure_claim_session``). JSON columns are decoded as
-    ``JSONField`` does (by :func:`load_json`); each instance is built as ``Model.from_db``
-    builds it, minus the ``pre_init``/``post_init`` signals unless something receives
-    them."""
+    ``worker.connections.configure_claim_session``)."""
     connection = connections[alias]
     try:
         connection.ensure_connection()
         generic = getattr(connection.connection, "_pgqueue_claims_prepared", False)
         with cursor(alias, prepare=generic) as cur:
             cur.execute(query, params)
-            columns = tuple(column.name for column in cur.description)
-            found = cur.fetchall()
+            return tuple(column.name for column in cur.description), cur.fetchall()
     except DatabaseError as exc:
         error = _translated(alias, exc)
         if error is exc:
             raise
         raise error from exc
+
+
+def jobs[M: models.Model](
+    model: type[M], alias: str, query: str, params: dict[str, Any]
+) -> list[M]:
+    """Run a statement that returns whole rows of ``model``'s table (:func:`returned`);
+    the rows as model instances, as ``RawQuerySet`` would give them, at a fraction of
+    its cost (a worker runs this for every batch it claims). JSON columns are decoded
+    as ``JSONField`` does (by :func:`load_json`); each instance is built as
+    ``Model.from_db`` builds it, minus the ``pre_init``/``post_init`` signals unless
+    something receives them."""
+    columns, found = returned(alias, query, params)
     return load_jobs(model, alias, columns, found, (query, params))
 
 

@@ -292,6 +292,18 @@ class FlowView:
         key limit (a keyed job may be in any queue), or a limit of one of its queues."""
         return bool(self.key_limits) or self._touches(self.limited_queues, queues)
 
+    def keys_only(self, queues: Iterable[str] | None) -> bool:
+        """Whether the only limits a claim from ``queues`` obeys are concurrency bounds
+        of keys: no rate, no limit of one of its queues (a smaller claim statement)."""
+        return all(limit.rate is None for limit in self.key_limits) and not self._touches(
+            self.limited_queues, queues
+        )
+
+    def fair_among(self, queues: Iterable[str] | None) -> bool:
+        """Whether a fair queue is among ``queues`` (None: every queue): its jobs are
+        taken by turns of their keys, never from the head of the line."""
+        return self._touches(self.fair, queues)
+
     def in_force(self, queues: Iterable[str] | None) -> bool:
         """Whether a claim from ``queues`` cannot take today's plain statements: limits,
         a paused or a fair queue among them."""

@@ -55,7 +55,16 @@ class FlowClaim:
     jobs: list[Job]
     cursors: dict[str, str]
     blocked: bool = False
+    #: Where the next claim from the head of the line may start (``claim_flow``'s
+    #: ``after``): the first job in claim order this one read and did not lease, as
+    #: (priority, id), the position included; None: where it started.
+    resume: tuple[int, int] | None = None
 
+
+#: The columns a limited claim (``sql.JOB_CLAIM_LIMITED``) returns after the job's: the
+#: lap of the walk that took a job (0: the head of the line), and on a row of its own
+#: the queue and the key its walk reached.
+FLOW_COLUMNS = ("flow_lap", "flow_queue", "flow_key")
 
 #: Rows the head of a flow claim looks at, per job asked for (and at least this many
 #: more): enough to fill the claim when a few keys at the head are full.
@@ -368,17 +377,23 @@ class JobManager(models.Manager["Job"]):
         queues: Iterable[str] | None = None,
         lease_seconds: float | None = None,
         cursors: Mapping[str, str] | None = None,
+        after: tuple[int, int] | None = None,
         now: dt.datetime | None = None,
     ) -> FlowClaim:
         """Lease up to ``limit`` pending jobs under the flow control of ``view``: never
         from a paused queue, never beyond a limit, fair queues by turns of their keys.
 
-        Without limits this is one statement (``sql.JOB_CLAIM_FLOW``). With limits it is
-        two, in one transaction sent in one round trip (``sql.JOB_CLAIM_LIMITED``, then
-        ``sql.JOB_CLAIM_LIMITED_LEASE``): the first locks the candidates whose budgets'
-        locks it could take, the second, whose snapshot sees every claim committed
-        under those locks, counts what runs and leases what fits. ``cursors``: per
-        queue, the key the previous claim's walk reached."""
+        Without limits, one statement (``sql.JOB_CLAIM_FLOW``). With limits, each
+        claim takes its budgets' locks, counts what they use in a snapshot taken after
+        the locks (the database function ``pgqueue_flow_usage``), and leases what fits,
+        in one statement: ``sql.JOB_CLAIM_LIMITED_HEAD`` (or its ``_KEYS`` form while
+        only keys' concurrency bounds apply) from the head of the line, and, only when
+        limits kept part of a full head back or a fair queue is among ``queues``,
+        ``sql.JOB_CLAIM_LIMITED`` for the rest, which walks the keys from each queue's
+        cursor. ``cursors``: per queue, the key the previous claim's walk reached.
+        ``after``: for a worker of every queue, where the previous claim's head ended
+        (its ``resume``, included); the head is read from there, not from the start of
+        the claim index (see ``sql._HEAD_EVERYONE_LOCKED``)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
         listed = None if queues is None else sorted(set(queues))
@@ -391,6 +406,8 @@ class JobManager(models.Manager["Job"]):
             "max_steps": FLOW_STEPS_FACTOR * limit + FLOW_STEPS_EXTRA,
             "queues": listed,
             "cursors": json.dumps(cursors),
+            "after_priority": (after or QUEUE_HEAD)[0],
+            "after_id": (after or QUEUE_HEAD)[1],
             "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
             "now": now,
         }
@@ -413,26 +430,111 @@ class JobManager(models.Manager["Job"]):
                 )
             jobs.sort(key=lambda job: (-job.priority, job.id))
             return FlowClaim(jobs, cursors)
-        # Both statements in one round trip and one transaction (db.pipeline): the
-        # first hands its candidates to the second in a transaction-local setting.
-        statements = [(sql.JOB_CLAIM_LIMITED, params), (sql.JOB_CLAIM_LIMITED_LEASE, params)]
-        if not set_up:
-            statements.insert(0, (sql.SESSION_FLOW_LOCAL, {}))
-        *_, (_, rows), (columns, leased) = db.pipeline(alias, statements)
-        rows = [row for row in rows if row[1] is not None]  # the hand-off row aside
-        jobs = db.load_jobs(
-            self.model, alias, columns, leased, (sql.JOB_CLAIM_LIMITED_LEASE, params)
-        )
+        leased: list[tuple[Any, ...]] = []
         reached: dict[str, list[str]] = {}
-        for job_id, queue, key, lap, _ in rows:
-            if job_id is None:  # the group its walk reached last: resume after it
-                reached[queue] = [key]
-            elif lap:  # taken by the walk (not from the head of the line)
-                reached.setdefault(queue, []).append(key)
+        blocked = False
+        resume = None
+        # Without fair queues, the head of the line first: a small statement, enough
+        # unless limits kept part of a full head back (then the walk, for the rest).
+        if not view.fair_among(listed):
+            head_query = (
+                sql.JOB_CLAIM_LIMITED_HEAD_KEYS
+                if view.keys_only(listed)
+                else sql.JOB_CLAIM_LIMITED_HEAD
+            )
+            columns, rows = self._limited(head_query, params, set_up)
+            leased = [row for row in rows if row[0] is not None]
+            head, kept, *first_left = next(row[-4:] for row in rows if row[0] is None)
+            blocked = head > len(leased)
+            resume = self._resume(columns, leased, first_left)
+            # The walk can only add keys beyond a full head, and only matters when
+            # limits kept part of it back; rows whose budgets another claim held were
+            # that claim's to take (claiming again finds what they leave), unless
+            # they left this claim with nothing.
+            if len(leased) == limit or head < params["window"] or not (kept or not leased):
+                return self._flow_claim(columns, leased, cursors, reached, blocked, params, resume)
+            rest = limit - len(leased)
+            params = {
+                **params,
+                "limit": rest,
+                "window": FLOW_WINDOW_FACTOR * rest + FLOW_WINDOW_EXTRA,
+                "max_steps": FLOW_STEPS_FACTOR * rest + FLOW_STEPS_EXTRA,
+            }
+        columns, rows = self._limited(sql.JOB_CLAIM_LIMITED, params, set_up)
+        # The leased jobs, then (id NULL) the group each queue's walk reached if the
+        # claim came back short, and a row of NULLs if limits kept every candidate back.
+        lap, queue_at, key_at = (columns.index(name) for name in FLOW_COLUMNS)
+        walked = [row for row in rows if row[0] is not None]
+        for row in rows:
+            if row[0] is None and row[queue_at] is not None:  # resume after it
+                reached[row[queue_at]] = [row[key_at]]
+        for row in walked:
+            if row[lap]:  # taken by the walk (not from the head of the line)
+                reached.setdefault(row[columns.index("queue")], []).append(
+                    row[columns.index("concurrency_key")]
+                )
+        blocked = blocked or bool(rows)
+        return self._flow_claim(
+            columns,
+            [row[:lap] for row in leased] + walked,
+            cursors,
+            reached,
+            blocked,
+            params,
+            resume,
+        )
+
+    @staticmethod
+    def _resume(
+        columns: tuple[str, ...], leased: list[tuple[Any, ...]], first_left: list[Any]
+    ) -> tuple[int, int] | None:
+        """Where the next claim from the head starts: the first job of the head not
+        leased (``first_left``: its priority and id), else just after the last one
+        leased; None if the head was empty."""
+        if first_left[0] is not None:
+            return (first_left[0], first_left[1])
+        if not leased:
+            return None
+        priority, id_ = columns.index("priority"), columns.index("id")
+        last = max(leased, key=lambda row: (-row[priority], row[id_]))
+        return (last[priority], last[id_] + 1)
+
+    def _limited(
+        self, query: str, params: dict[str, Any], set_up: bool
+    ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+        """Run a limited claim statement: without JIT (a claim connection is set up
+        so; any other connection for this transaction only)."""
+        if set_up:
+            return db.returned(self.db_alias, query, params)
+        with transaction.atomic(using=self.db_alias, savepoint=False):
+            db.rows(self.db_alias, sql.SESSION_FLOW_LOCAL, {})
+            return db.returned(self.db_alias, query, params)
+
+    def _flow_claim(
+        self,
+        columns: tuple[str, ...],
+        leased: list[tuple[Any, ...]],
+        cursors: dict[str, str],
+        reached: dict[str, list[str]],
+        blocked: bool,
+        params: dict[str, Any],
+        resume: tuple[int, int] | None = None,
+    ) -> FlowClaim:
+        """The FlowClaim of the ``leased`` rows of a limited claim (their job columns
+        first, as ``columns`` name them), each queue's cursor moved past the keys its
+        walk ``reached``."""
+        width = columns.index(FLOW_COLUMNS[0])
+        jobs = db.load_jobs(
+            self.model,
+            self.db_alias,
+            columns[:width],
+            [row[:width] for row in leased],
+            (sql.JOB_CLAIM_LIMITED, params),
+        )
         for queue, keys_ in reached.items():
             cursors[queue] = flow.rotation_cursor(cursors.get(queue, ""), keys_)
         jobs.sort(key=lambda job: (-job.priority, job.id))
-        return FlowClaim(jobs, cursors, blocked=bool(rows) and not jobs)
+        return FlowClaim(jobs, cursors, blocked=blocked and not jobs, resume=resume)
 
     def extend_leases(
         self,

@@ -295,7 +295,7 @@ class Queue(models.Model):
 class RateWindow(models.Model):
     """The starts of one rate budget within its window (a limit's key and the budget's
     subject: the concurrency key, or the queue of a ``queue:NAME`` limit). Written only
-    by the flow claim, under the budget's lock (``sql.JOB_CLAIM_LIMITED_LEASE``); rows whose
+    by the limited claims, under the budget's lock (``sql._RATE_LOGGED``); rows whose
     window closed are deleted by the sweeper."""
 
     pk = models.CompositePrimaryKey("name", "subject")

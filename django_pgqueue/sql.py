@@ -177,6 +177,24 @@ RETURNING j.*
 _CLAIM_LEASE = ", " + _CLOCK + _LEASE_CANDIDATES
 
 
+# The three ranges a resumed claim walks, in claim order, each lazily, from its own
+# start in the claim index: higher priority than the position's, the same priority
+# after its id, lower. {p} and {i}: the position's priority and id.
+_RESUME_RANGES = (
+    ("above", "priority > {p}"),
+    ("level", "priority = {p} AND id > {i}"),
+    ("below", "priority < {p}"),
+)
+
+
+def _resume_ranges(template: str, priority: str, job_id: str) -> str:
+    """The _RESUME_RANGES as CTEs of ``template``, for a position given as SQL."""
+    return ", ".join(
+        template.format(name=name, range=where.format(p=priority, i=job_id))
+        for name, where in _RESUME_RANGES
+    )
+
+
 # --- Flow control (flow.py) ------------------------------------------------------------
 # The limits in force, as the worker passes them (flow.FlowView.params: one jsonb text,
 # cheaper to send than an array per field): key limits (an exact key, or a prefix whose
@@ -234,7 +252,7 @@ _QUEUE_ROOM = """(SELECT least(
 # Whether this claim holds every budget of a job of key {key} in queue {queue}: for each
 # limited key or queue, a transaction-level advisory lock taken if free (never waited
 # for; taken again, it is held again). Until commit, no other claim can lease a job of
-# that budget (JOB_CLAIM_LIMITED_LEASE). In CASEs, so an unlimited one takes no lock.
+# that budget (the limited claims). In CASEs, so an unlimited one takes no lock.
 _BUDGETS_HELD = (
     """(CASE WHEN EXISTS (SELECT FROM key_limit AS l WHERE """
     + _KEY_MATCHES
@@ -253,6 +271,79 @@ _QUEUE_OPEN = (
            OR coalesce("""
     + _QUEUE_ROOM
     + """, 1) > 0)"""
+)
+
+# The head of the line of a flow claim, as the CTE "head" (id, ctid, queue, priority,
+# key, ord, key_rank): the first %(window)s pending jobs in claim order (pgqueue_job_claim_idx, or
+# each queue's range of pgqueue_job_queue_claim_idx) of the served queues that are not
+# fair, paused or at their queue limit (by this snapshot), each with its place in the
+# line (ord) and among its key's (key_rank). {everyone}: the jobs of a worker of every
+# queue (the CTEs of _HEAD_EVERYONE or _HEAD_EVERYONE_LOCKED); {lock}: nothing (the
+# caller locks what it picks), or the locking clause of a worker of some queues.
+_FLOW_HEAD_OF = (
+    """head AS (
+    SELECT h.id, h.ctid, h.queue, h.priority, h.concurrency_key AS key, h.ord,
+           row_number() OVER (PARTITION BY h.concurrency_key ORDER BY h.ord) AS key_rank
+    FROM (SELECT a.*, row_number() OVER (ORDER BY a.priority DESC, a.id) AS ord
+          FROM ({everyone}
+                UNION ALL
+                (SELECT c.id, c.ctid, c.queue, c.priority, c.concurrency_key
+                 FROM unnest(%(queues)s::text[]) AS s(name)
+                 CROSS JOIN LATERAL (
+                     SELECT id, ctid, queue, priority, concurrency_key
+                     FROM pgqueue_job
+                     WHERE status = 'pending' AND queue = s.name
+                     ORDER BY priority DESC, id
+                     LIMIT %(window)s{lock}) AS c
+                 WHERE %(queues)s::text[] IS NOT NULL
+                   AND NOT s.name = ANY (%(fair)s::text[]))
+                ORDER BY 4 DESC, 1
+                LIMIT %(window)s) AS a
+          WHERE NOT a.queue = ANY (%(fair)s::text[])
+            AND """
+    + _QUEUE_OPEN.format(queue="a.queue")
+    + """) AS h
+)"""
+)
+
+# The pending jobs of a worker of every queue at the head of the line (the first
+# %(window)s, by pgqueue_job_claim_idx).
+_HEAD_EVERYONE = """(SELECT id, ctid, queue, priority, concurrency_key
+                 FROM pgqueue_job
+                 WHERE status = 'pending' AND %(queues)s::text[] IS NULL
+                 ORDER BY priority DESC, id
+                 LIMIT %(window)s)"""
+
+# One range of _HEAD_EVERYONE_LOCKED (_RESUME_RANGES, the position inclusive).
+_HEAD_RANGE = """(SELECT *
+                 FROM (SELECT id, ctid, queue, priority, concurrency_key
+                       FROM pgqueue_job
+                       WHERE status = 'pending' AND %(queues)s::text[] IS NULL AND {range}
+                       ORDER BY priority DESC, id
+                       LIMIT %(window)s
+                       FOR UPDATE SKIP LOCKED) AS {name})"""
+
+# The same, locked, from the worker's position (%(after_priority)s, %(after_id)s: the
+# first job the previous claim from the head did not lease; manager.QUEUE_HEAD: the
+# head): the three _RESUME_RANGES of pgqueue_job_claim_idx, each lazily, so a claim
+# does not step over the index entries of every job claimed since the last vacuum
+# (dead, but read: as many pages a claim as the drain has claimed).
+_HEAD_EVERYONE_LOCKED = "\n                UNION ALL\n                ".join(
+    _HEAD_RANGE.format(
+        name=name,
+        range=where.replace("id > {i}", "id >= {i}").format(
+            p="%(after_priority)s", i="%(after_id)s"
+        ),
+    )
+    for name, where in _RESUME_RANGES
+)
+
+_FLOW_HEAD = _FLOW_HEAD_OF.format(everyone=_HEAD_EVERYONE, lock="")
+# The head a claim from the head of the line reads: locked as it is read (SKIP LOCKED,
+# as a plain claim): the first jobs no other claim has locked, so racing claims take
+# turns down the line instead of fighting over the same rows and their budgets.
+_FLOW_HEAD_LOCKED = _FLOW_HEAD_OF.format(
+    everyone=_HEAD_EVERYONE_LOCKED, lock="\n                     FOR UPDATE SKIP LOCKED"
 )
 
 # The candidates of a flow claim, as the CTE "candidate" (id, queue, key, lap, step) of
@@ -276,7 +367,8 @@ _QUEUE_OPEN = (
 #   queues' groups again, for the rest of their room.
 #
 # All lazy: the walk goes only as far as the head leaves the claim short. Rooms are read
-# from this statement's snapshot, so they only prune: JOB_CLAIM_LIMITED_LEASE decides.
+# from this statement's snapshot, so they only prune: JOB_CLAIM_LIMITED decides, with
+# what pgqueue_flow_usage reads after the locks.
 _FLOW_CANDIDATES = (
     """RECURSIVE """
     + _CLOCK
@@ -301,33 +393,9 @@ _FLOW_CANDIDATES = (
     WHERE """
     + _QUEUE_OPEN.format(queue="q.name")
     + """
-), head AS (
-    SELECT h.id, h.ctid, h.queue, h.concurrency_key AS key, h.ord,
-           row_number() OVER (PARTITION BY h.concurrency_key ORDER BY h.ord) AS key_rank
-    FROM (SELECT a.*, row_number() OVER (ORDER BY a.priority DESC, a.id) AS ord
-          FROM ((SELECT id, ctid, queue, priority, concurrency_key
-                 FROM pgqueue_job
-                 WHERE status = 'pending' AND %(queues)s::text[] IS NULL
-                 ORDER BY priority DESC, id
-                 LIMIT %(window)s)
-                UNION ALL
-                (SELECT c.id, c.ctid, c.queue, c.priority, c.concurrency_key
-                 FROM unnest(%(queues)s::text[]) AS s(name)
-                 CROSS JOIN LATERAL (
-                     SELECT id, ctid, queue, priority, concurrency_key
-                     FROM pgqueue_job
-                     WHERE status = 'pending' AND queue = s.name
-                     ORDER BY priority DESC, id
-                     LIMIT %(window)s) AS c
-                 WHERE %(queues)s::text[] IS NOT NULL
-                   AND NOT s.name = ANY (%(fair)s::text[]))
-                ORDER BY 4 DESC, 1
-                LIMIT %(window)s) AS a
-          WHERE NOT a.queue = ANY (%(fair)s::text[])
-            AND """
-    + _QUEUE_OPEN.format(queue="a.queue")
-    + """) AS h
-), head_locked AS (
+), """
+    + _FLOW_HEAD
+    + """, head_locked AS (
     SELECT id, queue, concurrency_key AS key, priority
     FROM pgqueue_job
     WHERE ctid = ANY (ARRAY(
@@ -907,24 +975,6 @@ WITH candidate AS (
     + _CLAIM_LEASE
 )
 
-# The three ranges a resumed claim walks, in claim order, each lazily, from its own
-# start in the claim index: higher priority than the position's, the same priority
-# after its id, lower. {p} and {i}: the position's priority and id.
-_RESUME_RANGES = (
-    ("above", "priority > {p}"),
-    ("level", "priority = {p} AND id > {i}"),
-    ("below", "priority < {p}"),
-)
-
-
-def _resume_ranges(template: str, priority: str, job_id: str) -> str:
-    """The _RESUME_RANGES as CTEs of ``template``, for a position given as SQL."""
-    return ", ".join(
-        template.format(name=name, range=where.format(p=priority, i=job_id))
-        for name, where in _RESUME_RANGES
-    )
-
-
 # One range of a resumed claim of all queues (pgqueue_job_claim_idx).
 _RESUME_RANGE = """{name} AS (
     SELECT id
@@ -956,96 +1006,111 @@ JOB_CLAIM_AFTER = (
 # the worker's cursor; a paused queue is left out, never walked.
 JOB_CLAIM_FLOW = "\nWITH " + _FLOW_CANDIDATES + _LEASE_CANDIDATES
 
-# A claim under limits, first of its two statements in one transaction: lock (SKIP
-# LOCKED) the candidates of _FLOW_CANDIDATES, each only once its budgets are held
-# (_BUDGETS_HELD: a key whose lock another claim holds is passed over like a full one).
-# Its first row hands them to JOB_CLAIM_LIMITED_LEASE in transaction-local settings
-# (pgqueue.claim_ids, _queues, _keys: so both go to the server at once); then each
-# candidate, and, if the walk went to its end, the group it reached per queue (id
-# NULL): the cursor.
-JOB_CLAIM_LIMITED = (
-    "\nWITH "
-    + _FLOW_CANDIDATES
-    + """
-, chosen AS MATERIALIZED (
-    SELECT c.id, c.queue, c.key, c.lap
-    FROM candidate AS c
-)
-SELECT NULL::bigint AS id, NULL::text AS queue, NULL::text AS key, NULL::int AS lap,
-       (SELECT set_config('pgqueue.claim_ids', array_agg(id)::text, true)
-               || set_config('pgqueue.claim_queues', array_agg(queue)::text, true)
-               || set_config('pgqueue.claim_keys', array_agg(key)::text, true)
-        FROM chosen) AS handed
-UNION ALL
-SELECT id, queue, key, lap, NULL
-FROM chosen
-UNION ALL
-SELECT NULL, r.queue, r.key, NULL, NULL
-FROM (SELECT DISTINCT ON (w.queue) w.queue, w.key
-      FROM walk AS w
-      WHERE w.steps > 0
-      ORDER BY w.queue, w.steps DESC) AS r
-WHERE (SELECT count(*) FROM chosen) < %(limit)s
+# A fresh look at what the budgets of a limited claim have used: the jobs running with
+# each of %(keys)s and in each of %(queues)s, and the rate windows (pgqueue_rate rows) of
+# the (name, subject) pairs given. A function, and VOLATILE, for one reason: PostgreSQL
+# gives each query of a volatile function a snapshot of its own, taken when the query
+# starts. JOB_CLAIM_LIMITED calls it once it holds its budgets' locks, so it sees every
+# claim of those budgets committed before (the statement's own snapshot, taken at its
+# start, may miss one that committed while it took the locks: the SKIP LOCKED trap),
+# and none can commit before ours. PL/pgSQL, so its plan is kept for the session; one
+# query, so the counts are of one instant. Installed by migration 0018 (a copy, as
+# migrations are frozen; tests/test_sql.py checks that the database's is this one).
+FLOW_USAGE_FUNCTION = """
+CREATE OR REPLACE FUNCTION pgqueue_flow_usage(
+    keys text[], queues text[], rate_names text[], rate_subjects text[])
+RETURNS TABLE (budget_kind text, budget_name text, budget_subject text,
+               running bigint, starts timestamptz[])
+LANGUAGE plpgsql VOLATILE
+AS $body$
+BEGIN
+    RETURN QUERY
+    SELECT 'key', NULL::text, k.key,
+           (SELECT count(*)
+            FROM pgqueue_job AS r
+            WHERE r.status = 'running' AND r.concurrency_key > ''
+              AND r.concurrency_key = k.key),
+           NULL::timestamptz[]
+    FROM unnest(keys) AS k(key)
+    UNION ALL
+    SELECT 'queue', NULL::text, r.queue::text, count(*), NULL::timestamptz[]
+    FROM pgqueue_job AS r
+    WHERE cardinality(queues) > 0
+      AND r.status = 'running' AND r.queue = ANY (queues)
+    GROUP BY r.queue
+    UNION ALL
+    SELECT 'rate', w.name::text, w.subject::text, NULL::bigint, w.starts
+    FROM unnest(rate_names, rate_subjects) AS b(name, subject)
+    JOIN pgqueue_rate AS w ON w.name = b.name AND w.subject = b.subject;
+END
+$body$
 """
+
+# The rooms of a limited claim's budgets, from what pgqueue_flow_usage read (the CTE
+# "usage") after their locks were taken, as the CTEs key_room (key, room) for the keys
+# of {keys} with a key limit, and queue_room (queue, room) for the queues of {queues}
+# with a queue limit: how many more of their jobs may start now, the least room of
+# their limits (concurrency less what runs, rate less its window's starts). A budget
+# missing from "usage" (its lock was not taken) has no room.
+_HELD_ROOMS = (
+    """key_room AS MATERIALIZED (
+    SELECT k.key, min(least(
+               l.concurrency - coalesce(u.running, 0),
+               l.rate - CASE WHEN l.rate IS NOT NULL THEN (
+                   SELECT count(*)
+                   FROM unnest(w.starts) AS s(at)
+                   WHERE true
+                     AND s.at > (SELECT now FROM clock) - make_interval(secs => l.period)) END))
+               AS room
+    FROM (SELECT DISTINCT key FROM {keys}) AS k
+    JOIN key_limit AS l ON """
+    + _KEY_MATCHES.format(key="k.key")
+    + """
+    LEFT JOIN usage AS u ON u.budget_kind = 'key' AND u.budget_subject = k.key
+    LEFT JOIN usage AS w
+           ON w.budget_kind = 'rate' AND w.budget_name = l.name AND w.budget_subject = k.key
+    GROUP BY k.key
+), queue_room AS MATERIALIZED (
+    SELECT l.queue, least(
+               l.concurrency - coalesce(u.running, 0),
+               l.rate - CASE WHEN l.rate IS NOT NULL THEN (
+                   SELECT count(*)
+                   FROM unnest(w.starts) AS s(at)
+                   WHERE true
+                     AND s.at > (SELECT now FROM clock) - make_interval(secs => l.period)) END)
+               AS room
+    FROM queue_limit AS l
+    LEFT JOIN usage AS u ON u.budget_kind = 'queue' AND u.budget_subject = l.queue
+    LEFT JOIN usage AS w ON w.budget_kind = 'rate' AND w.budget_name = 'queue:' || l.queue
+                        AND w.budget_subject = l.queue
+    WHERE l.queue IN (SELECT queue FROM {queues})
+)"""
 )
 
-# A claim under limits, second statement (same transaction as JOB_CLAIM_LIMITED): lease
-# the candidates it handed over in pgqueue.claim_* (locked by it, so still pending, their
-# budgets held) while their budgets have room. Its
-# snapshot is taken after the budget locks were: it sees every claim of those budgets
-# committed before, and none can commit until ours does, so counting what runs (and the
-# rate windows) here is exact. In %(ids)s order, a candidate runs if, for each budget,
-# the candidates before it do not fill it; a rate budget's window is written with its
-# new starts (clock.now). Primary-key lookups, plus the rooms of _KEY_ROOM/_QUEUE_ROOM.
-JOB_CLAIM_LIMITED_LEASE = (
-    "\nWITH "
-    + _CLOCK
-    + ", "
-    + _FLOW_LIMITS
-    + """, given AS (
-    SELECT *
-    FROM unnest(nullif(current_setting('pgqueue.claim_ids', true), '')::bigint[],
-                nullif(current_setting('pgqueue.claim_queues', true), '')::text[],
-                nullif(current_setting('pgqueue.claim_keys', true), '')::text[])
-         WITH ORDINALITY AS g(id, queue, key, ord)
-), key_room AS MATERIALIZED (
-    SELECT k.key, """
-    + _KEY_ROOM.format(key="k.key")
-    + """ AS room
-    FROM (SELECT DISTINCT key FROM given) AS k
-), queue_room AS MATERIALIZED (
-    SELECT q.queue, """
-    + _QUEUE_ROOM.format(queue="q.queue")
-    + """ AS room
-    FROM (SELECT DISTINCT queue FROM given) AS q
-), candidate AS (
-    SELECT g.id, g.queue, g.key
-    FROM (SELECT given.*,
-                 row_number() OVER (PARTITION BY given.key ORDER BY given.ord) AS key_rank,
-                 row_number() OVER (PARTITION BY given.queue ORDER BY given.ord) AS queue_rank
-          FROM given) AS g
-    JOIN key_room AS k ON k.key = g.key
-    JOIN queue_room AS q ON q.queue = g.queue
-    WHERE (k.room IS NULL OR g.key_rank <= k.room)
-      AND (q.room IS NULL OR g.queue_rank <= q.room)
-), started AS (
+# Each rate budget's window written with the starts of the chosen jobs (the CTE
+# "chosen": id, queue, key), as the CTEs started and logged: the window's starts from
+# "usage" still in its period (read under the budget's lock, so none is lost), then one
+# clock.now per job. In (name, subject) order, the order every claim writes in.
+_RATE_LOGGED = (
+    """started AS (
     SELECT l.name, c.key AS subject, l.period, count(*) AS jobs
-    FROM candidate AS c
+    FROM chosen AS c
     JOIN key_limit AS l ON l.rate IS NOT NULL AND """
     + _KEY_MATCHES.format(key="c.key")
     + """
     GROUP BY l.name, c.key, l.period
     UNION ALL
     SELECT 'queue:' || c.queue, c.queue, l.period, count(*)
-    FROM candidate AS c
+    FROM chosen AS c
     JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = c.queue
     GROUP BY c.queue, l.period
 ), logged AS (
     INSERT INTO pgqueue_rate AS w (name, subject, starts, expires_at)
     SELECT b.name, b.subject,
            coalesce((SELECT array_agg(s.at ORDER BY s.at)
-                     FROM pgqueue_rate AS o, unnest(o.starts) AS s(at)
-                     WHERE o.name = b.name AND o.subject = b.subject
+                     FROM usage AS u, unnest(u.starts) AS s(at)
+                     WHERE u.budget_kind = 'rate' AND u.budget_name = b.name
+                       AND u.budget_subject = b.subject
                        AND s.at > clock.now - make_interval(secs => b.period)),
                     ARRAY[]::timestamptz[])
                || array_fill(clock.now, ARRAY[b.jobs::int]),
@@ -1055,7 +1120,260 @@ JOB_CLAIM_LIMITED_LEASE = (
     ON CONFLICT (name, subject) DO UPDATE
     SET starts = excluded.starts, expires_at = excluded.expires_at
 )"""
-    + _LEASE_CANDIDATES
+)
+
+# JOB_CLAIM for a worker under limits, one statement: lock (SKIP LOCKED) the candidates
+# of _FLOW_CANDIDATES, each only once its budgets are held (_BUDGETS_HELD: a key whose
+# lock another claim holds is passed over like a full one); then read what those
+# budgets use in a snapshot taken after the locks (pgqueue_flow_usage: the rooms
+# _FLOW_CANDIDATES pruned with are from the statement's older snapshot); lease, in
+# candidate order, each candidate whose budgets the candidates before it do not fill;
+# write each rate budget's window with its new starts (clock.now). The function's
+# arguments are built from every candidate, so PostgreSQL must lock them all (and take
+# their budgets' locks) before it runs. Returns the leased jobs (with the lap that took
+# each), then, if the claim came back short, the group the walk reached per queue (id
+# NULL: the cursor), and a row of NULLs if candidates were locked but none fitted.
+JOB_CLAIM_LIMITED = (
+    "\nWITH "
+    + _FLOW_CANDIDATES
+    + """, numbered AS MATERIALIZED (
+    SELECT c.*, row_number() OVER () AS ord
+    FROM candidate AS c
+), rate_budget AS MATERIALIZED (
+    SELECT DISTINCT l.name, c.key AS subject, l.period
+    FROM numbered AS c
+    JOIN key_limit AS l ON l.rate IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="c.key")
+    + """
+    UNION
+    SELECT 'queue:' || l.queue, l.queue, l.period
+    FROM numbered AS c
+    JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = c.queue
+), usage AS MATERIALIZED (
+    SELECT *
+    FROM pgqueue_flow_usage(
+        ARRAY(SELECT DISTINCT c.key
+              FROM numbered AS c
+              WHERE EXISTS (SELECT FROM key_limit AS l
+                            WHERE l.concurrency IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="c.key")
+    + """)),
+        ARRAY(SELECT DISTINCT c.queue
+              FROM numbered AS c
+              JOIN queue_limit AS l ON l.concurrency IS NOT NULL AND l.queue = c.queue),
+        ARRAY(SELECT name FROM rate_budget ORDER BY name, subject),
+        ARRAY(SELECT subject FROM rate_budget ORDER BY name, subject))
+), """
+    + _HELD_ROOMS.format(keys="numbered", queues="numbered")
+    + """, chosen AS MATERIALIZED (
+    SELECT g.id, g.queue, g.key, g.lap
+    FROM (SELECT n.*,
+                 row_number() OVER (PARTITION BY n.key ORDER BY n.ord) AS key_rank,
+                 row_number() OVER (PARTITION BY n.queue ORDER BY n.ord) AS queue_rank
+          FROM numbered AS n) AS g
+    LEFT JOIN key_room AS k ON k.key = g.key
+    LEFT JOIN queue_room AS q ON q.queue = g.queue
+    WHERE (k.room IS NULL OR g.key_rank <= k.room)
+      AND (q.room IS NULL OR g.queue_rank <= q.room)
+), """
+    + _RATE_LOGGED
+    + """, leased AS ("""
+    + _LEASE_CANDIDATES.replace("FROM candidate", "FROM chosen")
+    + """)
+SELECT l.*, c.lap AS flow_lap, NULL::text AS flow_queue, NULL::text AS flow_key
+FROM leased AS l
+JOIN chosen AS c ON c.id = l.id
+UNION ALL
+SELECT (NULL::pgqueue_job).*, NULL, r.queue, r.key
+FROM (SELECT DISTINCT ON (w.queue) w.queue, w.key
+      FROM walk AS w
+      WHERE w.steps > 0
+      ORDER BY w.queue, w.steps DESC) AS r
+WHERE (SELECT count(*) FROM numbered) < %(limit)s
+UNION ALL
+SELECT (NULL::pgqueue_job).*, NULL, NULL, NULL
+WHERE EXISTS (SELECT FROM numbered) AND NOT EXISTS (SELECT FROM chosen)
+"""
+)
+
+
+# The limited keys of a head of the line (_FLOW_HEAD), as the CTEs head_key (key,
+# limited: whether a key limit applies) and held_key: each limited key whose budget
+# lock this claim took (if free: never waited for; one another claim holds is passed
+# over like a full key).
+_HEAD_KEYS_HELD = (
+    """head_key AS MATERIALIZED (
+    SELECT k.key, EXISTS (SELECT FROM key_limit AS l WHERE """
+    + _KEY_MATCHES.format(key="k.key")
+    + """) AS limited
+    FROM (SELECT DISTINCT key FROM head) AS k
+), held_key AS MATERIALIZED (
+    SELECT k.key
+    FROM head_key AS k
+    WHERE CASE WHEN k.limited
+               THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue key'), hashtext(k.key))
+               ELSE false END
+)"""
+)
+
+# The rows of the CTE "fits" of a claim from the head of the line (its head locked by
+# _FLOW_HEAD_LOCKED, so no other claim can have taken them): the CTE "chosen" (id,
+# queue, key).
+_HEAD_CHOSEN = """chosen AS MATERIALIZED (
+    SELECT f.id, f.queue, f.key
+    FROM fits AS f
+)"""
+
+# The end of a claim from the head of the line: the jobs of "chosen" leased; the
+# result: the leased jobs (flow_lap 0), and a row of NULLs whose flow_head is how many
+# pending jobs the head held, flow_kept how many of them their budgets had no room for
+# (the CTE "kept_back"; not those whose budget another claim held: that claim is
+# taking them), and flow_resume_* the first of them not leased, where the worker's next
+# claim from the head starts (NULL: every one was leased).
+_HEAD_LEASED = (
+    """leased AS ("""
+    + _LEASE_CANDIDATES.replace("FROM candidate", "FROM chosen")
+    + """), resume AS (
+    SELECT h.priority, h.id
+    FROM head AS h
+    WHERE NOT EXISTS (SELECT FROM chosen AS c WHERE c.id = h.id)
+    ORDER BY h.ord
+    LIMIT 1
+)
+SELECT l.*, 0 AS flow_lap, NULL::text AS flow_queue, NULL::text AS flow_key,
+       NULL::bigint AS flow_head, NULL::bigint AS flow_kept,
+       NULL::int AS flow_resume_priority, NULL::bigint AS flow_resume_id
+FROM leased AS l
+UNION ALL
+SELECT (NULL::pgqueue_job).*, NULL, NULL, NULL, (SELECT count(*) FROM head),
+       (SELECT count(*) FROM kept_back), (SELECT priority FROM resume),
+       (SELECT id FROM resume)
+"""
+)
+
+# JOB_CLAIM for a worker under limits while no fair queue is in force, when the head of
+# the line can fill the claim (most claims): one statement with a fraction of the plan
+# of JOB_CLAIM_LIMITED, whose walk over keys it leaves out (a plan of 300 nodes costs
+# about half a millisecond a claim just to set up). The head (_FLOW_HEAD); the locks of
+# its limited keys (_HEAD_KEYS_HELD) and of its limited queues; what those budgets use,
+# read after the locks (pgqueue_flow_usage); the rows that fit, in claim order, locked
+# (_HEAD_CHOSEN) and leased (_HEAD_LEASED); each rate budget's window written with its
+# new starts. If the claim is short and the head was full (flow_head), the caller
+# claims the rest with JOB_CLAIM_LIMITED.
+JOB_CLAIM_LIMITED_HEAD = (
+    "\nWITH "
+    + _CLOCK
+    + ", "
+    + _FLOW_LIMITS
+    + ", "
+    + _FLOW_HEAD_LOCKED
+    + ", "
+    + _HEAD_KEYS_HELD
+    + """, held_queue AS MATERIALIZED (
+    SELECT q.queue
+    FROM (SELECT DISTINCT queue FROM head) AS q
+    WHERE CASE WHEN q.queue = ANY (%(queue_names)s::text[])
+               THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue queue'), hashtext(q.queue))
+               ELSE false END
+), rate_budget AS MATERIALIZED (
+    SELECT l.name, k.key AS subject, l.period
+    FROM held_key AS k
+    JOIN key_limit AS l ON l.rate IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="k.key")
+    + """
+    UNION ALL
+    SELECT 'queue:' || l.queue, l.queue, l.period
+    FROM held_queue AS q
+    JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = q.queue
+), usage AS MATERIALIZED (
+    SELECT *
+    FROM pgqueue_flow_usage(
+        ARRAY(SELECT k.key
+              FROM held_key AS k
+              WHERE EXISTS (SELECT FROM key_limit AS l
+                            WHERE l.concurrency IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="k.key")
+    + """)),
+        ARRAY(SELECT q.queue
+              FROM held_queue AS q
+              JOIN queue_limit AS l ON l.concurrency IS NOT NULL AND l.queue = q.queue),
+        ARRAY(SELECT name FROM rate_budget ORDER BY name, subject),
+        ARRAY(SELECT subject FROM rate_budget ORDER BY name, subject))
+), """
+    + _HELD_ROOMS.format(keys="held_key", queues="held_queue")
+    + """, key_fits AS (
+    SELECT h.id, h.queue, h.key, h.ord,
+           row_number() OVER (PARTITION BY h.queue ORDER BY h.ord) AS queue_rank
+    FROM head AS h
+    JOIN head_key AS hk ON hk.key = h.key
+    LEFT JOIN key_room AS k ON k.key = h.key
+    WHERE NOT hk.limited OR h.key_rank <= k.room
+), fits AS (
+    SELECT f.id, f.queue, f.key
+    FROM key_fits AS f
+    LEFT JOIN queue_room AS q ON q.queue = f.queue
+    WHERE NOT f.queue = ANY (%(queue_names)s::text[]) OR f.queue_rank <= q.room
+    ORDER BY f.ord
+    LIMIT %(limit)s
+), kept_back AS (
+    SELECT h.id
+    FROM head AS h
+    JOIN key_room AS k ON k.key = h.key
+    WHERE h.key_rank > k.room
+    UNION
+    SELECT f.id
+    FROM key_fits AS f
+    JOIN queue_room AS q ON q.queue = f.queue
+    WHERE f.queue_rank > q.room
+), """
+    + _HEAD_CHOSEN
+    + ", "
+    + _RATE_LOGGED
+    + ", "
+    + _HEAD_LEASED
+)
+
+# JOB_CLAIM_LIMITED_HEAD while the only limits in force are concurrency bounds of keys
+# (no rate, no limit of the worker's queues): the same claim without the CTEs that
+# would find nothing to do, a plan a third smaller to set up at every claim.
+JOB_CLAIM_LIMITED_HEAD_KEYS = (
+    "\nWITH "
+    + _CLOCK
+    + ", "
+    + _FLOW_LIMITS
+    + ", "
+    + _FLOW_HEAD_LOCKED
+    + ", "
+    + _HEAD_KEYS_HELD
+    + """, usage AS MATERIALIZED (
+    SELECT *
+    FROM pgqueue_flow_usage(ARRAY(SELECT key FROM held_key), ARRAY[]::text[],
+                            ARRAY[]::text[], ARRAY[]::text[])
+), key_room AS MATERIALIZED (
+    SELECT k.key, min(l.concurrency - coalesce(u.running, 0)) AS room
+    FROM held_key AS k
+    JOIN key_limit AS l ON """
+    + _KEY_MATCHES.format(key="k.key")
+    + """
+    LEFT JOIN usage AS u ON u.budget_kind = 'key' AND u.budget_subject = k.key
+    GROUP BY k.key
+), fits AS (
+    SELECT h.id, h.queue, h.key
+    FROM head AS h
+    JOIN head_key AS hk ON hk.key = h.key
+    LEFT JOIN key_room AS k ON k.key = h.key
+    WHERE NOT hk.limited OR h.key_rank <= k.room
+    ORDER BY h.ord
+    LIMIT %(limit)s
+), kept_back AS (
+    SELECT h.id
+    FROM head AS h
+    JOIN key_room AS k ON k.key = h.key
+    WHERE h.key_rank > k.room
+), """
+    + _HEAD_CHOSEN
+    + ", "
+    + _HEAD_LEASED
 )
 
 

@@ -20,6 +20,7 @@ from django.db import connection
 from django_pgqueue import flow
 from django_pgqueue.models import Job, WorkerProcess
 from testkit.private_bouncer import PrivateBouncer, pgbouncer_binary
+from testproject.demo import faults
 from testproject.demo.fault_tasks import span
 from testproject.demo.models import Span
 
@@ -99,13 +100,29 @@ def stop(*workers: ManagedProcess) -> None:
         assert worker.wait(30) == 0, worker.output()
 
 
+#: The queues the limited keys' jobs take turns in (a budget spans queues).
+QUEUES = ("default", "other")
+#: A fleet as deployments run one: a worker of every queue, and one of each queue
+#: (whose claims see other heads of the line than the first's).
+FLEET = ((), ("--queue", "default"), ("--queue", "other"))
+
+
 def stripe_jobs() -> list[dict[str, Any]]:
-    return [{"task": span, "args": [0.02], "concurrency_key": "stripe"} for _ in range(40)]
+    return [
+        {"task": span, "args": [0.02], "concurrency_key": "stripe", "queue": QUEUES[n % 2]}
+        for n in range(40)
+    ]
 
 
 def tenant_jobs() -> list[dict[str, Any]]:
     return [
-        {"task": span, "args": [0.05], "concurrency_key": f"tenant:{n % 4}"} for n in range(24)
+        {
+            "task": span,
+            "args": [0.05],
+            "concurrency_key": f"tenant:{n % 4}",
+            "queue": QUEUES[n // 4 % 2],
+        }
+        for n in range(24)
     ]
 
 
@@ -128,7 +145,8 @@ def run_bursts(*bursts: list[dict[str, Any]]) -> None:
     ids=["guarded", "planted"],
 )
 def test_flow_process__limits_hold_across_three_workers(manage, plant):
-    """Three workers of 4 slots: ``stripe`` (concurrency 2) never runs more than 2 jobs
+    """Three workers of 4 slots (one of every queue, one of each of the two queues the
+    limited keys' jobs are in): ``stripe`` (concurrency 2) never runs more than 2 jobs
     and does run 2; each ``tenant:*`` key runs one at a time while tenants run side by
     side; ``metered`` (4/s) starts 12 jobs over at least 2 s, never 5 within a second.
     Each claim's transaction is held 30 ms longer (``slow_claim``, as on a loaded
@@ -137,7 +155,8 @@ def test_flow_process__limits_hold_across_three_workers(manage, plant):
     # Polling every 20 ms: a worker whose claim found the key full tries again while
     # another worker's slots free, racing that worker's next claim.
     workers = [
-        manage(*WORKER, "--poll-interval", "0.02", env=worker_env(plant=plant)) for _ in range(3)
+        manage(*WORKER, *queues, "--poll-interval", "0.02", env=worker_env(plant=plant))
+        for queues in FLEET
     ]
     wait_for(registered(3), timeout=30)
     # One key at a time (every claim then races for the same budgets), twice.
@@ -253,6 +272,9 @@ def test_flow_process__a_killed_workers_slot_comes_back_when_its_lease_is_rescue
     Planted (an expired lease frees its slot): the next job starts before the rescue."""
     limits = {"solo": {"concurrency": 1}}
     env = worker_env(limits, plant=plant)
+    if plant:  # the rewritten usage function, under the name planted claims call
+        with connection.cursor() as cursor:
+            cursor.execute(faults.planted_function(plant))
     first = Job.objects.enqueue(span, [30], concurrency_key="solo", max_attempts=1)
     doomed = manage(*WORKER, "--lease-seconds", "1", "--worker-id", "doomed", env=env)
     wait_for(lambda: Job.objects.get(pk=first.pk).lease_owner == "doomed", timeout=30)
@@ -285,9 +307,8 @@ def test_flow_process__a_killed_workers_slot_comes_back_when_its_lease_is_rescue
 )
 def test_flow_process__limits_hold_through_pgbouncer_in_transaction_mode(manage):
     """The limits test's fleet (its claims held 30 ms longer) behind a PgBouncer in
-    transaction pooling mode (the claim's two statements share one transaction, hence
-    one server connection, and its budget locks are transaction-level): the same
-    bounds hold."""
+    transaction pooling mode (a claim's budget locks are transaction-level, and the
+    function it reads their use with keeps no session state): the same bounds hold."""
     s = connection.settings_dict
     options = s.get("OPTIONS") or {}
     with PrivateBouncer(
@@ -302,7 +323,9 @@ def test_flow_process__limits_hold_through_pgbouncer_in_transaction_mode(manage)
             "DATABASE_URL": bouncer.url(s["NAME"]),
             "DATABASE_POOLED": "1",
         }
-        workers = [manage(*WORKER, "--poll-interval", "0.02", env=env) for _ in range(3)]
+        workers = [
+            manage(*WORKER, *queues, "--poll-interval", "0.02", env=env) for queues in FLEET
+        ]
         wait_for(registered(3), timeout=30)
         run_bursts(stripe_jobs(), tenant_jobs() + metered_jobs())
         stop(*workers)

@@ -72,7 +72,7 @@ def test_sql__table_name_matches_model(name):
         re.findall(r"\b([a-z_0-9]+)(?:\([a-z_, ]*\))? AS (?:MATERIALIZED )?\(", getattr(sql, name))
     )
     tables -= ctes | {"unnest", "jsonb_array_elements", "generate_series"}
-    tables -= {"jsonb_to_recordset", "jsonb_each_text"}
+    tables -= {"jsonb_to_recordset", "jsonb_each_text", "pgqueue_flow_usage"}
     if name in ("JOB_NOTIFY", "JOB_NOTIFY_CANCEL", "JOB_NOTIFY_MANY", "JOB_BULK_CLOCK"):
         assert tables == set()
     elif name == "JOB_BULK_IDS":  # the table's id sequence, no table read
@@ -84,8 +84,9 @@ def test_sql__table_name_matches_model(name):
     elif name in ("JOB_DELETE_EXPIRED_KEYS", "JOB_ENQUEUE_DEBOUNCED", "JOB_ENQUEUE_UNIQUE"):
         # The keys that outlive their jobs (keys.py), and the jobs they name.
         assert tables == {Job._meta.db_table, JobKey._meta.db_table}
-    elif name in ("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED", "JOB_CLAIM_LIMITED_LEASE"):
-        # Flow claims read (the last writes) the rate windows of limited budgets.
+    elif name.startswith(("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED")):
+        # Flow claims read (the limited ones write) the rate windows of limited budgets
+        # (their reads after the budgets' locks go through pgqueue_flow_usage).
         assert tables == {Job._meta.db_table, RateWindow._meta.db_table}
     elif name == "JOB_BULK_COPY_EDGES":  # a workflow's edges (workflows.py)
         assert tables == {JobDependency._meta.db_table}
@@ -377,7 +378,9 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
         "JOB_CLAIM",
         "JOB_CLAIM_AFTER",
         "JOB_CLAIM_FLOW",
-        "JOB_CLAIM_LIMITED_LEASE",
+        "JOB_CLAIM_LIMITED",
+        "JOB_CLAIM_LIMITED_HEAD",
+        "JOB_CLAIM_LIMITED_HEAD_KEYS",
         "JOB_CLAIM_QUEUES",
         "JOB_CLAIM_QUEUES_AFTER",
         "JOB_EXTEND_LEASES",
@@ -484,3 +487,19 @@ def test_sql__generic_claim_plan_takes_its_rows_by_key(name, params):
     assert entry["Plan"]["Actual Rows"] == 0 or entry["Plan"]["Node Type"] == "ModifyTable"
     # Leased by key: a handful of pages, not the 20,000 finished rows' pages.
     assert entry["Plan"]["Shared Hit Blocks"] + entry["Plan"]["Shared Read Blocks"] < 100, plan
+
+
+@pytest.mark.django_db
+def test_sql__the_usage_function_the_migrations_install_is_sql_pys():
+    """``pgqueue_flow_usage`` is created by a migration, which holds a frozen copy of
+    ``sql.FLOW_USAGE_FUNCTION``: a change to one without a migration carrying it to the
+    other would leave the claims reading budgets differently from what sql.py says."""
+    body = sql.FLOW_USAGE_FUNCTION.split("$body$")[1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT p.prosrc, p.provolatile, l.lanname FROM pg_proc AS p "
+            "JOIN pg_language AS l ON l.oid = p.prolang WHERE p.proname = 'pgqueue_flow_usage'"
+        )
+        installed = cursor.fetchall()
+    # One function, volatile (a snapshot per query: why it exists), in PL/pgSQL.
+    assert installed == [(body, "v", "plpgsql")]

@@ -186,6 +186,9 @@ class Worker:
         self._position = ClaimPosition(
             float(settings.CLAIM_RESCAN_SECONDS), by_queue=self.queues is not None
         )
+        # Where each claim from the head of the line under flow control resumes (a
+        # worker of every queue only).
+        self._flow_position = ClaimPosition(float(settings.CLAIM_RESCAN_SECONDS))
         # Their threads, held by handle (started by run()).
         self._heartbeat_thread = self._thread(self._heartbeat.run, "heartbeat")
         self._listener_thread = (
@@ -435,8 +438,14 @@ class Worker:
                     self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
                 ):
                     view = self._flow.current()
+                    if self._state.released.is_set():
+                        self._state.released.clear()
+                        self._position.rescan()  # released dependants are behind it
+                        self._flow_position.rescan()
+                    flow_after = None
                     if view.in_force(self.queues):
                         after = None
+                        flow_after = self._flow_position.start()
                         flowed = self._state.jobs.claim_flow(
                             self.worker_id,
                             limit=free,
@@ -444,13 +453,12 @@ class Worker:
                             queues=self.queues,
                             lease_seconds=self.lease_seconds,
                             cursors=self._cursors,
+                            after=None if self.queues is not None else flow_after,
                         )
+                        self._flow_position.resumed(flow_after, flowed.resume)
                         self._cursors, jobs = flowed.cursors, flowed.jobs
                     else:
                         flowed = None
-                        if self._state.released.is_set():
-                            self._state.released.clear()
-                            self._position.rescan()  # released dependants are behind it
                         after = self._position.start()
                         jobs = self._state.jobs.claim(
                             self.worker_id,
@@ -461,8 +469,9 @@ class Worker:
                             flow_view=view,
                         )
                 self._position.claimed(after, jobs)
-                if not jobs and after is not None and self.burst:
+                if not jobs and (after or flow_after) is not None and self.burst:
                     self._position.rescan()  # look from the head before exiting idle
+                    self._flow_position.rescan()
                     continue
                 promoted = 0
                 promote_ran = False

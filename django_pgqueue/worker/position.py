@@ -21,6 +21,11 @@ finishing, whose notification makes the next claim start at the head (listener.p
 A worker of some queues only (``--queue``) keeps a position per queue and resumes each
 queue's part of its claim there in the same way (``sql.JOB_CLAIM_QUEUES_AFTER``); a
 queue it has claimed nothing from yet starts at its head.
+
+Under limits, a worker of every queue keeps another position for its claims from the
+head of the line (``sql._HEAD_EVERYONE_LOCKED``): the first job its last one read and
+did not lease (a key at its limit, say), so it never moves past a job limits kept back,
+and never steps over the jobs claimed before it; rescanned on the same schedule.
 """
 
 from __future__ import annotations
@@ -69,6 +74,15 @@ class ClaimPosition:
         else:
             last = jobs[-1]
             self._after = (last.priority, last.id)
+
+    def resumed(self, after: Position | None, start: tuple[int, int] | None) -> None:
+        """Record a claim from the head of the line under flow control that started at
+        ``after`` and says its successor may start at ``start`` (``FlowClaim.resume``:
+        the first job it read and did not lease, included; None: where it started)."""
+        if after is None:
+            self._head_at = time.monotonic()
+        if start is not None:
+            self._after = start
 
     def rescan(self) -> None:
         """Make the next claim start at the head (a worker about to exit for lack of
