@@ -4,6 +4,7 @@
                          [--rounds 3] [--processes 2] [--concurrency 4] [--batch-size 50]
                          [--ref main] [--scale-keys 10000] [--scale-pending 1000000]
                          [--database-url URL] [--only drain,scale]
+                         [--config quiet|stock]
 
 Drains (interleaved rounds, each one's order rotated; medians printed): idle worker
 processes (warmed up by a job each), then ``--jobs`` no-op jobs enqueued in one
@@ -18,6 +19,11 @@ clock. The same jobs, four ways:
   (still today's claim; a keyed job's claim adds an entry to the running-key index);
 * ``limits``: the same jobs under ``PGQUEUE_LIMITS = {"k:*": {"concurrency":
   --key-concurrency}}``: each key its own budget, the two-statement flow claim.
+
+``--config``: ``quiet`` (``-v 0``, the test project's logging) or ``stock``, logging as
+most projects have it (``bench/stock_settings.py``: a console handler on the root
+logger at INFO; the workers at their default verbosity, their output in a file), as
+``bench.compare`` runs them.
 
 Scale: ``--scale-pending`` pending jobs spread over ``--scale-keys`` keys (1,000,000
 over 10,000 by default), one limit of ``--key-concurrency`` per key; time per batch of
@@ -88,13 +94,19 @@ def workers(args: argparse.Namespace, tree: Path, env: dict[str, str]) -> Iterat
     from django_pgqueue.models import Job
 
     sql_one("TRUNCATE pgqueue_job")
+    quiet = args.config == "quiet"
     command = [
-        sys.executable, str(tree / "testproject" / "manage.py"), "pgqueue_worker", "-v", "0",
+        sys.executable, str(tree / "testproject" / "manage.py"), "pgqueue_worker",
+        *(["-v", "0"] if quiet else []),
         "--concurrency", str(args.concurrency), "--batch-size", str(args.batch_size),
     ]  # fmt: skip
     full = {**os.environ, "PYTHONPATH": str(tree), "DATABASE_URL": args.database_url, **env}
+    if not quiet:
+        full["DJANGO_SETTINGS_MODULE"] = "bench.stock_settings"
+    logs = tempfile.TemporaryFile() if not quiet else None  # what the workers print
+    output = subprocess.DEVNULL if logs is None else logs
     procs = [
-        subprocess.Popen(command, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(command, env=full, stdout=output, stderr=subprocess.STDOUT)
         for _ in range(args.processes)
     ]
     try:
@@ -110,6 +122,8 @@ def workers(args: argparse.Namespace, tree: Path, env: dict[str, str]) -> Iterat
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if logs is not None:
+            logs.close()
 
 
 def drain(args: argparse.Namespace, keyed: bool) -> float:
@@ -159,7 +173,8 @@ def drains(args: argparse.Namespace) -> None:
     median = {kind: statistics.median(values) for kind, values in rates.items()}
     print(
         f"\ndrain of {args.jobs:,} no-op jobs, {args.processes} processes x "
-        f"{args.concurrency} threads, batch {args.batch_size}; medians of {args.rounds}:"
+        f"{args.concurrency} threads, batch {args.batch_size}, {args.config} logging; "
+        f"medians of {args.rounds}:"
     )
     for kind in KINDS:
         spread = ", ".join(f"{v:,.0f}" for v in rates[kind])
@@ -203,14 +218,15 @@ def claim_times(
     spec = {"k:*": {"concurrency": args.key_concurrency}}
     view = flow.FlowView(limits=tuple(flow.parse_limit(k, v) for k, v in spec.items()))
     cursors: dict[str, str] = {}
+    walk = False  # as a worker: a claim that walked the keys makes the next start so
     times = []
     for _ in range(200):
         started = time.perf_counter()
         if limited:
             claimed = Job.objects.claim_flow(
-                "bench", limit=args.batch_size, view=view, cursors=cursors
+                "bench", limit=args.batch_size, view=view, cursors=cursors, walk=walk
             )
-            jobs, cursors = claimed.jobs, claimed.cursors
+            jobs, cursors, walk = claimed.jobs, claimed.cursors, claimed.walked
         else:
             jobs = Job.objects.claim("bench", limit=args.batch_size)
         times.append(time.perf_counter() - started)
@@ -259,6 +275,9 @@ def main() -> None:
     )
     parser.add_argument("--database-url", default=DEFAULT_URL, help="(default: %(default)r)")
     parser.add_argument("--only", default="drain,scale", help="(default: %(default)r)")
+    parser.add_argument(
+        "--config", choices=("quiet", "stock"), default="quiet", help="(default: %(default)r)"
+    )
     args = parser.parse_args()
     ensure_databases(args.database_url, "_second")
     setup_django(args.database_url)

@@ -59,6 +59,9 @@ class FlowClaim:
     #: ``after``): the first job in claim order this one read and did not lease, as
     #: (priority, id), the position included; None: where it started.
     resume: tuple[int, int] | None = None
+    #: Whether this claim took jobs by walking the keys (the head of the line did not
+    #: fill it): the next may as well start with the walk (``claim_flow``'s ``walk``).
+    walked: bool = False
 
 
 #: The columns a limited claim (``sql.JOB_CLAIM_LIMITED``) returns after the job's: the
@@ -378,6 +381,7 @@ class JobManager(models.Manager["Job"]):
         lease_seconds: float | None = None,
         cursors: Mapping[str, str] | None = None,
         after: tuple[int, int] | None = None,
+        walk: bool = False,
         now: dt.datetime | None = None,
     ) -> FlowClaim:
         """Lease up to ``limit`` pending jobs under the flow control of ``view``: never
@@ -393,7 +397,9 @@ class JobManager(models.Manager["Job"]):
         cursor. ``cursors``: per queue, the key the previous claim's walk reached.
         ``after``: for a worker of every queue, where the previous claim's head ended
         (its ``resume``, included); the head is read from there, not from the start of
-        the claim index (see ``sql._HEAD_EVERYONE_LOCKED``)."""
+        the claim index (see ``sql._HEAD_EVERYONE_LOCKED``). ``walk``: start with the
+        walk (the previous claim's ``walked``: a key at its limit holds the head of the
+        line, which a claim from the head would only read again)."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
         listed = None if queues is None else sorted(set(queues))
@@ -436,7 +442,7 @@ class JobManager(models.Manager["Job"]):
         resume = None
         # Without fair queues, the head of the line first: a small statement, enough
         # unless limits kept part of a full head back (then the walk, for the rest).
-        if not view.fair_among(listed):
+        if not (walk or view.fair_among(listed)):
             head_query = (
                 sql.JOB_CLAIM_LIMITED_HEAD_KEYS
                 if view.keys_only(listed)
@@ -482,6 +488,7 @@ class JobManager(models.Manager["Job"]):
             blocked,
             params,
             resume,
+            walked=any(row[lap] for row in walked),
         )
 
     @staticmethod
@@ -519,6 +526,7 @@ class JobManager(models.Manager["Job"]):
         blocked: bool,
         params: dict[str, Any],
         resume: tuple[int, int] | None = None,
+        walked: bool = False,
     ) -> FlowClaim:
         """The FlowClaim of the ``leased`` rows of a limited claim (their job columns
         first, as ``columns`` name them), each queue's cursor moved past the keys its
@@ -534,7 +542,7 @@ class JobManager(models.Manager["Job"]):
         for queue, keys_ in reached.items():
             cursors[queue] = flow.rotation_cursor(cursors.get(queue, ""), keys_)
         jobs.sort(key=lambda job: (-job.priority, job.id))
-        return FlowClaim(jobs, cursors, blocked=blocked and not jobs, resume=resume)
+        return FlowClaim(jobs, cursors, blocked=blocked and not jobs, resume=resume, walked=walked)
 
     def extend_leases(
         self,

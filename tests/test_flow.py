@@ -282,6 +282,24 @@ def test_flow__a_claim_from_the_head_resumes_at_the_first_job_it_left():
     assert [j.id for j in Job.objects.claim_flow("w", limit=2, view=limited).jobs] == [a_ids[2]]
 
 
+def test_flow__a_claim_that_walked_says_so_and_the_next_starts_with_the_walk():
+    """A key at its limit holding the whole head of the line: the claim from the head
+    leases its one job and walks the keys for the rest, and says it walked; a claim
+    started with the walk (as a worker makes its next one) still keeps the key to its
+    limit and takes the others' jobs."""
+    Job.objects.bulk_enqueue(
+        [{"task": ADD, "args": [n, 1], "concurrency_key": "big"} for n in range(40)]
+        + [{"task": ADD, "args": [n, 2], "concurrency_key": "small"} for n in range(3)]
+    )
+    limited = view({"big": {"concurrency": 1}})
+    first = Job.objects.claim_flow("w", limit=3, view=limited)
+    assert sorted(j.concurrency_key for j in first.jobs) == ["big", "small", "small"]
+    assert first.walked
+    second = Job.objects.claim_flow("w", limit=3, view=limited, walk=True)
+    assert [j.concurrency_key for j in second.jobs] == ["small"]
+    assert running_by_key() == {"big": 1, "small": 3}
+
+
 def test_flow__a_full_key_and_a_paused_backlog_are_jumped_not_walked():
     """A key at its limit with 3,000 pending jobs ahead, and a paused queue with 3,000
     more: a claim of four takes the small key's jobs and reads a handful of pages, not

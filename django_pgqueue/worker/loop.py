@@ -189,6 +189,8 @@ class Worker:
         # Where each claim from the head of the line under flow control resumes (a
         # worker of every queue only).
         self._flow_position = ClaimPosition(float(settings.CLAIM_RESCAN_SECONDS))
+        #: Whether the last claim under limits walked the keys (the next starts so).
+        self._flow_walk = False
         # Their threads, held by handle (started by run()).
         self._heartbeat_thread = self._thread(self._heartbeat.run, "heartbeat")
         self._listener_thread = (
@@ -454,7 +456,9 @@ class Worker:
                             lease_seconds=self.lease_seconds,
                             cursors=self._cursors,
                             after=None if self.queues is not None else flow_after,
+                            walk=self._flow_walk,
                         )
+                        self._flow_walk = flowed.walked
                         self._flow_position.resumed(flow_after, flowed.resume)
                         self._cursors, jobs = flowed.cursors, flowed.jobs
                     else:
