@@ -1046,6 +1046,39 @@ END
 $body$
 """
 
+# What the budgets of the keys of {keys} and the queues of {queues} (relations of
+# distinct key, queue) use, read once their locks are held, as the CTEs rate_budget
+# (each rate budget among them: the limit's name, the subject, the period) and usage
+# (pgqueue_flow_usage's rows). Its arguments are read from the relations whole, so
+# PostgreSQL takes every lock they need before it calls the function.
+_BUDGET_USAGE = (
+    """rate_budget AS MATERIALIZED (
+    SELECT l.name, k.key AS subject, l.period
+    FROM {keys} AS k
+    JOIN key_limit AS l ON l.rate IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="k.key")
+    + """
+    UNION ALL
+    SELECT 'queue:' || l.queue, l.queue, l.period
+    FROM {queues} AS q
+    JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = q.queue
+), usage AS MATERIALIZED (
+    SELECT *
+    FROM pgqueue_flow_usage(
+        ARRAY(SELECT k.key
+              FROM {keys} AS k
+              WHERE EXISTS (SELECT FROM key_limit AS l
+                            WHERE l.concurrency IS NOT NULL AND """
+    + _KEY_MATCHES.format(key="k.key")
+    + """)),
+        ARRAY(SELECT q.queue
+              FROM {queues} AS q
+              JOIN queue_limit AS l ON l.concurrency IS NOT NULL AND l.queue = q.queue),
+        ARRAY(SELECT name FROM rate_budget ORDER BY name, subject),
+        ARRAY(SELECT subject FROM rate_budget ORDER BY name, subject))
+)"""
+)
+
 # The rooms of a limited claim's budgets, from what pgqueue_flow_usage read (the CTE
 # "usage") after their locks were taken, as the CTEs key_room (key, room) for the keys
 # of {keys} with a key limit, and queue_room (queue, room) for the queues of {queues}
@@ -1139,31 +1172,11 @@ JOB_CLAIM_LIMITED = (
     + """, numbered AS MATERIALIZED (
     SELECT c.*, row_number() OVER () AS ord
     FROM candidate AS c
-), rate_budget AS MATERIALIZED (
-    SELECT DISTINCT l.name, c.key AS subject, l.period
-    FROM numbered AS c
-    JOIN key_limit AS l ON l.rate IS NOT NULL AND """
-    + _KEY_MATCHES.format(key="c.key")
-    + """
-    UNION
-    SELECT 'queue:' || l.queue, l.queue, l.period
-    FROM numbered AS c
-    JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = c.queue
-), usage AS MATERIALIZED (
-    SELECT *
-    FROM pgqueue_flow_usage(
-        ARRAY(SELECT DISTINCT c.key
-              FROM numbered AS c
-              WHERE EXISTS (SELECT FROM key_limit AS l
-                            WHERE l.concurrency IS NOT NULL AND """
-    + _KEY_MATCHES.format(key="c.key")
-    + """)),
-        ARRAY(SELECT DISTINCT c.queue
-              FROM numbered AS c
-              JOIN queue_limit AS l ON l.concurrency IS NOT NULL AND l.queue = c.queue),
-        ARRAY(SELECT name FROM rate_budget ORDER BY name, subject),
-        ARRAY(SELECT subject FROM rate_budget ORDER BY name, subject))
 ), """
+    + _BUDGET_USAGE.format(
+        keys="(SELECT DISTINCT key FROM numbered)", queues="(SELECT DISTINCT queue FROM numbered)"
+    )
+    + ", "
     + _HELD_ROOMS.format(keys="numbered", queues="numbered")
     + """, chosen AS MATERIALIZED (
     SELECT g.id, g.queue, g.key, g.lap
@@ -1251,6 +1264,26 @@ SELECT (NULL::pgqueue_job).*, NULL, NULL, NULL, (SELECT count(*) FROM head),
 """
 )
 
+# The start of a claim from the head of the line: the clock, the limits in force, the
+# head (_FLOW_HEAD_LOCKED) and its limited keys held (_HEAD_KEYS_HELD).
+_HEAD_START = (
+    "\nWITH " + _CLOCK + ", " + _FLOW_LIMITS + ", " + _FLOW_HEAD_LOCKED + ", " + _HEAD_KEYS_HELD
+)
+
+# The head's jobs whose key has room for them, or to which no key limit applies (from
+# the CTEs head, head_key and key_room): the FROM and WHERE of a SELECT of h.
+_HEAD_KEY_FITS = """
+    FROM head AS h
+    JOIN head_key AS hk ON hk.key = h.key
+    LEFT JOIN key_room AS k ON k.key = h.key
+    WHERE NOT hk.limited OR h.key_rank <= k.room"""
+
+# The head's jobs whose key had no room for them (part of the CTE kept_back).
+_HEAD_KEPT_BY_KEY = """SELECT h.id
+    FROM head AS h
+    JOIN key_room AS k ON k.key = h.key
+    WHERE h.key_rank > k.room"""
+
 # JOB_CLAIM for a worker under limits while no fair queue is in force, when the head of
 # the line can fill the claim (most claims): one statement with a fraction of the plan
 # of JOB_CLAIM_LIMITED, whose walk over keys it leaves out (a plan of 300 nodes costs
@@ -1261,53 +1294,22 @@ SELECT (NULL::pgqueue_job).*, NULL, NULL, NULL, (SELECT count(*) FROM head),
 # new starts. If the claim is short and the head was full (flow_head), the caller
 # claims the rest with JOB_CLAIM_LIMITED.
 JOB_CLAIM_LIMITED_HEAD = (
-    "\nWITH "
-    + _CLOCK
-    + ", "
-    + _FLOW_LIMITS
-    + ", "
-    + _FLOW_HEAD_LOCKED
-    + ", "
-    + _HEAD_KEYS_HELD
+    _HEAD_START
     + """, held_queue AS MATERIALIZED (
     SELECT q.queue
     FROM (SELECT DISTINCT queue FROM head) AS q
     WHERE CASE WHEN q.queue = ANY (%(queue_names)s::text[])
                THEN pg_try_advisory_xact_lock(hashtext('django_pgqueue queue'), hashtext(q.queue))
                ELSE false END
-), rate_budget AS MATERIALIZED (
-    SELECT l.name, k.key AS subject, l.period
-    FROM held_key AS k
-    JOIN key_limit AS l ON l.rate IS NOT NULL AND """
-    + _KEY_MATCHES.format(key="k.key")
-    + """
-    UNION ALL
-    SELECT 'queue:' || l.queue, l.queue, l.period
-    FROM held_queue AS q
-    JOIN queue_limit AS l ON l.rate IS NOT NULL AND l.queue = q.queue
-), usage AS MATERIALIZED (
-    SELECT *
-    FROM pgqueue_flow_usage(
-        ARRAY(SELECT k.key
-              FROM held_key AS k
-              WHERE EXISTS (SELECT FROM key_limit AS l
-                            WHERE l.concurrency IS NOT NULL AND """
-    + _KEY_MATCHES.format(key="k.key")
-    + """)),
-        ARRAY(SELECT q.queue
-              FROM held_queue AS q
-              JOIN queue_limit AS l ON l.concurrency IS NOT NULL AND l.queue = q.queue),
-        ARRAY(SELECT name FROM rate_budget ORDER BY name, subject),
-        ARRAY(SELECT subject FROM rate_budget ORDER BY name, subject))
 ), """
+    + _BUDGET_USAGE.format(keys="held_key", queues="held_queue")
+    + ", "
     + _HELD_ROOMS.format(keys="held_key", queues="held_queue")
     + """, key_fits AS (
     SELECT h.id, h.queue, h.key, h.ord,
-           row_number() OVER (PARTITION BY h.queue ORDER BY h.ord) AS queue_rank
-    FROM head AS h
-    JOIN head_key AS hk ON hk.key = h.key
-    LEFT JOIN key_room AS k ON k.key = h.key
-    WHERE NOT hk.limited OR h.key_rank <= k.room
+           row_number() OVER (PARTITION BY h.queue ORDER BY h.ord) AS queue_rank"""
+    + _HEAD_KEY_FITS
+    + """
 ), fits AS (
     SELECT f.id, f.queue, f.key
     FROM key_fits AS f
@@ -1316,10 +1318,9 @@ JOB_CLAIM_LIMITED_HEAD = (
     ORDER BY f.ord
     LIMIT %(limit)s
 ), kept_back AS (
-    SELECT h.id
-    FROM head AS h
-    JOIN key_room AS k ON k.key = h.key
-    WHERE h.key_rank > k.room
+    """
+    + _HEAD_KEPT_BY_KEY
+    + """
     UNION
     SELECT f.id
     FROM key_fits AS f
@@ -1337,14 +1338,7 @@ JOB_CLAIM_LIMITED_HEAD = (
 # (no rate, no limit of the worker's queues): the same claim without the CTEs that
 # would find nothing to do, a plan a third smaller to set up at every claim.
 JOB_CLAIM_LIMITED_HEAD_KEYS = (
-    "\nWITH "
-    + _CLOCK
-    + ", "
-    + _FLOW_LIMITS
-    + ", "
-    + _FLOW_HEAD_LOCKED
-    + ", "
-    + _HEAD_KEYS_HELD
+    _HEAD_START
     + """, usage AS MATERIALIZED (
     SELECT *
     FROM pgqueue_flow_usage(ARRAY(SELECT key FROM held_key), ARRAY[]::text[],
@@ -1358,18 +1352,15 @@ JOB_CLAIM_LIMITED_HEAD_KEYS = (
     LEFT JOIN usage AS u ON u.budget_kind = 'key' AND u.budget_subject = k.key
     GROUP BY k.key
 ), fits AS (
-    SELECT h.id, h.queue, h.key
-    FROM head AS h
-    JOIN head_key AS hk ON hk.key = h.key
-    LEFT JOIN key_room AS k ON k.key = h.key
-    WHERE NOT hk.limited OR h.key_rank <= k.room
+    SELECT h.id, h.queue, h.key"""
+    + _HEAD_KEY_FITS
+    + """
     ORDER BY h.ord
     LIMIT %(limit)s
 ), kept_back AS (
-    SELECT h.id
-    FROM head AS h
-    JOIN key_room AS k ON k.key = h.key
-    WHERE h.key_rank > k.room
+    """
+    + _HEAD_KEPT_BY_KEY
+    + """
 ), """
     + _HEAD_CHOSEN
     + ", "
