@@ -447,7 +447,8 @@ class Worker:
                     flow_after = None
                     if view.in_force(self.queues):
                         after = None
-                        flow_after = self._flow_position.start()
+                        if self.queues is None:  # (--queue workers read each queue from its head)
+                            flow_after = self._flow_position.start()
                         flowed = self._state.jobs.claim_flow(
                             self.worker_id,
                             limit=free,
@@ -455,11 +456,12 @@ class Worker:
                             queues=self.queues,
                             lease_seconds=self.lease_seconds,
                             cursors=self._cursors,
-                            after=None if self.queues is not None else flow_after,
+                            after=flow_after,
                             walk=self._flow_walk,
                         )
                         self._flow_walk = flowed.walked
-                        self._flow_position.resumed(flow_after, flowed.resume)
+                        if self.queues is None:
+                            self._flow_position.resumed(flow_after, flowed.resume)
                         self._cursors, jobs = flowed.cursors, flowed.jobs
                     else:
                         flowed = None
