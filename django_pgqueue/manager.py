@@ -482,7 +482,7 @@ class JobManager(models.Manager["Job"]):
         blocked = blocked or bool(rows)
         return self._flow_claim(
             columns,
-            [row[:lap] for row in leased] + walked,
+            leased + walked,  # the job's columns come first in both: cut once
             cursors,
             reached,
             blocked,
