@@ -27,6 +27,17 @@ class ClockTimestamp(models.Func):
     output_field = models.DateTimeField()
 
 
+class IsTrue(models.Func):
+    """``(condition) IS TRUE``: the same rows as the condition, in a form PostgreSQL
+    does not prove implied by the condition itself. An index whose predicate says
+    ``(status = 'running') IS TRUE`` serves only queries that say it that way, and a
+    query that says it cannot be served by an index on ``status = 'running'``: the
+    planner has no choice to get wrong (see pgqueue_job_running_key_idx)."""
+
+    template = "(%(expressions)s) IS TRUE"
+    output_field = models.BooleanField()
+
+
 class Job(models.Model):
     """A unit of work: which ``django.tasks.Task`` to call, with what, and where it is."""
 
@@ -156,13 +167,19 @@ class Job(models.Model):
                 name="pgqueue_job_key_claim_idx",
                 condition=Q(status="pending"),
             ),
-            # What runs per concurrency key: the flow claim counts a key's running
-            # jobs by a range of it. Keyed jobs only, so a claim of a job without a key
-            # costs nothing more. Built CONCURRENTLY in its own migration (0017).
+            # What runs per concurrency key: a limited claim counts a key's running
+            # jobs by a range of it (sql.FLOW_USAGE_FUNCTION). Keyed jobs only, so a
+            # claim of a job without a key costs nothing more. Its predicate says
+            # "(status = 'running') IS TRUE", as the queries that use it do, so that
+            # pgqueue_job_lease_idx (status = 'running') can never serve them: with
+            # statistics that see no running job, the planner priced both alike and a
+            # worker's cached plan could read every running job of the fleet for
+            # each key of every claim. Built CONCURRENTLY (0019, which replaced
+            # 0017's pgqueue_job_key_running_idx).
             models.Index(
                 fields=["concurrency_key"],
-                name="pgqueue_job_key_running_idx",
-                condition=Q(status="running", concurrency_key__gt=""),
+                name="pgqueue_job_running_key_idx",
+                condition=Q(IsTrue(Q(status="running")), concurrency_key__gt=""),
             ),
             # Jobs waiting for their parents (status counts, the admin's list): never in
             # the claim index. Built CONCURRENTLY in its own migration (0014).

@@ -503,3 +503,71 @@ def test_sql__the_usage_function_the_migrations_install_is_sql_pys():
         installed = cursor.fetchall()
     # One function, volatile (a snapshot per query: why it exists), in PL/pgSQL.
     assert installed == [(body, "v", "plpgsql")]
+    # Its own planner settings (why: FLOW_USAGE_FUNCTION's comment).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT proconfig FROM pg_proc WHERE proname = 'pgqueue_flow_usage'")
+        (config,) = cursor.fetchone()
+    assert config == ["enable_seqscan=off", "enable_bitmapscan=off", "jit=off"]
+
+
+def _usage_key_count() -> str:
+    """The key count of ``pgqueue_flow_usage`` (its first query), for ``$1`` keys."""
+    body = sql.FLOW_USAGE_FUNCTION.split("$body$")[1]
+    query = body.split("RETURN QUERY")[1].split("UNION ALL")[0]
+    assert "FROM unnest(keys) AS k(key)" in query
+    return query.replace("unnest(keys)", "unnest($1::text[])")
+
+
+@pytest.mark.django_db
+def test_sql__no_plan_of_the_usage_functions_key_count_can_read_the_lease_index():
+    """A key's running jobs are counted in words only pgqueue_job_running_key_idx
+    answers to: with that index gone, what is left is a scan of the table, never
+    pgqueue_job_lease_idx (every running job of the fleet, read for each key of each
+    claim), which the planner priced alike while its statistics saw nothing running."""
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX pgqueue_job_running_key_idx")  # (rolled back)
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("SET LOCAL jit = off")
+        cursor.execute(f"PREPARE usage_keys(text[]) AS {_usage_key_count()}")
+        try:
+            cursor.execute("EXPLAIN EXECUTE usage_keys('{k:1,k:2}')")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE usage_keys")
+    assert "pgqueue_job_lease_idx" not in plan, plan
+    assert "Seq Scan on pgqueue_job" in plan, plan
+
+
+@pytest.mark.django_db
+def test_sql__the_usage_function_counts_each_key_by_a_probe_of_the_running_key_index():
+    """Whatever the statistics (here: none running when analyzed, the drain's
+    start), the function probes pgqueue_job_running_key_idx once per key and reads
+    neither pgqueue_job_lease_idx nor the table (the per-transaction counters of
+    each: pg_stat_get_xact_numscans)."""
+    for n in range(6):
+        Job.objects.enqueue("testproject.demo.tasks.add", [n, n], concurrency_key=f"k:{n % 3}")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgqueue_job")
+        cursor.execute(
+            "UPDATE pgqueue_job SET status = 'running', lease_owner = 'w',"
+            " lease_expires_at = clock_timestamp() + interval '1 minute'"
+            " WHERE concurrency_key IN ('k:0', 'k:1')"
+        )
+
+        def scans() -> tuple[int, int, int]:
+            cursor.execute(
+                "SELECT pg_stat_get_xact_numscans('pgqueue_job_running_key_idx'::regclass),"
+                " pg_stat_get_xact_numscans('pgqueue_job_lease_idx'::regclass),"
+                " pg_stat_get_xact_numscans('pgqueue_job'::regclass)"
+            )
+            return cursor.fetchone()
+
+        before = scans()
+        cursor.execute(
+            "SELECT budget_subject, running FROM pgqueue_flow_usage("
+            "'{k:0,k:1,k:2,k:9}', '{}', '{}', '{}') ORDER BY 1"
+        )
+        counted = cursor.fetchall()
+        after = scans()
+    assert counted == [("k:0", 2), ("k:1", 2), ("k:2", 0), ("k:9", 0)]
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (4, 0, 0)

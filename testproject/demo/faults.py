@@ -44,8 +44,8 @@ PLANTS: dict[str, Edit | tuple[Edit, ...]] = {
     # took it back: its worker may be alive and still running it).
     "expired_lease_frees_slot": (
         ("JOB_CLAIM_LIMITED", FUNCTION),
-        "WHERE r.status = 'running' AND r.concurrency_key > ''",
-        "WHERE r.status = 'running' AND r.lease_expires_at > clock_timestamp()"
+        "WHERE (r.status = 'running') IS TRUE AND r.concurrency_key > ''",
+        "WHERE (r.status = 'running') IS TRUE AND r.lease_expires_at > clock_timestamp()"
         " AND r.concurrency_key > ''",
     ),
     # Not a fault: a limited claim holds its transaction open 30 ms longer once it has
