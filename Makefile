@@ -33,8 +33,8 @@ setup: ## create .venv with the app (editable) and the dev group; again when pyp
 demo: setup ## the main job: enqueue 3,000 jobs, run 3 workers + a sweeper, SIGKILL one, all finish
 	@$(PY) testproject/manage.py demo $(ARGS)
 
-test: setup ## the test suite (pytest) on real PostgreSQL; ARGS='-m "not slow"' passes pytest options
-	@$(PY) -m pytest $(ARGS)
+test: setup ## the test suite (pytest) on real PostgreSQL, in three runs side by side; ARGS='-m "not slow"' passes pytest options
+	@$(DEV) test $(ARGS)
 
 # mypy's Django plugin loads the settings, and so does Sphinx's autodoc: a placeholder
 # URL keeps them from starting the embedded server (nothing connects).

@@ -2,6 +2,8 @@
 # The venvs behind the Makefile's commands (`make help` lists those): run by make, not by hand.
 #   setup   create .venv (a Python >= 3.12, the newest Django) with the app + dev group;
 #           again only when pyproject.toml changed since
+#   test    the test suite: the fast tests beside the slow ones in two shares (options
+#           that pick tests, -m/-k/paths, run pytest as given); pytest options may follow
 #   matrix  the fast tests (-m "not slow") on Django 5.2 + django-tasks and on Django 6.0,
 #           each in its own venv (.venv-dj52, .venv-dj60); pytest options may follow
 #   matrix-setup  only create (or update) those two venvs
@@ -122,10 +124,45 @@ dist() {
   done
 }
 
+# The test suite (make test): with options that pick tests (-m, -k, a path, a test id),
+# pytest as given; otherwise three pytest runs side by side, each on test databases of
+# its own: the fast tests, and the slow ones (manage.py subprocesses, which mostly wait
+# on them) in two interleaved shares (--shard, tests/conftest.py). One after another
+# they take over twenty minutes on a 2-core VM; side by side, the cores stay busy.
+run_tests() {
+  local arg
+  for arg in "$@"; do
+    case "$arg" in
+      -m|-k|-m*|-k*|tests*|*::*|*.py) exec .venv/bin/python -m pytest "$@" ;;
+    esac
+  done
+  local base=${PGQUEUE_TEST_DB:-test_pgqueue}
+  mkdir -p build
+  say "tests in three runs side by side: the fast ones here, the slow ones in two shares (output in build/test-slow-0.log, build/test-slow-1.log, shown at the end)"
+  local pids=() i
+  for i in 0 1; do
+    PGQUEUE_TEST_DB="${base}_slow$i" .venv/bin/python -m pytest -m slow --shard "$i/2" "$@" \
+      >"build/test-slow-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0
+  PGQUEUE_TEST_DB="${base}_fast" .venv/bin/python -m pytest -m "not slow" "$@" || failed=1
+  for i in 0 1; do
+    wait "${pids[$i]}" || failed=1
+  done
+  for i in 0 1; do
+    say "the slow tests, share $i of 2 (build/test-slow-$i.log):"
+    cat "build/test-slow-$i.log"
+  done
+  [ "$failed" -eq 0 ] && say "all three runs passed" || say "a run failed: see above"
+  return "$failed"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
   setup) setup ;;
+  test) run_tests "$@" ;;
   matrix-setup) setup_matrix ;;
   matrix)
     setup_matrix

@@ -397,8 +397,8 @@ def requeue_until_blocked(ids: list[int], watcher: Any) -> tuple[threading.Threa
     thread.start()
     wait_for(
         lambda: watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s",
             ["%pgqueue_job%"],
         ).fetchone()[0]
     )

@@ -208,6 +208,9 @@ def jobs(job_factory: Any) -> dict[str, Job]:
     return {"pending": pending, "dead": dead, "done": done}
 
 
+# Slow: over 4,000 requests, about two minutes on a small VM, a third of the fast suite;
+# the full run (make test, CI's run on the embedded server) keeps it.
+@pytest.mark.slow
 @pytest.mark.django_db
 # Django's date filter makes a date-and-time given without a zone aware, and warns.
 @pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime:RuntimeWarning")
