@@ -185,5 +185,5 @@ case "$cmd" in
     exit "$failed"
     ;;
   dist) dist ;;
-  *) sed -n '2,9p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
 esac
