@@ -100,10 +100,11 @@ def test_readme__fresh_machine_runs_the_makefile_and_contributing_lists_it():
 
 
 def test_ci_run__runs_each_step_through_the_makefile():
-    """.ci/run is CI's list of steps; each is a make target, as a developer runs it."""
+    """.ci/run is CI's list of steps; each is a make target, as a developer runs it
+    (make matrix is run by hand: on a 2-core VM CI has no minutes left for it)."""
     text = (REPO / ".ci" / "run").read_text()
     assert "scripts/dev.sh" not in text
-    assert {"setup", "lint", "docs", "dist", "test", "matrix"} <= set(MAKE_COMMAND.findall(text))
+    assert {"setup", "lint", "docs", "dist", "test"} <= set(MAKE_COMMAND.findall(text))
 
 
 def python_blocks():
