@@ -77,16 +77,23 @@ def test_lifecycle_process__unique_for_debounce_and_progress(manage, tmp_path):
     worker = manage(*WORKER)
     pairs = [(tasks.echo, tasks.report_progress), (tasks.async_echo, tasks.async_report_progress)]
     for i, (echo, progress_task) in enumerate(pairs):
+        # Inside the period: a period far longer than the worker can take to start and
+        # run the job (a 2 s one was over before a loaded CI machine's worker had run it).
         key = f"unique-{i}"
-        first = Job.objects.enqueue(echo, [1], idempotency_key=key, unique_for=2)
+        first = Job.objects.enqueue(echo, [1], idempotency_key=key, unique_for=120)
         wait_for(lambda first=first: fresh(first).status == "done", timeout=20)
-        again = Job.objects.enqueue(echo, [2], idempotency_key=key, unique_for=2)
+        again = Job.objects.enqueue(echo, [2], idempotency_key=key, unique_for=120)
         assert (again.id, again.status) == (first.id, "done")
-        wait_for(lambda first=first: db_now() >= fresh(first).created_at + dt.timedelta(seconds=2))
-        later = Job.objects.enqueue(echo, [3], idempotency_key=key, unique_for=2)
-        assert later.id != first.id
+        assert db_now() < fresh(first).created_at + dt.timedelta(seconds=120)
+        # After the period: another key with a 1 s period, waited out in database time.
+        brief_key = f"brief-{i}"
+        brief = Job.objects.enqueue(echo, [3], idempotency_key=brief_key, unique_for=1)
+        wait_for(lambda brief=brief: fresh(brief).status == "done", timeout=20)
+        wait_for(lambda brief=brief: db_now() >= fresh(brief).created_at + dt.timedelta(seconds=1))
+        later = Job.objects.enqueue(echo, [4], idempotency_key=brief_key, unique_for=1)
+        assert later.id != brief.id
         wait_for(lambda later=later: fresh(later).status == "done", timeout=20)
-        assert fresh(later).result == {"args": [3], "kwargs": {}}
+        assert fresh(later).result == {"args": [4], "kwargs": {}}
 
         debounced = [
             Job.objects.enqueue(echo, [n], {"n": n}, idempotency_key=f"d-{i}", debounce=0.5)
@@ -96,7 +103,7 @@ def test_lifecycle_process__unique_for_debounce_and_progress(manage, tmp_path):
         wait_for(lambda job=debounced[0]: fresh(job).status == "done", timeout=20)
         ran = fresh(debounced[0])
         assert (ran.result, ran.attempts) == ({"args": [2], "kwargs": {"n": 2}}, 1)
-        assert Job.objects.filter(task=echo.module_path).count() == 3  # 2 unique + 1
+        assert Job.objects.filter(task=echo.module_path).count() == 4  # 1 + 2 unique, 1 debounced
 
         marker, gate = tmp_path / f"started-{i}", tmp_path / f"gate-{i}"
         job = Job.objects.enqueue(progress_task, [str(marker), str(gate)])
