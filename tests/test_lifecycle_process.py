@@ -95,8 +95,9 @@ def test_lifecycle_process__unique_for_debounce_and_progress(manage, tmp_path):
         wait_for(lambda later=later: fresh(later).status == "done", timeout=20)
         assert fresh(later).result == {"args": [4], "kwargs": {}}
 
+        # Three enqueues take milliseconds; 1.5 s leaves a loaded machine room for them.
         debounced = [
-            Job.objects.enqueue(echo, [n], {"n": n}, idempotency_key=f"d-{i}", debounce=0.5)
+            Job.objects.enqueue(echo, [n], {"n": n}, idempotency_key=f"d-{i}", debounce=1.5)
             for n in range(3)
         ]
         assert len({job.id for job in debounced}) == 1
