@@ -45,7 +45,7 @@ from ..reconnect import close_connection
 from ..states import Status
 from ..taskapi import Task, TaskResult
 from ..tasks import RunningJob
-from .connections import configure_session
+from .connections import configure_session, drop_connection
 from .outcomes import Reporter
 from .state import DataRefused, WorkerPart, WorkerState
 
@@ -150,7 +150,7 @@ class Completer(WorkerPart):
                 self.worker_id,
                 extra={"action": "error", "worker_id": self.worker_id},
             )
-            close_connection(self.alias)
+            drop_connection(self.alias)
             self.state.forget(c.job for c in batch)
 
     def _next_batch(self) -> list[Completion] | None:

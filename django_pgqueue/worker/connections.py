@@ -5,6 +5,12 @@ connection to the jobs database. These helpers label it, recycle it between jobs
 it after an error, and, on a runner thread, watch every connection a task uses (the
 jobs database's and any other): what a task left on one is reset, or the connection is
 thrown away (reset on the server first behind a transaction pooler).
+
+``testing.run_jobs`` runs jobs on its caller's thread, with the caller's connections
+(:func:`borrowed`). Where the caller has a transaction open (a ``TestCase``'s), the
+connection cannot be thrown away: each job runs after a savepoint of its own
+(:func:`hosted_job`), and "throw the connection away" means "roll back to that
+savepoint" there (:func:`discard_connection`, :func:`drop_connection`).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -23,6 +30,7 @@ from psycopg import pq
 from .. import db, sql
 from ..conf import settings
 from ..databases import is_pooled
+from ..reconnect import close_connection
 
 
 def configure_session(
@@ -109,13 +117,13 @@ def bounded(alias: str, role: str, worker_id: str, statement_timeout: float) -> 
 def recycle_connections(wrappers: list[Any] | None = None) -> None:
     """Between jobs: drop this thread's connections that broke or outlived CONN_MAX_AGE
     (``wrappers``: this thread's Django connections, if the caller knows them: see
-    :func:`thread_connections`).
+    :func:`thread_connections`). One inside its caller's transaction is never dropped.
 
     Unlike ``close_old_connections()``, a connection is kept when CONN_MAX_AGE is 0:
     a worker is one long "request", and reconnecting per job would cost more than
     most jobs."""
     for conn in connections.all(initialized_only=True) if wrappers is None else wrappers:
-        if conn.connection is None:
+        if conn.connection is None or _hosted(conn.alias) is not None:
             continue
         if conn.errors_occurred:
             if conn.is_usable():
@@ -135,7 +143,14 @@ def discard_connection(alias: str) -> None:
 
     Behind a transaction pooler closing the client resets nothing on the server
     connection, which the pooler hands to its next client: there the transaction is
-    rolled back and the session reset (``sql.SESSION_RESET``) first."""
+    rolled back and the session reset (``sql.SESSION_RESET``) first.
+
+    A connection inside its caller's transaction (:func:`hosted_job`) is kept: what the
+    job did on it is rolled back to the job's savepoint instead."""
+    host = _hosted(alias)
+    if host is not None:
+        host.roll_back()
+        return
     wrapper = connections[alias]
     try:
         raw = wrapper.connection
@@ -155,6 +170,26 @@ def discard_connection(alias: str) -> None:
     wrapper.run_on_commit = []
 
 
+def drop_connection(alias: str) -> None:
+    """After a database error: drop this thread's connection so that the next query
+    reconnects (``reconnect.close_connection``); one inside its caller's transaction is
+    rolled back to the job's savepoint instead, which ends the error's aborted state."""
+    host = _hosted(alias)
+    if host is not None:
+        host.roll_back()
+    else:
+        close_connection(alias)
+
+
+def atomic_left(wrapper: Any) -> bool:
+    """Whether an ``atomic`` block is open on this Django connection beyond its caller's
+    own (a worker's connection has none; see :func:`hosted_job`)."""
+    host = _hosted(wrapper.alias)
+    if host is None:
+        return bool(wrapper.in_atomic_block)
+    return len(wrapper.atomic_blocks) > host.blocks
+
+
 def reset_server_session(raw: Any) -> None:
     """Roll back whatever transaction ``raw`` (a psycopg connection) has open, then reset
     everything its server session holds (``sql.SESSION_RESET``), in one round trip."""
@@ -166,8 +201,124 @@ def reset_server_session(raw: Any) -> None:
 # Cursor classes that count their creations on their connection, by the class they wrap.
 _COUNTING: dict[type, type] = {}
 # A runner thread's connections (thread_connections): those it opens get a baseline as
-# they open.
+# they open. On a borrowed thread (borrowed()), also the caller's transactions the job
+# being run is hosted in (hosted_job()), by alias.
 _runner = threading.local()
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """A connection inside its caller's transaction while one job runs in it: how deep
+    the caller's own atomic blocks go, and the savepoint taken before the job."""
+
+    wrapper: Any
+    #: The caller's atomic blocks, and their savepoints (Django's bookkeeping).
+    blocks: int
+    savepoints: int
+    #: Whether the caller's innermost block was already marked for rollback.
+    needs_rollback: bool
+    #: The ``on_commit`` callbacks registered before the job.
+    callbacks: int
+    #: The job's savepoint.
+    sid: str
+
+    def roll_back(self) -> None:
+        """Undo what the job did on the connection so far: its atomic blocks left open
+        (Django's bookkeeping of them dropped, as closing the connection would), its
+        statements (``ROLLBACK TO SAVEPOINT``, which also ends an aborted transaction's
+        error state) and its ``on_commit`` callbacks. The connection then stands where
+        it stood when the job started, inside the caller's transaction."""
+        wrapper = self.wrapper
+        del wrapper.atomic_blocks[self.blocks :]
+        del wrapper.savepoint_ids[self.savepoints :]
+        wrapper.needs_rollback = self.needs_rollback
+        wrapper.savepoint_rollback(self.sid)
+        del wrapper.run_on_commit[self.callbacks :]
+
+
+#: How many threads of the process are borrowed now (:func:`borrowed`). A worker's own
+#: threads never are: with none, :func:`_hosted` answers without reading the thread's
+#: local state (a missing attribute of a ``threading.local`` costs microseconds, and
+#: the checks after every job ask).
+_borrowing = 0
+_borrowing_lock = threading.Lock()
+
+
+def _hosted(alias: str) -> Hosted | None:
+    """The caller's transaction the current job runs in on ``alias`` (None: none)."""
+    if not _borrowing:
+        return None
+    hosts = getattr(_runner, "hosts", None)
+    return None if not hosts else hosts.get(alias)
+
+
+@contextmanager
+def borrowed() -> Iterator[None]:
+    """Make this thread a runner thread for the block, on its caller's own connections
+    (``testing.run_jobs``): those it has and those it opens are watched as a runner's
+    are, each one's clean-session baseline read afresh (the caller's session as it is
+    now, not as an earlier run found it), and afterwards the thread is its caller's
+    again."""
+    global _borrowing
+    names = ("wrappers", "label", "hosts")
+    saved = {name: getattr(_runner, name) for name in names if hasattr(_runner, name)}
+    _runner.wrappers = list(connections.all(initialized_only=True))
+    _runner.label = None
+    _runner.hosts = {}
+    for wrapper in _runner.wrappers:
+        if wrapper.connection is not None:
+            wrapper.connection._pgqueue_baseline = None
+    with _borrowing_lock:
+        _borrowing += 1
+    try:
+        yield
+    finally:
+        with _borrowing_lock:
+            _borrowing -= 1
+        for name in names:
+            if name in saved:
+                setattr(_runner, name, saved[name])
+            elif hasattr(_runner, name):
+                delattr(_runner, name)
+
+
+@contextmanager
+def hosted_job() -> Iterator[None]:
+    """Run one job, on a :func:`borrowed` thread, inside the transactions its caller has
+    open (a ``TestCase``'s, or the caller's own ``atomic`` block): a savepoint on each
+    such connection before the job, released after it (rolled back to if the job's run
+    raised). Where a worker would throw a connection away, what the job did on it is
+    rolled back to that savepoint instead (:class:`Hosted`); a task's failed statement
+    outside any atomic block of its own, which aborts the caller's transaction where a
+    worker's autocommit would have ended it alone, is rolled back so too. Connections in
+    autocommit are left as a runner's are. The savepoint is Django's low-level one, not
+    an ``atomic`` block: the task sees the caller's blocks as they are (a durable block
+    still nests in a ``TestCase``'s)."""
+    hosts: dict[str, Hosted] = _runner.hosts
+    for wrapper in connections.all(initialized_only=True):
+        if wrapper.in_atomic_block:
+            blocks, savepoints = len(wrapper.atomic_blocks), len(wrapper.savepoint_ids)
+            needs_rollback, callbacks = wrapper.needs_rollback, len(wrapper.run_on_commit)
+            sid = wrapper.savepoint()
+            assert sid is not None, "a connection in an atomic block takes savepoints"
+            hosts[wrapper.alias] = Hosted(
+                wrapper, blocks, savepoints, needs_rollback, callbacks, sid
+            )
+    try:
+        yield
+    except BaseException:
+        for host in hosts.values():
+            try:
+                host.roll_back()
+                host.wrapper.savepoint_commit(host.sid)
+            except Exception:  # noqa: BLE001, S110 - the job's own error says more
+                pass
+        raise
+    else:
+        for host in hosts.values():
+            host.wrapper.savepoint_commit(host.sid)
+    finally:
+        hosts.clear()
 
 
 def _counting(base: type[Any]) -> type:
@@ -302,6 +453,9 @@ def leftovers(wrapper: Any) -> list[str]:
     be compared: it is discarded here, without blaming the task."""
     alias = wrapper.alias
     current = wrapper.connection
+    host = _hosted(alias)
+    if host is not None:
+        return hosted_leftovers(wrapper, host)
     found: list[str] = []
     if wrapper.in_atomic_block:
         found.append("an atomic block open")
@@ -333,6 +487,25 @@ def leftovers(wrapper: Any) -> list[str]:
         for name, value in state.items()
         if value != baseline.get(name)
     ]
+
+
+def hosted_leftovers(wrapper: Any, host: Hosted) -> list[str]:
+    """:func:`leftovers` of a connection inside its caller's transaction: an atomic
+    block the task left open beyond the caller's. Its session state is not compared
+    with a baseline: the caller's transaction holds state a worker's connection would
+    not (the claims' advisory locks, ``SET LOCAL``). A transaction aborted by the task's
+    failed statement is no leftover (a worker's autocommit ended it with the
+    statement): it is rolled back to the job's savepoint here."""
+    if len(wrapper.atomic_blocks) > host.blocks:
+        return ["an atomic block open"]
+    current = wrapper.connection
+    if (
+        current is not None
+        and not current.closed
+        and current.info.transaction_status == pq.TransactionStatus.INERROR
+    ):
+        host.roll_back()
+    return []
 
 
 def check_and_reset(raw: Any) -> dict[str, Any]:

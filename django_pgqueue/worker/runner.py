@@ -35,7 +35,6 @@ from ..exceptions import (
 )
 from ..framework import TaskGone, to_task_result
 from ..models import Job
-from ..reconnect import close_connection
 from ..states import Status
 from ..taskapi import (
     Task,
@@ -49,8 +48,10 @@ from ..tasks import CancelFlag, RunningJob, _current
 from .catalog import Catalog, Known
 from .completer import Completer, Completion
 from .connections import (
+    atomic_left,
     configure_session,
     discard_connection,
+    drop_connection,
     recycle_connections,
     session_leftovers,
     thread_connections,
@@ -182,7 +183,7 @@ class JobRunner(WorkerPart):
                     "worker_id": self.worker_id,
                 },
             )
-            close_connection(self.alias)
+            drop_connection(self.alias)
 
     def execute(self, job: Job) -> bool:
         """Run one held job on this thread's connection and record its outcome. Return
@@ -377,7 +378,7 @@ class JobRunner(WorkerPart):
             committed = (
                 completed_in_tx
                 and not isinstance(exc, DatabaseError)
-                and not connections[self.alias].in_atomic_block
+                and not atomic_left(connections[self.alias])
             )
             if raw is not None:
                 # A task that leaked a transaction and then raised: its failure must
@@ -398,7 +399,7 @@ class JobRunner(WorkerPart):
                 )
                 return False
             for wrapper in connections.all(initialized_only=True):
-                if wrapper.in_atomic_block:  # a task that leaked atomic() and raised
+                if atomic_left(wrapper):  # a task that leaked atomic() and raised
                     discard_connection(wrapper.alias)
             failure = exc
         if failure is not None:
@@ -554,7 +555,7 @@ class JobRunner(WorkerPart):
             configure_session(self.alias, "runner", self.worker_id)
             return watch_session(self.alias)
         except DatabaseError:
-            close_connection(self.alias)
+            drop_connection(self.alias)
             configure_session(self.alias, "runner", self.worker_id)
             return watch_session(self.alias)
 

@@ -22,9 +22,10 @@ from django.db import DatabaseError
 
 from ..exceptions import first_line
 from ..models import Job
-from ..reconnect import Retry, close_connection
+from ..reconnect import Retry
 from ..states import Status
 from ..tasks import CancelFlag
+from .connections import drop_connection
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ class WorkerPart:
                 if refused_data(exc):
                     raise DataRefused(exc) from exc
                 delay = retry.failed()
-                close_connection(self.alias)
+                drop_connection(self.alias)
                 if retry.expired() or self.state.done.is_set():
                     for job in jobs:
                         logger.error(
