@@ -112,6 +112,18 @@ class SnoozeLimitExceeded(PgQueueError):  # noqa: N818 - names the event
     fails, and is not retried (a retry would only snooze again)."""
 
 
+class NotRecorded(PgQueueError):  # noqa: N818 - names the event
+    """``testing.run_jobs`` ran a job but could not write its outcome (a database error
+    in the write): the job was given back to ``pending`` (its attempt not charged)
+    rather than left ``running``. The error that stopped the write is its cause."""
+
+
+class TooManyJobs(PgQueueError):  # noqa: N818 - names the event
+    """``testing.run_jobs`` without a ``limit`` ran its safety cap of jobs
+    (``testing.MAX_JOBS``) and more were still due: most likely a task that enqueues
+    itself (or a cycle of tasks) for ever. Pass ``limit=`` to run a bounded number."""
+
+
 def delay_seconds(value: object, what: str) -> float:
     """A delay given as seconds or a ``timedelta``, checked: finite and not negative."""
     if isinstance(value, dt.timedelta):

@@ -9,7 +9,9 @@ One module per part, each a thread on its own database connection:
 * ``heartbeat``: extends the leases this worker holds;
 * ``listener``: LISTEN for wake-ups;
 * ``state``: what the parts share (held jobs, lock, events, counters);
-* ``connections``: connection helpers (session set-up, backoff, recycling).
+* ``connections``: connection helpers (session set-up, backoff, recycling);
+* ``inline``: the runner and completer without threads, on the caller's own thread and
+  connection (``testing.run_jobs``).
 """
 
 from .loop import Worker
