@@ -4,10 +4,15 @@ inside PostgreSQL.
 Use it as the backend of Django's Tasks framework::
 
     TASKS = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
+
+The names below are imported on first use (PEP 562): importing the package itself loads
+neither Django's ORM nor its Tasks framework, since pytest imports it at start-up in
+every project that has it installed, to load its plugin (``pytest_plugin``).
 """
 
 import sys
-from importlib.metadata import PackageNotFoundError, version
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from . import signals
 
@@ -17,11 +22,43 @@ from . import signals
 if sys.argv[1:2] == ["pgqueue_worker"]:  # pragma: no cover - a worker's start-up
     signals.defer_stop()
 
-from .bulk import BulkResult, enqueue_many
-from .exceptions import InvalidJob, LeaseLost, PgQueueError, Retry, Snooze, SnoozeLimitExceeded
-from .taskapi import task
-from .tasks import CurrentJob, PgQueueTask, current_job
-from .workflows import Chain, Group, Step, chain, group, step
+if TYPE_CHECKING:
+    from .bulk import BulkResult, enqueue_many
+    from .exceptions import (
+        InvalidJob,
+        LeaseLost,
+        PgQueueError,
+        Retry,
+        Snooze,
+        SnoozeLimitExceeded,
+    )
+    from .taskapi import task
+    from .tasks import CurrentJob, PgQueueTask, current_job
+    from .workflows import Chain, Group, Step, chain, group, step
+
+    __version__: str
+
+#: Each public name, and the module it comes from.
+_EXPORTS = {
+    "BulkResult": "bulk",
+    "enqueue_many": "bulk",
+    "InvalidJob": "exceptions",
+    "LeaseLost": "exceptions",
+    "PgQueueError": "exceptions",
+    "Retry": "exceptions",
+    "Snooze": "exceptions",
+    "SnoozeLimitExceeded": "exceptions",
+    "task": "taskapi",
+    "CurrentJob": "tasks",
+    "PgQueueTask": "tasks",
+    "current_job": "tasks",
+    "Chain": "workflows",
+    "Group": "workflows",
+    "Step": "workflows",
+    "chain": "workflows",
+    "group": "workflows",
+    "step": "workflows",
+}
 
 __all__ = [
     "BulkResult",
@@ -44,8 +81,24 @@ __all__ = [
     "task",
 ]
 
-try:
-    #: The installed distribution's version (pyproject.toml is its only source).
-    __version__ = version("django-tasks-pgqueue")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for; and
+    ``__version__``, the installed distribution's (pyproject.toml is its only source)."""
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("django-tasks-pgqueue")
+        except PackageNotFoundError:  # a source tree that was never installed
+            value = "0+unknown"
+    elif name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, "__version__"})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from importlib.metadata import metadata, version
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from django.core.management import load_command_class
 import django_pgqueue
 
 DISTRIBUTION = "django-tasks-pgqueue"
+REPO = Path(__file__).resolve().parent.parent
 COMMANDS = sorted(
     path.stem
     for path in (Path(django_pgqueue.__file__).parent / "management" / "commands").glob("*.py")
@@ -49,3 +52,23 @@ def test_templates__use_no_tag_that_django_5_2_lacks():
         if "csp_nonce_attr" in path.read_text()
     ]
     assert offenders == [], f"use {{% if csp_nonce %}} instead of csp_nonce_attr: {offenders}"
+
+
+def test_package__public_names_are_imported_on_first_use():
+    """``import django_pgqueue`` loads no Django (pytest imports it to load the plugin in
+    every run); each name of ``__all__`` is there once asked for."""
+    code = (
+        "import sys, django_pgqueue as p\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'psycopg')))\n"
+        "names = {n: getattr(p, n) for n in p.__all__}\n"
+        "print(sorted(n for n in p.__all__ if n not in dir(p)))\n"
+        "print(all(getattr(sys.modules[v.__module__], n, None) is v"
+        " for n, v in names.items() if hasattr(v, '__module__')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.splitlines()
+    assert out == ["[]", "[]", "True"]
+    assert sorted(django_pgqueue.__all__) == sorted(django_pgqueue._EXPORTS)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
+        django_pgqueue.nothing_here  # noqa: B018 - the access is the test
