@@ -31,6 +31,10 @@ from django_pgqueue.models import Job
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
 
+# The pgqueue fixture. The distribution's pytest11 entry point loads it too, under this
+# same name (so never twice), once installed from a pyproject.toml that declares it.
+pytest_plugins = ["django_pgqueue.pytest_plugin"]
+
 # A shell starts a background job with SIGINT ignored (CI runs the suite that way), and
 # subprocesses inherit that: a test's SIGINT to pgqueue_status --watch went unheard.
 # Python's own handler instead, which a child's exec turns back into the default.

@@ -67,7 +67,10 @@ def imports() -> tuple[dict[str, set[str]], list[str]]:
                 hits = {t for t in targets if t in known and t != name}
                 # Django's way of registering checks: AppConfig.ready() imports them.
                 in_ready = name == "django_pgqueue.apps" and getattr(node, "name", "") == "ready"
-                if hits and inner and not in_ready:
+                # pytest loads its plugin in every run where the package is installed:
+                # the fixture imports the testing module when a test asks for it.
+                in_fixture = name == "django_pgqueue.pytest_plugin"
+                if hits and inner and not (in_ready or in_fixture):
                     nested.append(f"{name}:{child.lineno} imports {sorted(hits)}")
                 elif hits:
                     graph[name] |= hits

@@ -1,0 +1,34 @@
+"""The pytest plugin of django-tasks-pgqueue: the ``pgqueue`` fixture.
+
+The distribution registers it as a ``pytest11`` entry point, so pytest loads it at
+start-up wherever the package is installed (``-p no:django_pgqueue.pytest_plugin``
+turns it off). Loading it imports nothing but pytest and the package's lazy top module:
+the package's other modules, and Django's, are imported when a test first asks for the
+fixture.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture
+def pgqueue(request: pytest.FixtureRequest) -> ModuleType:
+    """``django_pgqueue.testing``, whose ``assert_enqueued``, ``assert_not_enqueued``,
+    ``enqueued`` and ``run_jobs`` a test calls as ``pgqueue.run_jobs()``, with
+    pytest-django's database access: its ``db`` fixture, which is ``transactional_db``
+    in a test marked ``django_db(transaction=True)`` or asking for that fixture."""
+    try:
+        request.getfixturevalue("db")
+    except pytest.FixtureLookupError:
+        pytest.fail(
+            "the pgqueue fixture needs pytest-django (its db fixture): pip install pytest-django",
+            pytrace=False,
+        )
+    # Here, not at the top: the plugin is loaded in every pytest run of a project that
+    # has the package installed, Django project or not.
+    from django_pgqueue import testing
+
+    return testing
