@@ -10,9 +10,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import connection, transaction
 
-from django_pgqueue.exceptions import Retry, Snooze
+from django_pgqueue.exceptions import JobCancelled, Retry, Snooze
+from django_pgqueue.models import Job
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
 from testproject.demo.models import Delivery
@@ -401,3 +402,99 @@ async def async_transactional() -> dict[str, object]:
         }
 
     return await sync_to_async(look)()
+
+
+# --- for test_testing.py and test_testing_pytest.py (run_jobs, in the test's process) --
+
+
+@task(transactional=True)
+def deliver(recipient: str, fail: bool = False) -> int:
+    """Write a Delivery row in the job's transaction; raise after it if ``fail``."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Delivery.objects.create(job_id=job.id, recipient=recipient)
+    if fail:
+        raise ValueError(f"could not deliver to {recipient}")
+    return Delivery.objects.filter(recipient=recipient).count()
+
+
+@task(max_attempts=1)
+def deliver_twice(recipient: str) -> None:
+    """Write a Delivery row in autocommit, then the same row again: the second insert
+    fails on the unique job_id (a worker keeps the first row)."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Delivery.objects.create(job_id=job.id, recipient=recipient)
+    Delivery.objects.create(job_id=job.id, recipient=recipient)
+
+
+@task()
+def whoami() -> dict[str, object]:
+    """What ``current_job()`` says, and the progress it stored."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    job.set_progress({"step": 1})
+    return {
+        "id": job.id,
+        "attempt": job.attempt,
+        "queue": job.queue,
+        "worker_id": job.worker_id,
+        "transactional": job.transactional,
+    }
+
+
+@task()
+def forever(n: int) -> int:
+    """Enqueue itself again: a chain with no end."""
+    forever.enqueue(n + 1)
+    return n
+
+
+@task()
+def enqueue_echo(n: int) -> int:
+    """Enqueue ``echo(n)`` from inside a task."""
+    echo.enqueue(n)
+    return n
+
+
+@task()
+def snooze_once(seconds: float = 30.0) -> str:
+    """Snooze for ``seconds`` on the first run; return after it."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    if job.snoozes == 0:
+        raise Snooze(seconds)
+    return "woke"
+
+
+@task()
+def cancels_itself() -> None:
+    """Cancel its own job, then stop (a cooperative task's way): the job ends cancelled."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Job.objects.cancel([job.id])
+    raise JobCancelled("nothing left to do")
+
+
+@task(max_attempts=1)
+def leaves_atomic_open(recipient: str) -> None:
+    """Write a Delivery row inside an atomic block it never closes: a leak."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    transaction.atomic().__enter__()
+    Delivery.objects.create(job_id=job.id, recipient=recipient)
+
+
+@task(concurrency_key="testing-limited")
+def limited(n: int) -> int:
+    """A job of the concurrency key ``testing-limited`` (PGQUEUE_LIMITS in the tests)."""
+    return n
+
+
+@task()
+async def async_whoami() -> dict[str, object]:
+    """A coroutine: ``current_job()``, and a query through Django's async ORM."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    await job.aset_progress({"async": True})
+    return {"id": job.id, "deliveries": await Delivery.objects.acount()}
