@@ -149,13 +149,15 @@ class InlineRunner:
             assert error is not None
             raise error
         if running:
-            # Not written: a worker would leave it to its lease and the sweeper.
+            # Not written (the log says why): a worker would leave it to its lease and
+            # the sweeper. The cause is what stopped the run, or the failure unwritten.
             given_back = "it was given back (pending, attempt not charged)"
             if not self.release(job):
                 given_back = "giving it back failed too"
+            cause = error or next((f.error for f in self._failures if f.status is None), None)
             raise NotRecorded(
                 f"job {job.id} ({job.task}): its outcome could not be recorded; {given_back}"
-            ) from error
+            ) from cause
         if error is not None:
             raise error
         failures = list(self._failures)
