@@ -15,18 +15,16 @@ import pytest
 
 
 @pytest.fixture
-def pgqueue(request: pytest.FixtureRequest) -> ModuleType:
+def pgqueue(db: None) -> ModuleType:
     """``django_pgqueue.testing``, whose ``assert_enqueued``, ``assert_not_enqueued``,
     ``enqueued`` and ``run_jobs`` a test calls as ``pgqueue.run_jobs()``, with
     pytest-django's database access: its ``db`` fixture, which is ``transactional_db``
-    in a test marked ``django_db(transaction=True)`` or asking for that fixture."""
-    try:
-        request.getfixturevalue("db")
-    except pytest.FixtureLookupError:
-        pytest.fail(
-            "the pgqueue fixture needs pytest-django (its db fixture): pip install pytest-django",
-            pytrace=False,
-        )
+    in a test marked ``django_db(transaction=True)`` or asking for that fixture.
+
+    (``db`` is asked for here, not looked up when the fixture runs: pytest-django
+    creates the test databases for the tests that ask for ``db`` when they are
+    collected; a test asking only for ``pgqueue`` would otherwise run against the
+    database of the settings.)"""
     # Here, not at the top: the plugin is loaded in every pytest run of a project that
     # has the package installed, Django project or not.
     from django_pgqueue import testing
