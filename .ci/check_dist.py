@@ -3,7 +3,8 @@
 Run by ``make dist``; exits non-zero, naming every problem, if
 
 - the wheel lacks a file the app needs at run time (migrations, templates, py.typed, the
-  license) or carries something that is not the app (tests, the test project);
+  license) or the pytest plugin's entry point, or carries something that is not the app
+  (tests, the test project);
 - the sdist lacks what it takes to run the tests and build the docs from it;
 - the metadata has the wrong name, license or version classifiers;
 - the README (the index page's description) has a relative link, which breaks there.
@@ -50,6 +51,8 @@ SDIST_NEEDS = [
     "scripts/dev.sh",
     ".ci/run",
 ]
+#: The pytest plugin's entry point, as entry_points.txt lists it.
+PYTEST_PLUGIN = "[pytest11]\ndjango_pgqueue.pytest_plugin = django_pgqueue.pytest_plugin\n"
 CLASSIFIERS = [
     "Framework :: Django :: 5.2",
     "Framework :: Django :: 6.0",
@@ -78,10 +81,17 @@ def main() -> int:
         names = set(zf.namelist())
         dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         meta = Parser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
+        entry_points = (
+            zf.read(f"{dist_info}/entry_points.txt").decode()
+            if f"{dist_info}/entry_points.txt" in names
+            else ""
+        )
     problems += [f"wheel lacks {n}" for n in WHEEL_NEEDS if n not in names]
     if f"{dist_info}/licenses/LICENSE" not in names:
         problems.append("wheel lacks its LICENSE (dist-info/licenses/LICENSE)")
     problems += [f"wheel carries {n}" for n in sorted(names) if n.startswith(WHEEL_REFUSES)]
+    if PYTEST_PLUGIN not in entry_points:
+        problems.append("wheel lacks the pytest11 entry point of the pgqueue fixture")
 
     with tarfile.open(sdist) as tf:
         prefix = tf.getnames()[0].split("/")[0]

@@ -98,6 +98,10 @@ TASKS = {
     },
 }
 
+# Django 6.1's mailers (5.2 and 6.0 ignore the setting; tests get the locmem backend):
+# the examples of the testing how-to send mail, which 6.1 warns about without it.
+MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"

@@ -4,9 +4,11 @@ and the project's URLs hold up."""
 
 import ast
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -146,3 +148,63 @@ def test_project_urls__point_at_the_docs_and_the_repository():
     assert urls["Issues"] == f"{repo}/issues"
     assert urls["Changelog"].startswith(docs)
     assert urls["Homepage"] in (docs, repo)
+
+
+#: A file of a page's runnable example: a ``{code-block} python`` captioned with the
+#: file's path in the example project (``accounts/tasks.py``).
+EXAMPLE_FILE = re.compile(
+    r"^```\{code-block\} python\n:caption: ([\w/]+\.py)\n\n(.*?)^```", re.S | re.M
+)
+
+
+def example_projects() -> dict[str, dict[str, str]]:
+    """Each page that has a runnable example: its files, by path."""
+    found = {}
+    for path in sorted(DOCS.rglob("*.md")):
+        if "_build" in path.parts:
+            continue
+        files = dict(EXAMPLE_FILE.findall(path.read_text()))
+        if files:
+            found[str(path.relative_to(DOCS))] = files
+    return found
+
+
+def test_examples__the_testing_howto_has_its_two():
+    """The testing how-to's examples are runnable ones (its captions name their files)."""
+    files = example_projects()["howto/testing.md"]
+    assert set(files) == {"accounts/tasks.py", "accounts/tests.py", "accounts/test_signup.py"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", sorted(example_projects()))
+def test_examples__run_as_tests(page, tmp_path):
+    """A page's example project, written out as its captions say, passes its own tests
+    (every ``def test_`` of them) with pytest and pytest-django against the test
+    project's settings, in a database of its own, with the package's pytest plugin."""
+    files = example_projects()[page]
+    for name, text in files.items():
+        target = tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (target.parent / "__init__.py").touch()
+        target.write_text(text)
+    tests = [name for name in files if re.fullmatch(r"(.*/)?tests?(_\w+)?\.py", name)]
+    expected = sum(len(re.findall(r"^\s*def test_", files[name], re.M)) for name in tests)
+    database = os.environ.get("PGQUEUE_TEST_DB") or "test_pgqueue"
+    result = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "pytest", "-p", "django_pgqueue.pytest_plugin", "-p", "no:cacheprovider"),
+            *("--ds", "testproject.settings", "-W", "error", "-q", *tests),
+        ],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "PGQUEUE_TEST_DB": f"{database}_{Path(page).stem}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    assert f"{expected} passed" in result.stdout, result.stdout[-3000:]
