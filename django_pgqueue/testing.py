@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import sweeper, validation
+from . import validation
 from .conf import settings
 from .databases import backend_database
 from .exceptions import TooManyJobs
@@ -350,7 +350,7 @@ def run_jobs(
             while limit is None or len(runs) < limit:
                 job = run.claim()
                 if job is None:
-                    if sweeper.promote_due(alias, now=now):
+                    if run.promote():
                         continue
                     break
                 if path is not None and job.task != path:
@@ -428,6 +428,11 @@ class _Run:
                 flow_view=view,
             )
         return jobs[0] if jobs else None
+
+    def promote(self) -> int:
+        """Make the scheduled jobs due at ``now`` pending, as the sweeper and an idle
+        worker do (``Job.objects.promote_due``); return how many."""
+        return int(self.jobs.promote_due(now=self.now))
 
     def ended(self, ran: Ran) -> JobRun:
         """The run of ``ran.job``, from its row as the run left it."""
