@@ -240,7 +240,8 @@ class JobRun:
     #: The job as it stood right after this run (its status, result, errors, attempts).
     job: Job
     #: ``done``, ``retried`` (the attempt failed; the job is scheduled again),
-    #: ``dead``, ``cancelled`` or ``snoozed``.
+    #: ``dead``, ``cancelled`` or ``snoozed`` (or ``deleted``: the task deleted its own
+    #: job, and ``job`` is the job as claimed).
     outcome: str
     #: The exception that failed the attempt (None: it did not fail).
     error: BaseException | None = None
