@@ -59,9 +59,6 @@ MAX_JOBS = 1000
 #: The most jobs an assertion's message lists.
 SHOWN = 10
 
-#: What a run of a job came to (:attr:`JobRun.outcome`).
-OUTCOMES = ("done", "retried", "dead", "cancelled", "snoozed")
-
 
 # --- what is enqueued ---------------------------------------------------------------
 
