@@ -453,3 +453,14 @@ class RunJobsTransactionTests(TransactionTestCase):
         assert running() == []
         assert run_jobs(now=later(days=1)).counts == {"dead": 1}
         assert (fresh(job).status, fresh(job).attempts) == ("dead", 2)
+
+
+class RunJobsAsyncTests(TestCase):
+    async def test_run_jobs__from_an_async_test_through_sync_to_async(self):
+        from asgiref.sync import sync_to_async
+
+        result = await tasks.async_echo.aenqueue("hi")
+        summary = await sync_to_async(run_jobs)()
+        assert [(j.id, j.result) for j in summary.jobs] == [
+            (int(result.id), {"args": ["hi"], "kwargs": {}})
+        ]
