@@ -150,6 +150,13 @@ def doc_pages() -> list[Path]:
     return [REPO / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)]
 
 
+def only_table(found: list[Table], what: str) -> Table:
+    """The one table of ``found``; none or several is unreadable (which would be meant?)."""
+    if len(found) != 1:
+        raise UnreadableDocError(f"expected one table of {what}, found {len(found)}")
+    return found[0]
+
+
 def code_spans(text: str) -> list[str]:
     return re.findall(r"`([^`]+)`", text)
 
@@ -233,7 +240,7 @@ def parse_signature(text: str, at: str) -> tuple[str, tuple[Param, ...] | None]:
 def documented_methods(lines: Lines, path: Path) -> list[Documented]:
     """The rows of the ``Job.objects`` table: one or more signatures in code spans
     joined by `` / ``, and as many return types, each the first code span of its part."""
-    (table,) = tables(section(lines, "## `Job.objects`"), path)
+    table = only_table(tables(section(lines, "## `Job.objects`"), path), "Job.objects")
     if table.header != MANAGER_HEADER:
         raise UnreadableDocError(f"{table.where}: the header must be {MANAGER_HEADER}")
     found = []

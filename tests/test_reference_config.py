@@ -23,6 +23,7 @@ from tests.test_reference import (
     Lines,
     UnreadableDocError,
     doc_pages,
+    only_table,
     read_lines,
     read_text_lines,
     sections,
@@ -38,7 +39,7 @@ SETTING = re.compile(r"PGQUEUE_[A-Z0-9_]+")
 
 def documented_settings(lines: Lines, path: Path) -> dict[str, str]:
     """Setting name -> where, from the table whose first column is "Setting"."""
-    (table,) = [t for t in tables(lines, path) if t.header[0] == "Setting"]
+    table = only_table([t for t in tables(lines, path) if t.header[0] == "Setting"], "settings")
     found = {}
     for row in table.rows:
         match = re.fullmatch(r"`(PGQUEUE_[A-Z0-9_]+)`", row.cells[0])
