@@ -19,7 +19,7 @@ PY := .venv/bin/python
 # Not benches: the package, their shared helpers, the chaos runs' settings, bench.compare's PgQueuer side.
 BENCHES := $(filter-out __init__ common chaos_settings stock_settings pgqueuer_side,$(basename $(notdir $(wildcard bench/*.py))))
 
-.PHONY: help setup demo test lint docs dist matrix bench stop ci
+.PHONY: help setup demo test lint sql docs dist matrix bench stop ci
 
 help: ## list these commands (the default)
 	@echo "make TARGET [ARGS='...'], from a fresh clone:"
@@ -38,11 +38,15 @@ test: setup ## the test suite (pytest) on real PostgreSQL, in three runs side by
 
 # mypy's Django plugin loads the settings, and so does Sphinx's autodoc: a placeholder
 # URL keeps them from starting the embedded server (nothing connects).
-lint: setup ## ruff check, ruff format --check, mypy, makemigrations --check
+lint: setup ## ruff check, ruff format --check, mypy, makemigrations --check, make sql --check
 	@.venv/bin/ruff check .
 	@.venv/bin/ruff format --check .
 	@DATABASE_URL=$${DATABASE_URL:-postgres://localhost/mypy} .venv/bin/mypy
 	@$(PY) testproject/manage.py makemigrations --check --dry-run
+	@$(PY) scripts/render_sql.py --check
+
+sql: setup ## write django_pgqueue/sql/rendered.sql and the docs' state diagram from the SQL modules
+	@$(PY) scripts/render_sql.py
 
 docs: setup ## build the documentation site into docs/_build/html (warnings are errors)
 	@DATABASE_URL=$${DATABASE_URL:-postgres://localhost/docs} \

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ensure_databases, setup_django, sql_one, wait_until
-from django_pgqueue.sql import BULK_COLUMNS
+from django_pgqueue.sql.bulk import BULK_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from django_pgqueue.sql import BULK_COLUMNS
+from django_pgqueue.sql.bulk import BULK_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "testproject.demo.tasks.add"

@@ -36,11 +36,12 @@ from psycopg.adapt import Dumper
 from psycopg.postgres import types as pg_types
 from psycopg.pq import Format
 
-from . import defaults, keys, schema, sql, validation
+from . import db, defaults, enqueue, schema, validation
 from .conf import settings
 from .databases import QueueBackend
 from .exceptions import InvalidJob
 from .framework import NewJob, load_task, to_task_result
+from .sql import bulk as sql
 from .states import Status
 from .taskapi import (
     FRAMEWORK,
@@ -131,7 +132,7 @@ class _RowMaker:
         self.resolved: dict[Any, defaults.JobDefaults] = {}
         self.queues: set[str] = set()  # every queue seen, to wake once each
         self.keyed = 0  # jobs with an idempotency key so far
-        #: Jobs with a key period (unique_for, debounce): one statement each (keys.py).
+        #: Jobs with a key period (unique_for, debounce): one statement each (enqueue.py).
         self.deferred: list[dict[str, Any]] = []
 
     def _resolve(self, task: Any, given: dict[str, Any]) -> defaults.JobDefaults:
@@ -176,8 +177,9 @@ class _RowMaker:
             status = _SCHEDULED if run_at > self.now else _PENDING
         key = get("idempotency_key")
         args, kwargs = get("args", ()), get("kwargs")
-        args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
-        concurrency_key = defaults.concurrency_key(resolved, args, kwargs)
+        args_json, kwargs_json, concurrency_key = defaults.job_payload(
+            resolved, args, kwargs, max_bytes=self.max_bytes
+        )
         if get("unique_for") is not None or get("debounce") is not None:
             self.deferred.append(
                 self._keyed(job, resolved, args_json, kwargs_json, concurrency_key)
@@ -210,7 +212,7 @@ class _RowMaker:
         kwargs: str,
         concurrency_key: str,
     ) -> dict[str, Any]:
-        """The checked parameters of a job with a key period, for ``keys.store``."""
+        """The checked parameters of a job with a key period, for ``enqueue.enqueue_keyed``."""
         params = {
             "backend": resolved.backend,
             "task": resolved.task,
@@ -226,7 +228,7 @@ class _RowMaker:
             "args": args,
             "kwargs": kwargs,
         }
-        return keys.checked(
+        return enqueue.checked(
             params,
             job.get("unique_for"),
             job.get("debounce"),
@@ -239,8 +241,9 @@ class _RowMaker:
         resolved = self.resolved.get(task)
         if resolved is None:
             resolved = self.resolved[task] = self._resolve(task, {})
-        args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=self.max_bytes)
-        concurrency_key = defaults.concurrency_key(resolved, args, kwargs)
+        args_json, kwargs_json, concurrency_key = defaults.job_payload(
+            resolved, args, kwargs, max_bytes=self.max_bytes
+        )
         if resolved.run_at is None or resolved.run_at <= self.now:
             run_at, status = resolved.run_at or self.now, _PENDING
         else:
@@ -305,8 +308,7 @@ def _store(
     # this costs anything (the ids come from the table's default, as ever).
     announcer = _Announcer() if wants_announcements() else None
     with transaction.atomic(using=using), connection.cursor() as cursor:
-        cursor.execute(sql.JOB_BULK_CLOCK, {"now": now})
-        make_row = _RowMaker(cursor.fetchone()[0])
+        make_row = _RowMaker(db.clock(using, now))
         cursor.cursor.adapters.register_dumper(None, _JsonTextDumper)
         with BackgroundCopy(connection) as background:
             for first, rows, keyed in _validated_batches(jobs, make_row, batch_size):
@@ -331,17 +333,14 @@ def _store(
                         created += _copy(cursor, rows)
             created += background.wait()
             if make_row.deferred:
-                # Jobs with a key period, one statement each (keys.py), in order.
-                manager = apps.get_model("django_pgqueue", "Job").objects.db_manager(using)
+                # Jobs with a key period, one statement each (enqueue.py), in order.
+                model = apps.get_model("django_pgqueue", "Job")
                 for params in make_row.deferred:
-                    made = keys.store(manager, params)[1]
+                    made = enqueue.enqueue_keyed(model, using, params)[1]
                     created, skipped = created + made, skipped + (not made)
         if created:
             # One statement per call, whatever the number of rows or queues.
-            cursor.execute(
-                sql.JOB_NOTIFY_MANY,
-                {"channel": settings.NOTIFY_CHANNEL, "queues": sorted(make_row.queues)},
-            )
+            enqueue.notify_queues(using, make_row.queues)
     if skipped:
         logger.info(
             "bulk_enqueue: %s jobs created, %s skipped (idempotency key already live)",
@@ -397,7 +396,7 @@ def copy_rows(
     started: threading.Event | None = None,
 ) -> int:
     """COPY ``rows`` (one bounded batch, in binary, ``types`` per column) with
-    ``query`` (a COPY statement of sql.py), on a psycopg cursor that
+    ``query`` (a COPY statement of sql/bulk.py or sql/workflow.py), on a psycopg cursor that
     :func:`accept_json_text`; return the row count the server reports. ``started`` is
     set once the COPY holds the connection's lock (or has failed to start)."""
     try:
@@ -540,8 +539,7 @@ class _Announcer:
     ) -> list[tuple[int, tuple[Any, ...]]]:
         """Write ``rows`` with ids from the sequence; return ``(id, row)`` of each job
         created (a job skipped for its idempotency key is not)."""
-        cursor.execute(sql.JOB_BULK_IDS, {"count": len(rows)})
-        ids = [row[0] for row in cursor.fetchall()]
+        ids = take_ids(cursor, len(rows))
         if keyed:
             columns = dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
             del columns["created_at"], columns["errors"]
@@ -575,6 +573,13 @@ class _Announcer:
                 created_at=now,
             )
             task_enqueued.send(sender, task_result=to_task_result(job, task))
+
+
+def take_ids(cursor: Any, count: int) -> list[int]:
+    """``count`` new job ids from the jobs' sequence, ascending (``sql.JOB_BULK_IDS``),
+    for rows written with explicit ids (announced bulk jobs, a workflow's graph)."""
+    cursor.execute(sql.JOB_BULK_IDS, {"count": count})
+    return sorted(row[0] for row in cursor.fetchall())
 
 
 def _backend_class(alias: str) -> type:

@@ -1,7 +1,7 @@
 """Where the package runs its SQL: the cursor, prepared statements, the row loader,
 and the translation of a missing table into ``NotMigrated``.
 
-Every statement of ``sql.py`` goes through :func:`rows`, :func:`rowcount` or
+Every statement of ``sql/`` goes through :func:`rows`, :func:`rowcount` or
 :func:`jobs` here; no other module opens a cursor for the queue's own statements.
 
 Django's PostgreSQL backend binds parameters on the client and turns psycopg's
@@ -44,6 +44,7 @@ from psycopg.types.array import ListBinaryDumper
 
 from .databases import is_pooled
 from .schema import not_migrated
+from .sql import clock as clock_sql
 
 #: What psycopg is given as the threshold when the settings leave it to us: unused
 #: by ``prepare=True`` statements, and the number psycopg itself defaults to.
@@ -54,7 +55,7 @@ class StatementQuery(PostgresQuery):
     """psycopg's conversion of a statement's ``%(name)s`` placeholders, remembered per
     statement whatever its length. psycopg caches it only for statements of up to 4 KB;
     the flow claims are longer, and parsing one anew costs about as much as running it
-    (0.1 to 0.2 ms). The statements of sql.py are a fixed set of ASCII constants, so
+    (0.1 to 0.2 ms). The statements of sql/ are a fixed set of ASCII constants, so
     their conversions are few and the same on every connection."""
 
     _converted: dict[str, tuple[Any, ...]] = {}  # noqa: RUF012 - shared on purpose
@@ -264,7 +265,7 @@ def load_jobs[M: models.Model](
     position: dict[Any, int] = {name: i for i, name in enumerate(columns)}
     fields = model._meta.concrete_fields
     if any(f.column not in position for f in fields):
-        # Not every column (never the case for the statements of sql.py).
+        # Not every column (never the case for the statements of sql/).
         return list(model._default_manager.db_manager(alias).raw(*statement))
     json_columns = []
     converters = []
@@ -328,3 +329,9 @@ def load_json(text: str) -> Any:
     except StopIteration:
         return json.loads(text)  # raises the JSONDecodeError loads would
     return value if end == len(text) else json.loads(text)
+
+
+def clock(alias: str, now: dt.datetime | None = None) -> dt.datetime:
+    """The database's now (``now`` when pinned): the one clock of leases, schedules and
+    stamps, read once by a caller that uses it for many rows or ticks."""
+    return rows(alias, clock_sql.CLOCK_NOW, {"now": now})[0][0]

@@ -17,8 +17,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from . import sql
+from . import db
 from .exceptions import DeadlineExceeded
+from .sql import deadline as sql
 
 #: SQLSTATE query_canceled: what a statement that ran into statement_timeout raises.
 QUERY_CANCELED = "57014"
@@ -58,3 +59,12 @@ def within(using: str, seconds: float) -> Iterator[None]:
                 "overloaded server)"
             ) from exc
         raise
+
+
+def bind_transaction(alias: str, seconds: float) -> None:
+    """Bound every statement of the current transaction on ``alias`` to ``seconds``
+    (``SET LOCAL statement_timeout``: behind a transaction pooler a session setting
+    would outlive the transaction on a server connection another client gets next)."""
+    db.rows(
+        alias, sql.SESSION_BOUND_TRANSACTION, {"statement_timeout": f"{int(seconds * 1000)}ms"}
+    )

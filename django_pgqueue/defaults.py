@@ -26,11 +26,12 @@ be a callable of the call's args and kwargs: :func:`resolve` keeps it, and
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import validation
+from . import tracing, validation
 from .conf import settings
 from .databases import backend_option
 from .exceptions import InvalidJob
@@ -114,6 +115,69 @@ def concurrency_key(
             f"concurrency_key callable {name} of {resolved.task} returned None, not a str"
         )
     return validation.concurrency_key(made, source=f"concurrency_key callable {name}")
+
+
+def job_payload(
+    resolved: JobDefaults,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    *,
+    max_bytes: int | None = None,
+) -> tuple[str, str, str]:
+    """The part of a new job that depends on its call, made the same way by every path
+    (``Job.objects.enqueue``, bulk, workflows, periodic entries): its args and kwargs as
+    checked JSON text (at most ``PGQUEUE_MAX_PAYLOAD_BYTES`` in all) and its concurrency
+    key (the task's callable asked for this call). ``InvalidJob`` names what is wrong."""
+    limit = settings.MAX_PAYLOAD_BYTES if max_bytes is None else max_bytes
+    args_json, kwargs_json = validation.payload(args, kwargs, max_bytes=limit)
+    return args_json, kwargs_json, concurrency_key(resolved, args, kwargs)
+
+
+def prepare(
+    task: Task | str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    backend: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    max_attempts: int | None = None,
+    idempotency_key: str | None = None,
+    concurrency_key: str | None = None,
+    now: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The statement parameters of one new job (``sql.JOB_ENQUEUE`` and its keyed and
+    dependent forms): its defaults (:func:`resolve`), its key, payload and concurrency
+    key (:func:`job_payload`), and the trace that enqueues it. Everything is checked
+    before anything is written."""
+    resolved = resolve(
+        task,
+        backend=backend,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        max_attempts=max_attempts,
+        concurrency_key=concurrency_key,
+    )
+    key = validation.idempotency_key(idempotency_key)
+    args_json, kwargs_json, made_key = job_payload(resolved, args, kwargs)
+    context = tracing.carrier()
+    return {
+        "backend": resolved.backend,
+        "task": resolved.task,
+        "queue": resolved.queue,
+        "priority": resolved.priority,
+        "run_at": resolved.run_at,
+        "max_attempts": resolved.max_attempts,
+        "idempotency_key": key,
+        "concurrency_key": made_key,
+        "channel": settings.NOTIFY_CHANNEL,
+        "now": now,
+        "trace_context": None if context is None else json.dumps(context),
+        "args": args_json,
+        "kwargs": kwargs_json,
+    }
 
 
 def cache_key(task: Any, **given: Any) -> tuple[Any, ...] | None:

@@ -75,7 +75,7 @@ class ArrayContains(Lookup):
 
 class TimestampArrayField(models.Field):
     """``timestamptz[]``, read back as a list of aware datetimes (psycopg loads arrays
-    itself). Written only by the statements of sql.py; the admin shows it."""
+    itself). Written only by the statements of sql/; the admin shows it."""
 
     description = "Array of timestamps"
     empty_strings_allowed = False

@@ -22,6 +22,9 @@ and its value ``{"concurrency": N, "rate": "R/s" | "R/m" | "R/h"}`` (either or b
 at most N of the budget's jobs running at once, at most R started in any sliding
 window of one second, minute or hour, by the database's clock. A job obeys every limit
 that matches it. How the claim enforces them is in ``sql.JOB_CLAIM_LIMITED``.
+
+This module runs the statements of ``sql/flow.py`` (the claims under flow control) and
+``sql/flow_control.py`` (limits and pauses set at run time), for ``Job.objects``.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, transaction
 
-from . import db, sql, validation
+from . import db, enqueue, validation
 from .conf import settings
+from .sql import flow as sql
+from .sql import flow_control
 
 #: A NOTIFY payload starting with this (a colon: no queue name has one) tells workers
 #: that limits or paused queues changed: they load them again before their next claim.
@@ -357,7 +363,7 @@ def merge(
 
 def load(alias: str) -> FlowView:
     """The view in force on jobs database ``alias``, read now (one statement)."""
-    rows = db.rows(alias, sql.FLOW_GET_STATE, {})
+    rows = db.rows(alias, flow_control.FLOW_GET_STATE, {})
     limits, paused = merge(declared(), rows)
     return FlowView(limits=limits, paused=paused, fair=declared_fair())
 
@@ -402,3 +408,295 @@ def rotation_cursor(old: str, keys: Iterable[str]) -> str:
         return max(after)
     before = [key for key in keys if key <= old]
     return max(before) if before else old
+
+
+# --- claims under flow control --------------------------------------------------------
+
+#: The position of a queue a resumed claim starts at its head: above every priority (the
+#: CHECK constraint keeps them within -100 to 100) and every id, so that only its range
+#: below the position, the whole line, holds anything (``sql.JOB_CLAIM_QUEUES_AFTER``).
+QUEUE_HEAD = (101, 2**63 - 1)
+
+#: The columns a limited claim (``sql.JOB_CLAIM_LIMITED``) returns after the job's: the
+#: lap of the walk that took a job (0: the head of the line), and on a row of its own
+#: the queue and the key its walk reached.
+FLOW_COLUMNS = ("flow_lap", "flow_queue", "flow_key")
+
+#: Rows the head of a flow claim looks at, per job asked for (and at least this many
+#: more): enough to fill the claim when a few keys at the head are full.
+FLOW_WINDOW_FACTOR = 1
+FLOW_WINDOW_EXTRA = 16
+#: Groups (keys) a flow claim's walk steps over per queue, per job asked for (and at
+#: least this many more), before it returns short.
+FLOW_STEPS_FACTOR = 4
+FLOW_STEPS_EXTRA = 64
+
+
+@dataclass(frozen=True)
+class FlowClaim:
+    """What a flow claim did (``Job.objects.claim_flow``): the ``jobs`` leased, each
+    queue's ``cursors`` for the next claim (where its walk over keys resumes), and
+    whether pending jobs were seen that limits kept back (``blocked``: keys at their
+    limits, or whose budget another claim held that instant)."""
+
+    jobs: list[Any]
+    cursors: dict[str, str]
+    blocked: bool = False
+    #: Where the next claim from the head of the line may start (``claim_flow``'s
+    #: ``after``): the first job in claim order this one read and did not lease, as
+    #: (priority, id), the position included; None: where it started.
+    resume: tuple[int, int] | None = None
+    #: Whether this claim took jobs by walking the keys (the head of the line did not
+    #: fill it): the next may as well start with the walk (``claim_flow``'s ``walk``).
+    walked: bool = False
+
+
+def _window(limit: int) -> dict[str, int]:
+    """How far a claim of ``limit`` jobs reads the head and walks the keys."""
+    return {
+        "limit": limit,
+        "window": FLOW_WINDOW_FACTOR * limit + FLOW_WINDOW_EXTRA,
+        "max_steps": FLOW_STEPS_FACTOR * limit + FLOW_STEPS_EXTRA,
+    }
+
+
+def claim_flow(
+    model: Any,
+    alias: str,
+    worker_id: str,
+    *,
+    limit: int,
+    view: FlowView,
+    queues: Iterable[str] | None = None,
+    lease_seconds: float | None = None,
+    cursors: Mapping[str, str] | None = None,
+    after: tuple[int, int] | None = None,
+    walk: bool = False,
+    now: Any = None,
+) -> FlowClaim:
+    """Lease up to ``limit`` pending jobs under the flow control of ``view`` (see
+    ``Job.objects.claim_flow``): without limits, one statement (``sql.JOB_CLAIM_FLOW``);
+    with them, the head of the line first (``sql.JOB_CLAIM_LIMITED_HEAD``, or its
+    ``_KEYS`` form), and the walk over keys (``sql.JOB_CLAIM_LIMITED``) only when limits
+    kept part of a full head back or a fair queue is among ``queues``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
+    listed = None if queues is None else sorted(set(queues))
+    cursors = dict(cursors or {})
+    params: dict[str, Any] = {
+        **view.params,
+        **_window(limit),
+        "worker_id": worker_id,
+        "queues": listed,
+        "cursors": json.dumps(cursors),
+        "after_priority": (after or QUEUE_HEAD)[0],
+        "after_id": (after or QUEUE_HEAD)[1],
+        "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
+        "now": now,
+    }
+    connection = connections[alias]
+    connection.ensure_connection()
+    # A claim connection is set up without JIT; any other gets that per transaction.
+    set_up = getattr(connection.connection, "_pgqueue_claims_prepared", False)
+    if not view.limited(listed):
+        return _unlimited(model, alias, params, cursors, set_up)
+    leased: list[tuple[Any, ...]] = []
+    blocked = False
+    resume = None
+    # Without fair queues, the head of the line first: a small statement, enough
+    # unless limits kept part of a full head back (then the walk, for the rest).
+    if not (walk or view.fair_among(listed)):
+        head_query = (
+            sql.JOB_CLAIM_LIMITED_HEAD_KEYS
+            if view.keys_only(listed)
+            else sql.JOB_CLAIM_LIMITED_HEAD
+        )
+        columns, rows = _limited(alias, head_query, params, set_up)
+        leased = [row for row in rows if row[0] is not None]
+        head, kept, *first_left = next(row[-4:] for row in rows if row[0] is None)
+        blocked = head > len(leased)
+        resume = _resume(columns, leased, first_left)
+        # The walk can only add keys beyond a full head, and only matters when
+        # limits kept part of it back; rows whose budgets another claim held were
+        # that claim's to take (claiming again finds what they leave), unless
+        # they left this claim with nothing.
+        if len(leased) == limit or head < params["window"] or not (kept or not leased):
+            return _flow_claim(model, alias, columns, leased, cursors, {}, blocked, params, resume)
+        params = {**params, **_window(limit - len(leased))}
+    return _walked(model, alias, params, cursors, set_up, leased, blocked, resume)
+
+
+def _unlimited(
+    model: Any, alias: str, params: dict[str, Any], cursors: dict[str, str], set_up: bool
+) -> FlowClaim:
+    """A flow claim with no limit in force (paused or fair queues): one statement."""
+    if set_up:
+        jobs = db.jobs(model, alias, sql.JOB_CLAIM_FLOW, params)
+    else:
+        with transaction.atomic(using=alias, savepoint=False):
+            db.rows(alias, sql.SESSION_FLOW_LOCAL, {})
+            jobs = db.jobs(model, alias, sql.JOB_CLAIM_FLOW, params)
+    for queue in {job.queue for job in jobs}:
+        cursors[queue] = rotation_cursor(
+            cursors.get(queue, ""),
+            [job.concurrency_key for job in jobs if job.queue == queue],
+        )
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return FlowClaim(jobs, cursors)
+
+
+def _walked(
+    model: Any,
+    alias: str,
+    params: dict[str, Any],
+    cursors: dict[str, str],
+    set_up: bool,
+    leased: list[tuple[Any, ...]],
+    blocked: bool,
+    resume: tuple[int, int] | None,
+) -> FlowClaim:
+    """The rest of a limited claim by the walk over keys (``sql.JOB_CLAIM_LIMITED``),
+    after what the head of the line ``leased``."""
+    reached: dict[str, list[str]] = {}
+    columns, rows = _limited(alias, sql.JOB_CLAIM_LIMITED, params, set_up)
+    # The leased jobs, then (id NULL) the group each queue's walk reached if the
+    # claim came back short, and a row of NULLs if limits kept every candidate back.
+    lap, queue_at, key_at = (columns.index(name) for name in FLOW_COLUMNS)
+    walked = [row for row in rows if row[0] is not None]
+    for row in rows:
+        if row[0] is None and row[queue_at] is not None:  # resume after it
+            reached[row[queue_at]] = [row[key_at]]
+    for row in walked:
+        if row[lap]:  # taken by the walk (not from the head of the line)
+            reached.setdefault(row[columns.index("queue")], []).append(
+                row[columns.index("concurrency_key")]
+            )
+    return _flow_claim(
+        model,
+        alias,
+        columns,
+        leased + walked,  # the job's columns come first in both: cut once
+        cursors,
+        reached,
+        blocked or bool(rows),
+        params,
+        resume,
+        walked=any(row[lap] for row in walked),
+    )
+
+
+def _resume(
+    columns: tuple[str, ...], leased: list[tuple[Any, ...]], first_left: list[Any]
+) -> tuple[int, int] | None:
+    """Where the next claim from the head starts: the first job of the head not
+    leased (``first_left``: its priority and id), else just after the last one
+    leased; None if the head was empty."""
+    if first_left[0] is not None:
+        return (first_left[0], first_left[1])
+    if not leased:
+        return None
+    priority, id_ = columns.index("priority"), columns.index("id")
+    last = max(leased, key=lambda row: (-row[priority], row[id_]))
+    return (last[priority], last[id_] + 1)
+
+
+def _limited(
+    alias: str, query: str, params: dict[str, Any], set_up: bool
+) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """Run a limited claim statement: without JIT (a claim connection is set up
+    so; any other connection for this transaction only)."""
+    if set_up:
+        return db.returned(alias, query, params)
+    with transaction.atomic(using=alias, savepoint=False):
+        db.rows(alias, sql.SESSION_FLOW_LOCAL, {})
+        return db.returned(alias, query, params)
+
+
+def _flow_claim(
+    model: Any,
+    alias: str,
+    columns: tuple[str, ...],
+    leased: list[tuple[Any, ...]],
+    cursors: dict[str, str],
+    reached: dict[str, list[str]],
+    blocked: bool,
+    params: dict[str, Any],
+    resume: tuple[int, int] | None = None,
+    walked: bool = False,
+) -> FlowClaim:
+    """The FlowClaim of the ``leased`` rows of a limited claim (their job columns
+    first, as ``columns`` name them), each queue's cursor moved past the keys its
+    walk ``reached``."""
+    width = columns.index(FLOW_COLUMNS[0])
+    jobs = db.load_jobs(
+        model,
+        alias,
+        columns[:width],
+        [row[:width] for row in leased],
+        (sql.JOB_CLAIM_LIMITED, params),
+    )
+    for queue, keys_ in reached.items():
+        cursors[queue] = rotation_cursor(cursors.get(queue, ""), keys_)
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return FlowClaim(jobs, cursors, blocked=blocked and not jobs, resume=resume, walked=walked)
+
+
+# --- limits and pauses at run time ------------------------------------------------------
+
+
+def set_limit(
+    alias: str,
+    key: str,
+    *,
+    concurrency: int | None = None,
+    rate: str | None = None,
+    now: Any = None,
+) -> LimitSpec:
+    """Store the run-time limit of ``key`` (see ``Job.objects.set_limit``) and tell
+    workers at commit; a bad value raises ``ValueError`` naming it, and nothing changes."""
+    spec = parse_limit(key, {"concurrency": concurrency, "rate": rate}, allow_empty=True)
+    db.rows(
+        alias,
+        flow_control.LIMIT_SET,
+        {
+            "key": spec.key,
+            "concurrency": spec.concurrency,
+            "rate": "" if spec.rate is None else format_rate(spec.rate),
+            "now": now,
+        },
+    )
+    changed(alias)
+    return spec
+
+
+def reset_limit(alias: str, key: str) -> bool:
+    """Remove the run-time limit of ``key``; whether there was one."""
+    found = bool(db.rows(alias, flow_control.LIMIT_DELETE, {"key": check_key(key)}))
+    if found:
+        changed(alias)
+    return found
+
+
+def pause_queue(alias: str, name: str, *, now: Any = None) -> None:
+    """Pause queue ``name`` (stored in the database) and tell workers at commit."""
+    db.rows(alias, flow_control.QUEUE_PAUSE, {"name": validation.queue_name(name), "now": now})
+    changed(alias)
+
+
+def resume_queue(alias: str, name: str, *, now: Any = None) -> bool:
+    """Let workers claim from queue ``name`` again, and wake them; whether it was paused."""
+    queue = validation.queue_name(name)
+    resumed = bool(db.rows(alias, flow_control.QUEUE_RESUME, {"name": queue, "now": now}))
+    if resumed:
+        changed(alias)
+        enqueue.notify(alias, queue)
+    return resumed
+
+
+def changed(alias: str) -> None:
+    """Tell workers (at commit) to load limits and paused queues again."""
+    db.rows(
+        alias,
+        flow_control.FLOW_NOTIFY,
+        {"channel": settings.NOTIFY_CHANNEL, "payload": NOTIFY_PREFIX},
+    )

@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from . import db, sql, validation
+from . import db, validation
 from .conf import settings
 from .exceptions import (
     InvalidJob,
@@ -34,6 +34,7 @@ from .exceptions import (
     exception_line,
 )
 from .framework import to_task_result
+from .sql import lifecycle as sql
 from .taskapi import Task
 
 # Annotations only: the models, the manager and the worker sit above this module.
@@ -97,17 +98,8 @@ def snooze(runner: JobRunner, job: Job, request: Snooze) -> BaseException | None
             f"(PGQUEUE_MAX_SNOOZES = {limit}); this attempt fails and is not retried"
         )
     runner._mark_recording(job)
-    params = {
-        "id": job.id,
-        "worker_id": runner.worker_id,
-        "attempt": job.attempts,
-        "claimed_at": job.last_attempted_at,
-        "seconds": request.seconds,
-        "channel": settings.NOTIFY_CHANNEL,
-        "now": None,
-    }
     written, found = runner.write_retrying(
-        lambda: db.rows(runner.alias, sql.JOB_SNOOZE, params, prepare=True),
+        lambda: snooze_job(runner.alias, job, runner.worker_id, request.seconds),
         jobs=[job],
         outcome="snooze",
     )
@@ -123,10 +115,33 @@ def snooze(runner: JobRunner, job: Job, request: Snooze) -> BaseException | None
         job.task,
         request.seconds,
         job.snoozes + 1,
-        found[0][0],
+        found,
         extra={"action": "snooze", "job_id": job.id, "worker_id": runner.worker_id},
     )
     return None
+
+
+def snooze_job(
+    alias: str, job: Job, worker_id: str, seconds: float, *, now: dt.datetime | None = None
+) -> str | None:
+    """Put a running job back to ``scheduled`` for ``seconds`` (``pending`` for 0), its
+    attempt given back and the snooze counted, fenced (``sql.JOB_SNOOZE``); the new
+    status, or None if ``worker_id`` lost the lease."""
+    rows = db.rows(
+        alias,
+        sql.JOB_SNOOZE,
+        {
+            "id": job.id,
+            "worker_id": worker_id,
+            "attempt": job.attempts,
+            "claimed_at": job.last_attempted_at,
+            "seconds": seconds,
+            "channel": settings.NOTIFY_CHANNEL,
+            "now": now,
+        },
+        prepare=True,
+    )
+    return rows[0][0] if rows else None
 
 
 def progress_json(value: Any) -> str:

@@ -1,6 +1,6 @@
 """The jobs table.
 
-One row per job. Every state change at run time is one SQL statement from ``sql.py``,
+One row per job. Every state change at run time is one SQL statement from ``sql/``,
 issued by ``JobManager`` or, for its passes, the sweeper; the ORM is used for reading
 (admin, ``get_result``) only.
 """
@@ -104,7 +104,7 @@ class Job(models.Model):
     objects = JobManager()
 
     class Meta:
-        db_table = "pgqueue_job"  # sql.py hard-codes this name; a test checks they agree
+        db_table = "pgqueue_job"  # the SQL hard-codes this name; a test checks they agree
         ordering = ["-id"]
         permissions = [
             ("requeue_job", "Can requeue dead jobs"),
@@ -237,8 +237,8 @@ class JobKey(models.Model):
     """A key that outlives its job: the window of ``enqueue(unique_for=...)`` (kind
     ``unique``, until ``expires_at``) and the not-yet-started job of
     ``enqueue(debounce=...)`` (kind ``debounce``). Written only by the statements of
-    ``sql.py`` (``JOB_ENQUEUE_UNIQUE``, ``JOB_ENQUEUE_DEBOUNCED``,
-    ``KEY_DELETE_EXPIRED``); see ``keys.py``."""
+    ``sql/`` (``JOB_ENQUEUE_UNIQUE``, ``JOB_ENQUEUE_DEBOUNCED``,
+    ``JOB_DELETE_EXPIRED_KEYS``); see ``enqueue.py``."""
 
     pk = models.CompositePrimaryKey("kind", "queue", "key")
     kind = models.CharField(max_length=16)
@@ -250,7 +250,7 @@ class JobKey(models.Model):
     expires_at = models.DateTimeField()
 
     class Meta:
-        db_table = "pgqueue_job_key"  # sql.py hard-codes this name too
+        db_table = "pgqueue_job_key"  # the SQL hard-codes this name too
         indexes = [
             # The sweeper's pruning of expired keys. Built CONCURRENTLY (0012).
             models.Index(fields=["expires_at"], name="pgqueue_job_key_expires_idx"),
@@ -283,7 +283,7 @@ class Limit(models.Model):
     updated_at = models.DateTimeField(db_default=ClockTimestamp())
 
     class Meta:
-        db_table = "pgqueue_limit"  # sql.py hard-codes this name too
+        db_table = "pgqueue_limit"  # the SQL hard-codes this name too
         ordering = ["key"]
         verbose_name = "limit"
 
@@ -293,15 +293,15 @@ class Limit(models.Model):
 
 class Queue(models.Model):
     """A queue's run-time state: paused (``paused_at`` set) or not. Written only by
-    ``Job.objects.pause_queue``/``resume_queue`` (sql.py ``QUEUE_*``); a queue without a
-    row is running."""
+    ``Job.objects.pause_queue``/``resume_queue`` (``QUEUE_*`` of ``sql/flow_control.py``);
+    a queue without a row is running."""
 
     name = models.CharField(max_length=64, primary_key=True)
     paused_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(db_default=ClockTimestamp())
 
     class Meta:
-        db_table = "pgqueue_queue"  # sql.py hard-codes this name too
+        db_table = "pgqueue_queue"  # the SQL hard-codes this name too
         ordering = ["name"]
         verbose_name = "queue"
 
@@ -322,7 +322,7 @@ class RateWindow(models.Model):
     expires_at = models.DateTimeField()
 
     class Meta:
-        db_table = "pgqueue_rate"  # sql.py hard-codes this name too
+        db_table = "pgqueue_rate"  # the SQL hard-codes this name too
         indexes = [
             # The sweeper's pruning of closed windows (a new table: built with it, 0016).
             models.Index(fields=["expires_at"], name="pgqueue_rate_expires_idx"),
@@ -339,7 +339,7 @@ class JobDependency(models.Model):
     ``state`` is NULL until the parent finishes, then the parent's final status
     (``done``, ``dead``, ``cancelled``), with its ``result`` when done: the edge keeps
     the parent's outcome, so nothing needs the parent's row once its edges are resolved
-    (retention may prune it). Written only by the statements of ``sql.py``; each edge is
+    (retention may prune it). Written only by the statements of ``sql/``; each edge is
     resolved once (``state IS NULL`` is every resolving UPDATE's guard). ``repair``
     marks an edge whose parent's finishing statement may not see it (the parent existed
     before the dependant was enqueued, or a cascade stopped at its depth); the sweeper
@@ -356,7 +356,7 @@ class JobDependency(models.Model):
     repair = models.BooleanField(default=False, db_default=False)
 
     class Meta:
-        db_table = "pgqueue_job_dependency"  # sql.py hard-codes this name too
+        db_table = "pgqueue_job_dependency"  # the SQL hard-codes this name too
         indexes = [
             # A job's dependants, resolved or not (the admin, a requeue's restore).
             # Built CONCURRENTLY (0014), as the two below.
@@ -410,7 +410,7 @@ class Schedule(models.Model):
     updated_at = models.DateTimeField(db_default=ClockTimestamp())
 
     class Meta:
-        db_table = "pgqueue_schedule"  # sql.py hard-codes this name too
+        db_table = "pgqueue_schedule"  # the SQL hard-codes this name too
         ordering = ["name"]
         verbose_name = "periodic schedule"
 
@@ -448,7 +448,7 @@ class WorkerProcess(models.Model):
     cleanly. A row whose ``last_seen_at`` is older than the worker's own lease belongs to
     a worker that died or lost the database: it is shown as lost, and the sweeper deletes
     it once ``PGQUEUE_LOST_WORKER_SECONDS`` more have passed. Written only by the
-    statements of ``sql.py`` (``WORKER_*``); read by the admin and ``monitoring.py``.
+    statements of ``sql/`` (``WORKER_*``); read by the admin and ``monitoring.py``.
     """
 
     id = models.CharField(max_length=255, primary_key=True, help_text="The lease owner name")
@@ -467,7 +467,7 @@ class WorkerProcess(models.Model):
     objects = WorkerQuerySet.as_manager()
 
     class Meta:
-        db_table = "pgqueue_worker"  # sql.py hard-codes this name; a test checks they agree
+        db_table = "pgqueue_worker"  # the SQL hard-codes this name; a test checks they agree
         ordering = ["hostname", "id"]
         verbose_name = "worker"
         verbose_name_plural = "workers"

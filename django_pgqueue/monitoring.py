@@ -17,9 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import db, flow, sql
+from . import db, flow
 from .databases import default_database
 from .models import FINISHED_STATUSES, LIVE_STATUSES, Job
+from .sql import read as sql
 from .states import Status
 
 #: Most workers listed (the workers table holds one row per process).
@@ -370,7 +371,7 @@ def running(using: str | None, limit: int | None = None) -> list[dict[str, Any]]
 
 
 def _database_now(using: str | None) -> dt.datetime:
-    return _rows(using, sql.JOB_BULK_CLOCK, {"now": None})[0][0]
+    return db.clock(using or default_database())
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,11 @@ from cronsim import CronSim, CronSimError
 from django.conf import settings as django_settings
 from django.db import transaction
 
-from . import db, defaults, keys, sql, validation
+from . import db, defaults, enqueue, validation
 from .conf import settings
 from .databases import backend_database
 from .exceptions import InvalidJob
+from .sql import periodic as sql
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ def parse_entry(name: Any, raw: Any) -> PeriodicEntry:
         max_attempts=None if max_attempts is None else validation.max_attempts(max_attempts),
         enabled=enabled,
         backend=validation.backend_alias(raw.get("backend", "default")),
-        unique_for=None if unique_for is None else keys.period(unique_for, "unique_for"),
+        unique_for=None if unique_for is None else enqueue.period(unique_for, "unique_for"),
     )
 
 
@@ -347,7 +348,7 @@ def enqueue_due(
         reported.update(errors)
     if not valid:
         return []
-    (clock,) = db.row(using, sql.JOB_BULK_CLOCK, {"now": now})
+    clock = db.clock(using, now)
     ticked = sorted(
         ((entry, tick) for entry in valid if (tick := entry.latest_tick(clock)) is not None),
         key=lambda pair: pair[0].name,
@@ -386,11 +387,8 @@ def enqueue_due(
             priority=entry.priority,
             max_attempts=entry.max_attempts,
         )
-        args, kwargs = validation.payload(
-            entry.args, entry.kwargs, max_bytes=settings.MAX_PAYLOAD_BYTES
-        )
         try:
-            key = defaults.concurrency_key(resolved, entry.args, entry.kwargs)
+            args, kwargs, key = defaults.job_payload(resolved, entry.args, entry.kwargs)
         except InvalidJob as exc:
             # The task's key callable refuses this entry's arguments: its ticks wait
             # (the row is not advanced), the other entries run.

@@ -1,6 +1,6 @@
 """Which PostgreSQL servers django-pgqueue runs on, checked before it changes anything.
 
-The floor is PostgreSQL 14. The statements in ``sql.py`` and the migrations need 9.5 at
+The floor is PostgreSQL 14. The statements in ``sql/`` and the migrations need 9.5 at
 the least (``FOR UPDATE SKIP LOCKED`` and ``INSERT ... ON CONFLICT`` on a partial unique
 index, both 9.5; ``jsonb`` and ``make_interval`` 9.4; ``CREATE INDEX CONCURRENTLY`` in a
 migration), so the floor is set by what the supported Django versions accept: 14 for

@@ -14,15 +14,17 @@ import dataclasses
 import datetime as dt
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, transaction
 
-from . import db, keys, periodic, sql, workflows
+from . import db, enqueue, periodic, workflows
 from .conf import settings
 from .databases import backend_database, default_database
 from .exceptions import NotMigrated, first_line
 from .reconnect import Retry, close_connection
+from .sql import sweep as sql
 from .states import Status
 
 logger = logging.getLogger(__name__)
@@ -50,24 +52,38 @@ class SweepResult:
         return any(dataclasses.astuple(self))
 
 
+def in_batches(run: Callable[[], int], batch_size: int) -> int:
+    """Run ``run`` (one bounded statement, returning how many rows it took) again while
+    it fills its batch of ``batch_size``, at most ``MAX_SWEEP_BATCHES`` times, so a pass
+    always ends even under churn; the total. The one loop of every bounded pass."""
+    total = 0
+    for _ in range(MAX_SWEEP_BATCHES):
+        count = run()
+        total += count
+        if count < batch_size:
+            break
+    return total
+
+
 def rescue_expired(using: str, *, now: dt.datetime | None = None) -> tuple[int, int, int]:
     """Return expired leases to pending (or dead on the last attempt, or cancelled if
     their cancellation was requested). Returns (recovered, dead, cancelled)."""
-    recovered = dead = cancelled = 0
+    counts = {Status.PENDING: 0, Status.DEAD: 0, Status.CANCELLED: 0}
     params: dict[str, Any] = {
         "now": now,
-        "batch_size": settings.SWEEP_BATCH_SIZE,
+        "batch_size": int(settings.SWEEP_BATCH_SIZE),
         "keep_errors": settings.KEEP_ERRORS,
         "channel": settings.NOTIFY_CHANNEL,
     }
-    for _ in range(MAX_SWEEP_BATCHES):
+
+    def batch() -> int:
         rows = db.rows(using, sql.JOB_RESCUE_EXPIRED, params)
-        dead += sum(1 for _, status in rows if status == Status.DEAD)
-        recovered += sum(1 for _, status in rows if status == Status.PENDING)
-        cancelled += sum(1 for _, status in rows if status == Status.CANCELLED)
-        if len(rows) < params["batch_size"]:
-            break
-    return recovered, dead, cancelled
+        for _, status in rows:
+            counts[status] += 1
+        return len(rows)
+
+    in_batches(batch, params["batch_size"])
+    return counts[Status.PENDING], counts[Status.DEAD], counts[Status.CANCELLED]
 
 
 def promote_due(
@@ -75,21 +91,18 @@ def promote_due(
 ) -> int:
     """Make due scheduled jobs pending and wake workers for their queues (at commit).
     ``batch_size``: one batch of that size only (an idle worker's share)."""
-    size = batch_size or settings.SWEEP_BATCH_SIZE
-    promoted = 0
-    for _ in range(MAX_SWEEP_BATCHES):
+    size = batch_size or int(settings.SWEEP_BATCH_SIZE)
+
+    def batch() -> int:
         with transaction.atomic(using=using):
             rows = db.rows(using, sql.JOB_PROMOTE_DUE, {"now": now, "batch_size": size})
             if rows:
-                db.rows(
-                    using,
-                    sql.JOB_NOTIFY_MANY,
-                    {"channel": settings.NOTIFY_CHANNEL, "queues": sorted({r[0] for r in rows})},
-                )
-        promoted += len(rows)
-        if len(rows) < size or batch_size:
-            break
-    return promoted
+                enqueue.notify_queues(using, {row[0] for row in rows})
+        return len(rows)
+
+    if batch_size is not None:
+        return batch()
+    return in_batches(batch, size)
 
 
 def retention() -> dict[str, float]:
@@ -106,19 +119,20 @@ def retention() -> dict[str, float]:
 def prune_finished(using: str, *, now: dt.datetime | None = None) -> int:
     """Delete finished jobs past their state's retention (``PGQUEUE_RETENTION_SECONDS``
     for done, ``PGQUEUE_CANCELLED_RETENTION_SECONDS``, ``PGQUEUE_DEAD_RETENTION_SECONDS``)."""
+    batch_size = int(settings.SWEEP_BATCH_SIZE)
     pruned = 0
     for status, seconds in retention().items():
         params: dict[str, Any] = {
             "now": now,
             "status": status,
-            "batch_size": settings.SWEEP_BATCH_SIZE,
+            "batch_size": batch_size,
             "retention_seconds": seconds,
         }
-        for _ in range(MAX_SWEEP_BATCHES):
-            count = int(db.row(using, sql.JOB_DELETE_FINISHED_BEFORE, params)[0])
-            pruned += count
-            if count < params["batch_size"]:
-                break
+
+        def batch(p: dict[str, Any] = params) -> int:
+            return int(db.row(using, sql.JOB_DELETE_FINISHED_BEFORE, p)[0])
+
+        pruned += in_batches(batch, batch_size)
     return pruned
 
 
@@ -131,13 +145,7 @@ def prune_lost_workers(using: str, *, now: dt.datetime | None = None) -> int:
         "batch_size": batch_size,
         "keep_seconds": float(settings.LOST_WORKER_SECONDS),
     }
-    pruned = 0
-    for _ in range(MAX_SWEEP_BATCHES):
-        count = len(db.rows(using, sql.WORKER_DELETE_LOST, params))
-        pruned += count
-        if count < batch_size:
-            break
-    return pruned
+    return in_batches(lambda: len(db.rows(using, sql.WORKER_DELETE_LOST, params)), batch_size)
 
 
 def prune_rate_windows(using: str, *, now: dt.datetime | None = None) -> int:
@@ -145,13 +153,21 @@ def prune_rate_windows(using: str, *, now: dt.datetime | None = None) -> int:
     (a budget that starts again gets a new one)."""
     batch_size = int(settings.SWEEP_BATCH_SIZE)
     params: dict[str, Any] = {"now": now, "batch_size": batch_size}
-    pruned = 0
-    for _ in range(MAX_SWEEP_BATCHES):
-        count = len(db.rows(using, sql.RATE_DELETE_CLOSED, params))
-        pruned += count
-        if count < batch_size:
-            break
-    return pruned
+    return in_batches(lambda: len(db.rows(using, sql.RATE_DELETE_CLOSED, params)), batch_size)
+
+
+def prune_expired_keys(using: str, *, now: dt.datetime | None = None) -> int:
+    """Delete keys whose ``unique_for`` window closed, and ``debounce`` keys whose job
+    started (see ``enqueue.py``)."""
+    batch_size = int(settings.SWEEP_BATCH_SIZE)
+    params: dict[str, Any] = {"now": now, "batch_size": batch_size}
+    return in_batches(lambda: db.rowcount(using, sql.JOB_DELETE_EXPIRED_KEYS, params), batch_size)
+
+
+def resolve_missed(using: str, *, now: dt.datetime | None = None) -> int:
+    """The workflows' repair: edges whose parent's finishing did not see them
+    (``workflows.resolve_missed``); how many edges were resolved."""
+    return workflows.resolve_missed(using, now=now, max_batches=MAX_SWEEP_BATCHES)
 
 
 def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepResult:
@@ -160,7 +176,7 @@ def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepR
     alias = using or default_database()
     recovered, dead, cancelled = rescue_expired(alias, now=now)
     # Before pruning: the parent of a missed edge is kept until it is resolved.
-    repaired = workflows.resolve_missed(alias, now=now, max_batches=MAX_SWEEP_BATCHES)
+    repaired = resolve_missed(alias, now=now)
     return SweepResult(
         repaired=repaired,
         recovered=recovered,
@@ -169,7 +185,7 @@ def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepR
         promoted=promote_due(alias, now=now),
         pruned=prune_finished(alias, now=now),
         lost_workers=prune_lost_workers(alias, now=now),
-        keys=keys.prune_expired(alias, now=now, max_batches=MAX_SWEEP_BATCHES),
+        keys=prune_expired_keys(alias, now=now),
         rate_windows=prune_rate_windows(alias, now=now),
     )
 

@@ -48,11 +48,13 @@ from django.db import DatabaseError, connections, models, transaction
 from django.db.models import signals
 from django.db.models.base import ModelState
 
-from . import bulk, db, defaults, schema, sql, validation
+from . import bulk, db, defaults, enqueue, schema, validation
 from .conf import settings
 from .databases import QueueBackend, backend_database
 from .exceptions import InvalidJob
 from .framework import to_task_result
+from .sql import resolve
+from .sql import workflow as sql
 from .states import Status
 from .taskapi import FRAMEWORK, InvalidTask, Task, task_backends, task_enqueued
 
@@ -65,6 +67,9 @@ JobManager = Any
 #: What ``on_parent_failure`` may be: the default cancels the dependant when a parent
 #: ends dead or cancelled; "run" releases it anyway once every parent finished.
 ON_PARENT_FAILURE = ("cancel", "run")
+#: The payload prefix of the NOTIFY a released dependant sends (then its queue name; no
+#: queue name holds a colon): the listener makes the next claim start at the head.
+RELEASE_NOTIFY_PREFIX = resolve.RELEASE_NOTIFY_PREFIX
 #: How many levels of dependants ``Job.objects.requeue_dead`` puts back at most.
 RESTORE_LEVELS = 1000
 
@@ -224,10 +229,9 @@ class _Checker:
             if entry is None:
                 entry = self.known[id(task)] = (task, *_resolve(task, position))
             _, resolved, own, database = entry
-            args, kwargs = validation.payload(
-                node.step.args, node.step.kwargs, max_bytes=self.max_bytes
+            args, kwargs, key = defaults.job_payload(
+                resolved, node.step.args, node.step.kwargs, max_bytes=self.max_bytes
             )
-            key = defaults.concurrency_key(resolved, node.step.args, node.step.kwargs)
         except InvalidJob as exc:
             raise InvalidJob(f"step #{position}: {exc}") from exc
         if not self.alias:
@@ -385,10 +389,8 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
     announce = bulk.wants_announcements()
     tasks: list[Task] = []
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        cursor.execute(sql.JOB_BULK_CLOCK, {"now": None})
-        now = cursor.fetchone()[0]
-        cursor.execute(sql.JOB_BULK_IDS, {"count": len(nodes)})
-        ids = sorted(row[0] for row in cursor.fetchall())
+        now = db.clock(alias)
+        ids = bulk.take_ids(cursor, len(nodes))
         workflow_id = ids[0]
         # Each full batch is COPYed by a helper thread while this one checks and builds
         # the next: jobs first, then the edges that name them.
@@ -434,10 +436,7 @@ def _store(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
                 )
             background.wait()
         if woken:
-            cursor.execute(
-                sql.JOB_NOTIFY_MANY,
-                {"channel": settings.NOTIFY_CHANNEL, "queues": sorted(woken)},
-            )
+            enqueue.notify_queues(alias, woken)
         jobs = Jobs(alias, rows)
         if announce:
             _announce(jobs, tasks)
@@ -576,7 +575,8 @@ def parent_ids(depends_on: Any, *, alias: str) -> list[int]:
 
 
 def enqueue_dependant(
-    manager: JobManager,
+    model: type[models.Model],
+    alias: str,
     params: dict[str, Any],
     parents: list[int],
     *,
@@ -588,7 +588,6 @@ def enqueue_dependant(
     job holds, that job is returned (and refused if it is one of the parents: a job
     cannot depend on itself). A job that waits for a live parent is re-checked once the
     enqueue commits (:func:`resolve_late`)."""
-    alias = manager.db_alias
     full = {
         **params,
         "parents": parents,
@@ -617,7 +616,9 @@ def enqueue_dependant(
             )
         if job_id is None:
             # ON CONFLICT: a live job holds the key (it may end before this read).
-            existing = manager.live_with_key(params["queue"], params["idempotency_key"])
+            existing = enqueue.live_with_key(
+                model, alias, params["queue"], params["idempotency_key"]
+            )
             if existing is None:
                 continue
             if existing.id in parents:
@@ -631,7 +632,6 @@ def enqueue_dependant(
                 functools.partial(resolve_late, alias, [job_id]), using=alias, robust=True
             )
         trace_context = params.get("trace_context")
-        model = manager.model
         values = dict.fromkeys(_field_names(model))
         values.update(
             id=job_id,

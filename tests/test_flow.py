@@ -246,7 +246,7 @@ def test_flow__racing_claimers_never_exceed_a_limit(plant, monkeypatch):
     if plant:
         # Claims held open 30 ms once counted, so that racing claims overlap.
         for statement, text in faults.rewritten(plant + ",slow_claim").items():
-            monkeypatch.setattr(sql, statement, text)
+            monkeypatch.setattr(sql.module_of(statement), statement, text)
     limits = view({"stripe": {"concurrency": 2}, "t:*": {"concurrency": 1}})
     most = claim_racing(threads=6, rounds=40, limit=3, view_=limits)
     tenants = max(most[f"t:{n}"] for n in range(4))

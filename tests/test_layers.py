@@ -135,16 +135,14 @@ def test_layers__the_check_sees_a_planted_circle(tmp_path, monkeypatch):
     assert circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [{"a", "b"}]
 
 
-#: Modules that run statements themselves rather than through db.py, and why: bulk and
-#: workflows stream COPY on their transaction's cursor, deadline binds each statement of a block,
-#: the worker's connections check and reset a runner's raw session, and the listener
-#: holds a connection of its own outside Django's.
+#: Modules that run statements themselves rather than through db.py, and why: bulk
+#: streams COPY (its own jobs', and a workflow's) on the transaction's cursor, deadline
+#: binds each statement of a block, the worker's connections check and reset a runner's
+#: raw session and LISTEN on the listener's connection of its own, outside Django's.
 OWN_EXECUTE = {
     "django_pgqueue.bulk",
     "django_pgqueue.deadline",
     "django_pgqueue.worker.connections",
-    "django_pgqueue.worker.listener",
-    "django_pgqueue.workflows",
 }
 
 
@@ -152,7 +150,7 @@ def test_layers__sql_runs_through_db_or_a_named_exception():
     """Every statement is a constant of sql.py, run by db.py or one of OWN_EXECUTE."""
     running: set[str] = set()
     for name, path in modules().items():
-        if name in ("django_pgqueue.sql", "django_pgqueue.db"):
+        if name == "django_pgqueue.db" or name.startswith("django_pgqueue.sql"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not (
@@ -169,3 +167,55 @@ def test_layers__sql_runs_through_db_or_a_named_exception():
             # A sql.py constant, or a helper's parameter that callers pass one in.
             assert "sql." in statement or statement == "query", f"{name}:{node.lineno}"
     assert running == OWN_EXECUTE
+
+
+def sql_imports() -> dict[str, set[str]]:
+    """For each module outside ``sql/``, the SQL modules it imports (module-level)."""
+    graph, _ = imports()
+    return {
+        name: {t for t in targets if t.startswith("django_pgqueue.sql")}
+        for name, targets in graph.items()
+        if not name.startswith("django_pgqueue.sql")
+    }
+
+
+def readers(found: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each SQL module and the modules outside ``sql/`` that import it."""
+    by_family: dict[str, set[str]] = {}
+    for name, targets in found.items():
+        for target in targets:
+            by_family.setdefault(target, set()).add(name)
+    return by_family
+
+
+#: The one module outside sql/ that may read each fragment module: the modules of a
+#: family read its fragments through their statements. Workflows owns what a released
+#: dependant's NOTIFY says (RELEASE_NOTIFY_PREFIX), which the listener reads from it.
+FRAGMENT_READERS = {"django_pgqueue.sql.resolve": {"django_pgqueue.workflows"}}
+#: The one module that reads the package as a whole: the states, for every statement's
+#: moves (TRANSITIONS).
+REGISTRY_READERS = {"django_pgqueue.states"}
+
+
+def test_layers__each_sql_family_is_read_by_its_one_runner():
+    """``sql/<family>.py`` is imported by the module ``sql.RUNNERS`` names and no other,
+    so a family's statements run from one place; no module reads the statements through
+    the package (``sql.JOB_CLAIM``, for tests and benches) but the states'."""
+    from django_pgqueue import sql
+
+    found = readers(sql_imports())
+    for family, runner in sql.RUNNERS.items():
+        assert found.pop(f"django_pgqueue.sql.{family}", set()) == {runner}, family
+    for fragments, allowed in FRAGMENT_READERS.items():
+        assert found.pop(fragments, set()) <= allowed, fragments
+    assert found.pop("django_pgqueue.sql", set()) == REGISTRY_READERS
+    assert found == {}, f"SQL modules read from outside their family: {found}"
+
+
+def test_layers__the_runner_check_sees_a_planted_second_reader():
+    """Planted: a second module importing a family's statements is caught."""
+    planted = {**sql_imports(), "django_pgqueue.admin.jobs": {"django_pgqueue.sql.claim"}}
+    assert readers(planted)["django_pgqueue.sql.claim"] == {
+        "django_pgqueue.claim",
+        "django_pgqueue.admin.jobs",
+    }

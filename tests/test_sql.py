@@ -1,4 +1,5 @@
-"""sql.py: one named, commented constant per query, agreeing with the model and indexes."""
+"""The statements of django_pgqueue/sql/: named, commented constants, one module per
+family, each run by its one module, agreeing with the models and the indexes."""
 
 from __future__ import annotations
 
@@ -12,68 +13,104 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import sql
-from django_pgqueue.manager import QUEUE_HEAD
+from django_pgqueue.flow import QUEUE_HEAD
 from django_pgqueue.models import Job, JobDependency, JobKey, RateWindow
+from django_pgqueue.sql.common import FENCE, LEASE
 from tests.conftest import connect_test_db
 
-SQL_SOURCE = Path(sql.__file__).read_text()
-CONSTANTS = sorted(name for name in vars(sql) if name.startswith("JOB_"))
+SQL_DIR = Path(sql.__file__).parent
+#: Every module of the package's SQL, by file name, as its source text.
+SOURCES = {path.name: path.read_text() for path in sorted(SQL_DIR.glob("*.py"))}
+STATEMENTS = sql.statements()
+ALL = sorted(STATEMENTS)
+CONSTANTS = sorted(name for name in STATEMENTS if name.startswith("JOB_"))
 
 
-def constant_lines() -> dict[str, int]:
-    """Line number (1-based) of each top-level ``JOB_*`` assignment in sql.py."""
-    tree = ast.parse(SQL_SOURCE)
-    return {
-        node.targets[0].id: node.lineno
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id.startswith("JOB_")
-    }
+def constant_lines(source: str) -> list[str]:
+    """The top-level constants a family module assigns, in their order."""
+    return [
+        node.targets[0].id
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    ]
 
 
-def test_sql__constants_exist_and_are_alphabetical():
-    names = list(constant_lines())
-    assert len(names) >= 10
-    assert names == sorted(names), "sql.py constants must be in alphabetical order"
-    assert set(names) == set(CONSTANTS)
+def test_sql__every_family_is_a_module_and_every_module_a_family_or_fragments():
+    families = {f"{name}.py" for name in sql.RUNNERS}
+    fragments = {f"{name}.py" for name in sql.FRAGMENTS}
+    assert set(SOURCES) == families | fragments | {"__init__.py"}
+    assert len(STATEMENTS) >= 80
 
 
-@pytest.mark.parametrize("name", CONSTANTS)
-def test_sql__every_constant_has_a_comment_header(name):
-    lines = SQL_SOURCE.splitlines()
-    index = constant_lines()[name] - 1
-    header = []
-    for line in reversed(lines[:index]):
-        if not line.startswith("#"):
-            break
-        header.append(line)
-    assert header, f"{name} has no comment header"
-    # One line on what it does at least; the header is prose, not a stray marker.
-    assert sum(len(line) for line in header) > 40, f"{name}'s header is too short: {header}"
+@pytest.mark.parametrize("family", sorted(sql.RUNNERS))
+def test_sql__each_familys_statements_come_after_its_fragments_in_alphabetical_order(family):
+    names = [n for n in constant_lines(SOURCES[f"{family}.py"]) if n in STATEMENTS]
+    assert names, f"{family} has no statement"
+    assert names == sorted(names), f"sql/{family}.py: statements out of alphabetical order"
+    order = constant_lines(SOURCES[f"{family}.py"])
+    last_fragment = max((i for i, n in enumerate(order) if n not in STATEMENTS), default=-1)
+    assert last_fragment < order.index(names[0]), f"sql/{family}.py: a fragment after a statement"
 
 
-@pytest.mark.parametrize("name", CONSTANTS)
+def test_sql__fragment_modules_hold_no_statement():
+    for name in sql.FRAGMENTS:
+        module = sql.family(name)
+        held = [
+            n for n, v in vars(module).items() if isinstance(v, str) and sql.NAME_LINE.match(v)
+        ]
+        assert held == [], f"sql/{name}.py holds statements {held}"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_sql__every_statement_has_its_header_inside_it(name):
+    """``-- name: NAME``, then at most three lines on why, then ``moves:`` lines; ASCII
+    and free of ``%`` and braces, which psycopg and psycopg.sql would read as theirs."""
+    text = STATEMENTS[name][1]
+    match = sql.NAME_LINE.match(text)
+    assert match and match["name"] == name, f"{name} does not start with its name line"
+    lines = sql.header(text)
+    why = [line for line in lines[1:] if not line.startswith("moves:")]
+    moves = [line for line in lines[1:] if line.startswith("moves:")]
+    assert 1 <= len(why) <= 3, f"{name}: {len(why)} lines of why (1 to 3)"
+    assert sum(len(line) for line in why) > 40, f"{name}'s header is too short: {why}"
+    assert lines[1:] == why + moves, f"{name}: moves: lines come last"
+    for line in moves:
+        assert sql.MOVES_LINE.match(f"-- {line}"), f"{name}: unreadable {line!r}"
+    head = "\n".join(lines)
+    assert head.isascii() and not re.search(r"[%{}]", head), name
+    assert text.isascii(), f"{name} holds a non-ASCII character"
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_sql__only_named_parameters(name):
-    text = getattr(sql, name)
-    assert isinstance(text, str)
-    # Only psycopg named parameters: no positional %s placeholders, no string formatting.
+    text = STATEMENTS[name][1]
+    # Only psycopg named parameters: no positional %s placeholders, no string formatting
+    # (SESSION_LISTEN alone is a psycopg.sql template: LISTEN takes an identifier).
     assert "%" not in re.sub(r"%\(\w+\)s", "", text), f"{name} has a non-named placeholder"
-    assert "{" not in text, f"{name} looks like a format string"
+    braces = re.findall(r"[{}]", text.replace("'{}'", ""))
+    assert braces == ([] if name != "SESSION_LISTEN" else ["{", "}"]), name
+
+
+def test_sql__the_rendered_statements_file_is_fresh():
+    """``rendered.sql`` (``make sql``) holds every statement whole, as it runs: a change to
+    a shared fragment shows in review in every statement it lands in."""
+    rendered = (SQL_DIR / "rendered.sql").read_text()
+    assert rendered == sql.render(), "django_pgqueue/sql/rendered.sql is stale: run make sql"
+    for name, (_family, text) in STATEMENTS.items():
+        assert text.strip("\n") in rendered, name
 
 
 @pytest.mark.parametrize("name", CONSTANTS)
 def test_sql__table_name_matches_model(name):
-    tables = set(
-        re.findall(r"\b(?:FROM|UPDATE|INTO|JOIN|COPY)\s+([a-z_][a-z0-9_]*)", getattr(sql, name))
-    )
+    text = re.sub(r"--[^\n]*", "", getattr(sql, name))  # the SQL, not its header
+    tables = set(re.findall(r"\b(?:FROM|UPDATE|INTO|JOIN|COPY)\s+([a-z_][a-z0-9_]*)", text))
     # CTE names and set-returning functions are not tables; everything else is ours.
     ctes = set(
         re.findall(r"\b([a-z_0-9]+)(?:\([a-z_, ]*\))? AS (?:MATERIALIZED )?\(", getattr(sql, name))
     )
     tables -= ctes | {"unnest", "jsonb_array_elements", "generate_series"}
     tables -= {"jsonb_to_recordset", "jsonb_each_text", "pgqueue_flow_usage"}
-    if name in ("JOB_NOTIFY", "JOB_NOTIFY_CANCEL", "JOB_NOTIFY_MANY", "JOB_BULK_CLOCK"):
+    if name in ("JOB_NOTIFY", "JOB_NOTIFY_CANCEL", "JOB_NOTIFY_MANY"):
         assert tables == set()
     elif name == "JOB_BULK_IDS":  # the table's id sequence, no table read
         assert tables == set()
@@ -82,7 +119,7 @@ def test_sql__table_name_matches_model(name):
         assert tables == {"pg_class", "pg_namespace", "pg_stats"}
         assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)
     elif name in ("JOB_DELETE_EXPIRED_KEYS", "JOB_ENQUEUE_DEBOUNCED", "JOB_ENQUEUE_UNIQUE"):
-        # The keys that outlive their jobs (keys.py), and the jobs they name.
+        # The keys that outlive their jobs (enqueue.py), and the jobs they name.
         assert tables == {Job._meta.db_table, JobKey._meta.db_table}
     elif name.startswith(("JOB_CLAIM_FLOW", "JOB_CLAIM_LIMITED")):
         # Flow claims read (the limited ones write) the rate windows of limited budgets
@@ -91,7 +128,7 @@ def test_sql__table_name_matches_model(name):
     elif name == "JOB_BULK_COPY_EDGES":  # a workflow's edges (workflows.py)
         assert tables == {JobDependency._meta.db_table}
     elif name in WORKFLOW_STATEMENTS:
-        # Every statement that ends a job resolves its edges (sql._RESOLVE).
+        # Every statement that ends a job resolves its edges (sql.resolve.RESOLVE).
         assert tables == {Job._meta.db_table, JobDependency._meta.db_table}
     else:
         assert tables == {Job._meta.db_table}
@@ -204,7 +241,7 @@ def test_sql__every_statement_is_valid_postgresql(name):
     for number, param in enumerate(params, start=1):
         numbered = numbered.replace(f"%({param})s", f"${number}")
     with connection.cursor() as cursor:
-        if text.lstrip().startswith("COPY"):
+        if re.sub(r"--[^\n]*", "", text).lstrip().startswith("COPY"):
             # COPY cannot be prepared: run it with no rows instead.
             with cursor.copy(text):
                 pass
@@ -361,17 +398,18 @@ def test_sql__every_claim_leases_its_candidates_alike():
 
 
 def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
-    """Each rule is one fragment of sql.py's source, which every statement needing it
-    joins: a second spelling would be free to drift from the first."""
+    """Each rule is one fragment of the SQL modules' source, which every statement
+    needing it joins: a second spelling would be free to drift from the first."""
+    source = "".join(SOURCES.values())
     for rule in (
         "j.last_attempted_at::timestamp = owned.claimed_at",  # the fence
         "make_interval(secs => %(lease_seconds)s)",  # the lease
         "'django_pgqueue.exceptions.JobCancelled: '",  # the cancelled entry
     ):
-        assert SQL_SOURCE.count(rule) == 1, rule
+        assert source.count(rule) == 1, rule
     texts = {name: getattr(sql, name) for name in CONSTANTS}
     fenced = {name for name, text in texts.items() if "owned" in text}
-    assert fenced == {name for name, text in texts.items() if sql._FENCE in text}
+    assert fenced == {name for name, text in texts.items() if FENCE in text}
     assert {"JOB_COMPLETE_MANY", "JOB_EXTEND_LEASES", "JOB_FAIL", "JOB_SNOOZE"} <= fenced
     leased = {name for name, text in texts.items() if "%(lease_seconds)s" in text}
     assert leased == {
@@ -385,7 +423,7 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
         "JOB_CLAIM_QUEUES_AFTER",
         "JOB_EXTEND_LEASES",
     }
-    assert all(sql._LEASE in texts[name] for name in leased)
+    assert all(LEASE in texts[name] for name in leased)
 
 
 @pytest.mark.django_db

@@ -20,6 +20,7 @@ from django_pgqueue import lifecycle, sql, sweeper, workflows
 from django_pgqueue.conf import settings
 from django_pgqueue.exceptions import InvalidJob
 from django_pgqueue.models import Job, JobDependency
+from django_pgqueue.sql.resolve import CASCADE_DEPTH
 from django_pgqueue.taskapi import task_backends
 from testproject.demo.tasks import add
 from tests.conftest import wait_for
@@ -225,7 +226,9 @@ def test_group__the_last_two_members_completing_at_once_both_reach_the_callback(
     plain read of the snapshot, which misses it."""
     if planted:
         for name in ("JOB_COMPLETE_MANY_RELEASING",):
-            monkeypatch.setattr(sql, name, getattr(sql, name).replace("FOR SHARE", ""))
+            monkeypatch.setattr(
+                sql.module_of(name), name, getattr(sql, name).replace("FOR SHARE", "")
+            )
     jobs = group(step(add, 1, 0), step(add, 2, 0), then=total).enqueue()
     a, b = claim()
     params = {
@@ -380,13 +383,13 @@ def test_cancel__a_pending_parent_cancels_its_dependants():
 
 
 def test_cascade__deeper_than_one_statement_goes_is_finished_by_the_sweeper():
-    length = workflows.sql.CASCADE_DEPTH + 20
+    length = CASCADE_DEPTH + 20
     jobs = chain(step(add, 1, 2), *[double] * length).enqueue()
     (first,) = claim()
     kill(first)
     statuses = [fresh(j).status for j in jobs[1:]]
-    assert statuses[: workflows.sql.CASCADE_DEPTH] == ["cancelled"] * workflows.sql.CASCADE_DEPTH
-    assert set(statuses[workflows.sql.CASCADE_DEPTH :]) == {"waiting"}
+    assert statuses[:CASCADE_DEPTH] == ["cancelled"] * CASCADE_DEPTH
+    assert set(statuses[CASCADE_DEPTH:]) == {"waiting"}
     result = sweeper.sweep()
     assert result.repaired >= 1
     assert {fresh(j).status for j in jobs[1:]} == {"cancelled"}

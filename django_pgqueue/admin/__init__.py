@@ -7,7 +7,7 @@ Rules the package keeps (docs/admin.md explains them to operators):
 * No job is added or edited by hand: no add, no change, so no one can point a job at
   another callable or touch a running job that a worker holds a lease on. (Queues are
   paused and limits set by hand: flow control is the operator's, through the manager.)
-* Every state change is one guarded statement from ``sql.py`` through the manager
+* Every state change is one guarded statement of ``sql/`` through the manager
   (``requeue_dead``, ``discard_dead``): a stale page or a second operator changes
   zero rows, and the message says how many rows changed.
 * Every action has its own permission (requeue: ``django_pgqueue.requeue_job``;

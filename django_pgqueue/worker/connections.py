@@ -19,10 +19,12 @@ import psycopg
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 from psycopg import pq
+from psycopg import sql as pgsql
 
-from .. import db, sql
+from .. import db, deadline
 from ..conf import settings
 from ..databases import is_pooled
+from ..sql import session as sql
 
 
 def configure_session(
@@ -102,7 +104,7 @@ def bounded(alias: str, role: str, worker_id: str, statement_timeout: float) -> 
         if role == "claim":
             db.rows(alias, sql.SESSION_CONFIGURE_CLAIM_LOCAL, bound)
         else:
-            db.rows(alias, sql.SESSION_BOUND_TRANSACTION, bound)
+            deadline.bind_transaction(alias, statement_timeout)
         yield
 
 
@@ -346,3 +348,15 @@ def check_and_reset(raw: Any) -> dict[str, Any]:
         raw.execute(sql.SESSION_RESTORE_SETTINGS, {"names": own["names"], "values": own["values"]})
     names = [column.name for column in state.description or ()]
     return dict(zip(names, state.fetchone() or (), strict=True))
+
+
+def listen(conn: psycopg.Connection[Any], channel: str) -> None:
+    """Subscribe the listener's own connection ``conn`` to ``channel``
+    (``sql.SESSION_LISTEN``: LISTEN takes an identifier, not a parameter)."""
+    conn.execute(pgsql.SQL(sql.SESSION_LISTEN).format(channel=pgsql.Identifier(channel)))
+
+
+def ping(conn: psycopg.Connection[Any]) -> None:
+    """Prove the listener's idle connection ``conn`` alive (``sql.SESSION_PING``): a
+    socket can die silently while it only waits for notifications."""
+    conn.execute(sql.SESSION_PING)

@@ -26,13 +26,14 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import sql as pgsql
 
-from .. import flow, sql
+from .. import flow
 from ..conf import settings
 from ..exceptions import first_line
-from ..manager import CANCEL_NOTIFY_PREFIX, RELEASE_NOTIFY_PREFIX
+from ..operate import CANCEL_NOTIFY_PREFIX
 from ..reconnect import Retry
+from ..workflows import RELEASE_NOTIFY_PREFIX
+from . import connections
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -69,11 +70,7 @@ class Listener(WorkerPart):
                     **{**params, "application_name": f"pgqueue listen {self.worker_id}"[:63]},
                     autocommit=True,
                 ) as conn:
-                    conn.execute(
-                        pgsql.SQL(sql.SESSION_LISTEN).format(
-                            channel=pgsql.Identifier(settings.NOTIFY_CHANNEL)
-                        )
-                    )
+                    connections.listen(conn, settings.NOTIFY_CHANNEL)
                     retry.succeeded()
                     self.state.wakeup.set()  # poll at once: a NOTIFY may have been missed
                     checked = time.monotonic()
@@ -100,7 +97,7 @@ class Listener(WorkerPart):
                                 self.state.wakeup.set()
                         if time.monotonic() - checked >= 2.0:
                             # An idle socket can die silently; a cheap query proves it alive.
-                            conn.execute(sql.SESSION_PING)
+                            connections.ping(conn)
                             checked = time.monotonic()
             except psycopg.Error as exc:
                 retry.failed()

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
-from .. import __version__, db, sql
+from .. import __version__, db
 from ..exceptions import first_line
 from ..reconnect import close_connection
+from ..sql import presence as sql
 
 if TYPE_CHECKING:
     from .state import WorkerState

@@ -104,7 +104,7 @@ def plant(names: str) -> None:
     """Rewrite the statements of each plant in ``names`` (comma-separated)."""
     for statement, text in rewritten(names).items():
         if statement != FUNCTION:
-            setattr(sql, statement, text)
+            setattr(sql.module_of(statement), statement, text)
 
 
 def plant_from_environment() -> None:

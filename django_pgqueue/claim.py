@@ -1,0 +1,89 @@
+"""Claiming pending jobs: ``Job.objects.claim``. Runs the statements of ``sql/claim.py``;
+a claim under flow control (limits, paused or fair queues) is ``flow.claim_flow``'s.
+
+Every claim is one statement: its candidates locked ``FOR UPDATE SKIP LOCKED`` (so
+competing workers take disjoint jobs and never wait on each other), leased to the
+worker and their attempt charged. A worker resumes each claim where its previous one
+ended (``after``), so a claim never walks the dead index entries of the jobs claimed
+since the last vacuum (``worker/position.py`` keeps the position).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db import models
+
+from . import db, flow
+from .conf import settings
+from .sql import claim as sql
+
+#: The position of a queue a resumed claim starts at its head: above every priority (the
+#: CHECK constraint keeps them within -100 to 100) and every id, so that only its range
+#: below the position, the whole line, holds anything (``sql.JOB_CLAIM_QUEUES_AFTER``).
+QUEUE_HEAD = flow.QUEUE_HEAD
+
+
+def check_limit(limit: Any) -> int:
+    """A claim's ``limit``, checked: an int >= 1; ``ValueError`` naming it otherwise."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"claim limit must be an int >= 1, not {limit!r}")
+    return limit
+
+
+def claim(
+    model: type[models.Model],
+    alias: str,
+    worker_id: str,
+    *,
+    limit: int,
+    queues: Iterable[str] | None = None,
+    lease_seconds: float | None = None,
+    after: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
+    now: dt.datetime | None = None,
+    flow_view: flow.FlowView | None = None,
+) -> list[Any]:
+    """Lease up to ``limit`` pending jobs to ``worker_id``, highest priority first (see
+    ``Job.objects.claim``); under flow control, ``flow.claim_flow``'s claim."""
+    check_limit(limit)
+    view = flow.settings_view() if flow_view is None else flow_view
+    if view.in_force(queues):
+        return flow.claim_flow(
+            model,
+            alias,
+            worker_id,
+            limit=limit,
+            view=view,
+            queues=queues,
+            lease_seconds=lease_seconds,
+            now=now,
+        ).jobs
+    params: dict[str, Any] = {
+        "worker_id": worker_id,
+        "limit": limit,
+        "lease_seconds": settings.LEASE_SECONDS if lease_seconds is None else lease_seconds,
+        "now": now,
+    }
+    if queues is not None:
+        params["queues"] = list(queues)
+        if after is None:
+            query = sql.JOB_CLAIM_QUEUES
+        elif isinstance(after, Mapping):
+            query = sql.JOB_CLAIM_QUEUES_AFTER
+            ends = [after.get(name, QUEUE_HEAD) for name in params["queues"]]
+            params["after_priorities"] = [priority for priority, _ in ends]
+            params["after_ids"] = [job_id for _, job_id in ends]
+        else:
+            raise ValueError("claim(queues=..., after=...) takes a position per queue")
+    elif after is not None:
+        if isinstance(after, Mapping):
+            raise ValueError("claim(after=...) of all queues takes one position")
+        query = sql.JOB_CLAIM_AFTER
+        params["after_priority"], params["after_id"] = after
+    else:
+        query = sql.JOB_CLAIM
+    jobs: list[Any] = db.jobs(model, alias, query, params)
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return jobs

@@ -1,0 +1,128 @@
+"""Claiming pending jobs when no flow control is in force: from the head of the claim
+index, or resumed after the worker's previous claim, of all queues or some. Run by
+``django_pgqueue.claim`` only.
+"""
+
+from __future__ import annotations
+
+from .common import CLOCK, LEASE_CANDIDATES, resume_ranges
+
+# LEASE_CANDIDATES after a claim's candidate CTE, with the clock.
+_CLAIM_LEASE = ", " + CLOCK + LEASE_CANDIDATES
+
+
+# One range of a resumed claim of all queues (pgqueue_job_claim_idx).
+_RESUME_RANGE = """{name} AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND {range}
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)"""
+
+
+# One range of a resumed claim of some queues, walked for each queue's position
+# (pgqueue_job_queue_claim_idx, from that queue's own start in it).
+_RESUME_QUEUE_RANGE = """{name} AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name AND {range}
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+)"""
+
+
+JOB_CLAIM = (
+    """
+-- name: JOB_CLAIM
+-- Lease up to limit pending jobs, highest priority first, from the head of
+-- pgqueue_job_claim_idx (WHERE and ORDER BY match it exactly); SKIP LOCKED, one
+-- statement.
+-- moves: pending -> running
+WITH candidate AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending'
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)"""
+    + _CLAIM_LEASE
+)
+
+
+JOB_CLAIM_AFTER = (
+    """
+-- name: JOB_CLAIM_AFTER
+-- JOB_CLAIM resumed after the worker's previous claim, in three ranges of
+-- pgqueue_job_claim_idx, so it never walks the dead entries of jobs claimed while xmin
+-- is pinned.
+-- moves: pending -> running
+WITH """
+    + resume_ranges(_RESUME_RANGE, "%(after_priority)s", "%(after_id)s")
+    + """, candidate AS (
+    SELECT id
+    FROM (SELECT id FROM above UNION ALL SELECT id FROM level
+          UNION ALL SELECT id FROM below) AS branches
+    LIMIT %(limit)s
+)"""
+    + _CLAIM_LEASE
+)
+
+
+JOB_CLAIM_QUEUES = (
+    """
+-- name: JOB_CLAIM_QUEUES
+-- JOB_CLAIM for a worker of some queues: the head of each queue's range of
+-- pgqueue_job_queue_claim_idx, so a small queue behind a huge one is reached at once.
+-- moves: pending -> running
+WITH candidate AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.id
+    LIMIT %(limit)s
+)"""
+    + _CLAIM_LEASE
+)
+
+
+# JOB_CLAIM_QUEUES resumed after the worker's previous claim, per queue: the three
+# RESUME_RANGES of each queue's part of pgqueue_job_queue_claim_idx (as
+# JOB_CLAIM_AFTER), so the claim never walks the dead entries of jobs claimed while xmin
+# is pinned. A queue with no position yet starts above every priority and id
+# (manager.QUEUE_HEAD), where its third range is its whole line from the head.
+JOB_CLAIM_QUEUES_AFTER = (
+    """
+-- name: JOB_CLAIM_QUEUES_AFTER
+-- JOB_CLAIM_QUEUES resumed after the worker's previous claim, per queue, in three
+-- ranges of each queue's part of pgqueue_job_queue_claim_idx.
+-- moves: pending -> running
+WITH queue_position AS (
+    SELECT *
+    FROM unnest(%(queues)s::text[], %(after_priorities)s::int[], %(after_ids)s::bigint[])
+         AS q(name, after_priority, after_id)
+), """
+    + resume_ranges(_RESUME_QUEUE_RANGE, "q.after_priority", "q.after_id")
+    + """, candidate AS (
+    SELECT id
+    FROM (SELECT id, priority FROM above UNION ALL SELECT id, priority FROM level
+          UNION ALL SELECT id, priority FROM below) AS branches
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+)"""
+    + _CLAIM_LEASE
+)

@@ -1,0 +1,54 @@
+"""A worker process's row: registered, touched by its heartbeat, deleted at exit. Run by
+``django_pgqueue.worker.presence`` only.
+"""
+
+from __future__ import annotations
+
+WORKER_DELETE = """
+-- name: WORKER_DELETE
+-- Forget a worker that exits cleanly (the last thing it does). Primary-key lookup.
+DELETE FROM pgqueue_worker
+WHERE id = %(id)s
+"""
+
+
+WORKER_REGISTER = """
+-- name: WORKER_REGISTER
+-- Register a worker process at start (or again, after the sweeper deleted it while it
+-- was cut off). Primary-key upsert.
+INSERT INTO pgqueue_worker AS w (
+    id, hostname, pid, queues, concurrency, lease_seconds, version,
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+)
+VALUES (
+    %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
+    %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
+    coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
+    %(jobs_failed)s
+)
+ON CONFLICT (id) DO UPDATE
+SET hostname = excluded.hostname,
+    pid = excluded.pid,
+    queues = excluded.queues,
+    concurrency = excluded.concurrency,
+    lease_seconds = excluded.lease_seconds,
+    version = excluded.version,
+    started_at = CASE WHEN %(restart)s THEN excluded.started_at ELSE w.started_at END,
+    last_seen_at = excluded.last_seen_at,
+    jobs_held = excluded.jobs_held,
+    jobs_done = excluded.jobs_done,
+    jobs_failed = excluded.jobs_failed
+"""
+
+
+WORKER_TOUCH = """
+-- name: WORKER_TOUCH
+-- The heartbeat's still alive: last seen now, with its counts; zero rows means the row
+-- is gone and the worker registers again.
+UPDATE pgqueue_worker
+SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
+    jobs_held = %(jobs_held)s,
+    jobs_done = %(jobs_done)s,
+    jobs_failed = %(jobs_failed)s
+WHERE id = %(id)s
+"""
