@@ -369,10 +369,7 @@ DOCUMENTED_METHODS = documented_methods(read_lines(MODELS_MD), MODELS_MD)
 #: until fixed (then its strict xfail fails, and its line goes). Restored on main:
 #: ``sweep``, ``rescue_expired``, ``promote_due``, ``prune_finished``,
 #: ``prune_lost_workers`` (removed in e530346 without a deprecation).
-EXPECTED_DRIFT = {
-    "bulk_enqueue": "Job.objects.bulk_enqueue is annotated -> int; it returns a "
-    "BulkResult, as documented (manager.py: the annotation is the lead's to fix)",
-}
+EXPECTED_DRIFT: dict[str, str] = {}
 
 
 def expected_drift(name: str) -> list[pytest.MarkDecorator]:
