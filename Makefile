@@ -19,7 +19,7 @@ PY := .venv/bin/python
 # Not benches: the package, their shared helpers, the chaos runs' settings, bench.compare's PgQueuer side.
 BENCHES := $(filter-out __init__ common chaos_settings stock_settings pgqueuer_side,$(basename $(notdir $(wildcard bench/*.py))))
 
-.PHONY: help setup demo test lint docs dist matrix bench stop ci sql
+.PHONY: help setup demo test lint sql docs dist matrix bench stop ci
 
 help: ## list these commands (the default)
 	@echo "make TARGET [ARGS='...'], from a fresh clone:"

@@ -30,6 +30,7 @@ tests, while in production the database's clock decides.
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,27 @@ from .workflows import RELEASE_NOTIFY_PREFIX
 if TYPE_CHECKING:
     from .models import Job
 
+
+def error_entry(exc: BaseException, *, worker_id: str, attempt: int) -> dict[str, Any]:
+    """Deprecated: the JSON of one failed attempt's error entry. The statements build
+    the entry themselves now (``sql.common.ENTRY``, with the database's time);
+    ``finish.describe_error`` gives its class path and traceback. Goes in the release
+    after the next."""
+    warnings.warn(
+        "django_pgqueue.manager.error_entry() is deprecated: the error entry is built by "
+        "the SQL; use django_pgqueue.finish.describe_error() for its class and traceback",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    path, text = describe_error(exc)
+    return {
+        "exception_class_path": path,
+        "traceback": text,
+        "worker_id": worker_id,
+        "attempt": attempt,
+    }
+
+
 __all__ = [
     "CANCEL_NOTIFY_IDS",
     "CANCEL_NOTIFY_PREFIX",
@@ -63,6 +85,7 @@ __all__ = [
     "Owned",
     "SweepResult",
     "describe_error",
+    "error_entry",
     "job_ids",
 ]
 
@@ -150,7 +173,7 @@ class JobManager(models.Manager["Job"]):
         *,
         batch_size: int = bulk.DEFAULT_BATCH_SIZE,
         now: dt.datetime | None = None,
-    ) -> int:
+    ) -> bulk.BulkResult:
         """Store many jobs (mappings of ``enqueue()``'s arguments) all or nothing,
         through COPY in bounded batches; return how many were created.
 

@@ -597,18 +597,7 @@ def enqueue_dependant(
     }
     for _ in range(5):
         row = db.row(alias, sql.JOB_ENQUEUE_DEPENDANT, full)
-        (
-            job_id,
-            status,
-            run_at,
-            created_at,
-            args,
-            errors,
-            finished_at,
-            parents_left,
-            workflow_id,
-            found,
-        ) = row
+        job_id, status, found = row[0], row[1], row[-1]
         missing = sorted(set(parents) - set(found or ()))
         if missing:
             raise InvalidJob(
@@ -631,33 +620,47 @@ def enqueue_dependant(
             transaction.on_commit(
                 functools.partial(resolve_late, alias, [job_id]), using=alias, robust=True
             )
-        trace_context = params.get("trace_context")
-        values = dict.fromkeys(_field_names(model))
-        values.update(
-            id=job_id,
-            backend=params["backend"],
-            queue=params["queue"],
-            task=params["task"],
-            args=json.loads(args) if isinstance(args, str) else args,
-            kwargs=json.loads(params["kwargs"]),
-            priority=params["priority"],
-            status=status,
-            attempts=0,
-            max_attempts=params["max_attempts"],
-            run_at=run_at,
-            idempotency_key=params["idempotency_key"],
-            errors=json.loads(errors) if isinstance(errors, str) else errors,
-            snoozes=0,
-            created_at=created_at,
-            finished_at=finished_at,
-            trace_context=None if trace_context is None else json.loads(trace_context),
-            parents_left=parents_left,
-            on_parent_failure=on_parent_failure,
-            workflow_id=workflow_id,
-            has_dependants=False,
-        )
-        return _instance(model, alias, values)
+        return _dependant(model, alias, params, on_parent_failure, row)
     raise RuntimeError("idempotency key kept changing hands; giving up")
+
+
+def _dependant(
+    model: type[models.Model],
+    alias: str,
+    params: dict[str, Any],
+    on_parent_failure: str | None,
+    row: tuple[Any, ...],
+) -> Job:
+    """The ``Job`` ``JOB_ENQUEUE_DEPENDANT`` stored (``row``): the database's id, status,
+    times, args (its parents' results prepended) and errors, the rest as sent."""
+    job_id, status, run_at, created_at, args, errors, finished_at, parents_left = row[:8]
+    workflow_id = row[8]
+    trace_context = params.get("trace_context")
+    values = dict.fromkeys(_field_names(model))
+    values.update(
+        id=job_id,
+        backend=params["backend"],
+        queue=params["queue"],
+        task=params["task"],
+        args=json.loads(args) if isinstance(args, str) else args,
+        kwargs=json.loads(params["kwargs"]),
+        priority=params["priority"],
+        status=status,
+        attempts=0,
+        max_attempts=params["max_attempts"],
+        run_at=run_at,
+        idempotency_key=params["idempotency_key"],
+        errors=json.loads(errors) if isinstance(errors, str) else errors,
+        snoozes=0,
+        created_at=created_at,
+        finished_at=finished_at,
+        trace_context=None if trace_context is None else json.loads(trace_context),
+        parents_left=parents_left,
+        on_parent_failure=on_parent_failure,
+        workflow_id=workflow_id,
+        has_dependants=False,
+    )
+    return _instance(model, alias, values)
 
 
 def resolve_late(alias: str, ids: list[int], *, now: dt.datetime | None = None) -> int:

@@ -123,6 +123,23 @@ def test_lifecycle__a_snooze_after_a_cancel_request_ends_cancelled(job_factory, 
     assert "snoozed" in cancelled.errors[-1]["traceback"]
 
 
+@pytest.mark.django_db
+def test_manager__snooze_and_progress_are_transitions_of_job_objects(job_factory, now):
+    """``Job.objects.snooze`` and ``set_progress`` are the task's own writes, fenced as
+    the worker's are: another worker's call changes nothing."""
+    job = claim(job_factory(), now=now)
+    with pytest.raises(LeaseLost):
+        Job.objects.set_progress(job, "w2", 1)
+    Job.objects.set_progress(job, "w1", {"step": 2})
+    assert fresh(job).progress == {"step": 2}
+    assert Job.objects.snooze(job, "w2", 30.0, now=now) is None
+    assert fresh(job).status == "running"
+    assert Job.objects.snooze(job, "w1", 30.0, now=now) == "scheduled"
+    snoozed = fresh(job)
+    assert (snoozed.status, snoozed.attempts, snoozed.snoozes) == ("scheduled", 0, 1)
+    assert snoozed.run_at == now + 30 * SECOND
+
+
 # --- Retry and backoff --------------------------------------------------------------
 
 

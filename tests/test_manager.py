@@ -1253,3 +1253,14 @@ def test_cancel__a_running_job_is_announced_on_the_channel(job_factory, other_co
     named = [int(i) for p in payloads for i in p[len(CANCEL_NOTIFY_PREFIX) :].split(",")]
     assert sorted(named) == running
     assert len(payloads) == 2 and max(len(p) for p in payloads) < 8000
+
+
+def test_manager__error_entry_is_deprecated_and_still_works():
+    """Removed without a deprecation in this release, restored with one."""
+    from django_pgqueue.manager import error_entry
+
+    with pytest.warns(DeprecationWarning, match="error_entry"):
+        entry = error_entry(ValueError("boom"), worker_id="w1", attempt=2)
+    assert entry["exception_class_path"] == "builtins.ValueError"
+    assert "ValueError: boom" in entry["traceback"]
+    assert (entry["worker_id"], entry["attempt"]) == ("w1", 2)

@@ -314,3 +314,35 @@ def test_sweeper__run_once_is_quiet_when_nothing_changed(db, caplog):
     with caplog.at_level(logging.INFO, logger="django_pgqueue"):
         assert Sweeper().run_once() == SweepResult()
     assert "sweep:" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_manager__sweep_and_its_parts_are_on_job_objects_as_documented(job_factory, now):
+    """``Job.objects.sweep()`` (documented, and gone for a release without a deprecation)
+    and its parts run the sweeper's passes on the manager's database: a lease expired one
+    second ago comes back, a job due one second ago is promoted, a done job past its
+    retention is pruned, and a lost worker's row is deleted."""
+    expired = claimed(job_factory, now - 61 * S)
+    due = job_factory(now=now - 10 * S, run_at=now - S)
+    old = done(job_factory, now - dt.timedelta(days=30))
+    result = Job.objects.sweep(now=now)
+    assert isinstance(result, SweepResult)
+    assert (result.recovered, result.promoted, result.pruned) == (1, 1, 1)
+    assert (fresh(expired).status, fresh(due).status) == ("pending", "pending")
+    assert not Job.objects.filter(pk=old.pk).exists()
+    # Each part alone, on the same shapes (nothing left to do the second time).
+    Job.objects.all().delete()
+    again = claimed(job_factory, now - 61 * S)
+    assert Job.objects.rescue_expired(now=now) == (1, 0, 0)
+    assert Job.objects.rescue_expired(now=now) == (0, 0, 0)
+    assert fresh(again).status == "pending"
+    later = job_factory(now=now - 10 * S, run_at=now - S)
+    assert Job.objects.promote_due(now=now) == 1 and fresh(later).status == "pending"
+    Job.objects.all().delete()
+    gone = done(job_factory, now - dt.timedelta(days=30))
+    assert Job.objects.prune_finished(now=now) == 1
+    assert not Job.objects.filter(pk=gone.pk).exists()
+    assert Job.objects.prune_lost_workers(now=now) == 0
+    assert Job.objects.prune_expired_keys(now=now) == 0
+    assert Job.objects.prune_rate_windows(now=now) == 0
+    assert Job.objects.resolve_missed(now=now) == 0
