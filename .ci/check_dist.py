@@ -26,7 +26,9 @@ NAME = "django-tasks-pgqueue"
 WHEEL_NEEDS = [
     "django_pgqueue/__init__.py",
     "django_pgqueue/py.typed",
-    "django_pgqueue/sql.py",
+    "django_pgqueue/sql/__init__.py",
+    "django_pgqueue/sql/claim.py",
+    "django_pgqueue/sql/rendered.sql",
     "django_pgqueue/taskapi.py",
     "django_pgqueue/admin/__init__.py",
     "django_pgqueue/admin/dashboard.py",
