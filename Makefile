@@ -71,5 +71,5 @@ stop: ## stop the embedded PostgreSQL that demo and test leave running in .pgdat
 	else echo "[dev] no .venv: nothing was started" >&2; fi
 
 # .ci/run calls make for each step: without this make's flags and variables (ARGS=...).
-ci: ## what CI runs on a clean clone (.ci/run): setup, lint, docs, dist, test
+ci: ## what CI runs on a clean clone (.ci/run): setup, lint, docs, dist, test, matrix
 	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL bash .ci/run
