@@ -657,6 +657,86 @@ def test_late_dependant__a_completion_writing_after_the_recheck_is_the_sweepers(
 # --- retention and the rest ------------------------------------------------------------
 
 
+#: The advisory lock a planted BEFORE DELETE trigger waits on (the test holds it).
+GATE = 28_012
+
+
+@pytest.fixture
+def gated_delete(other_connection):
+    """Plant a BEFORE DELETE trigger on pgqueue_job that, for the job ids it is given,
+    waits for an advisory lock the test holds: a DELETE statement stops there, its
+    snapshot taken, until the test opens the gate. Dropped at teardown."""
+    gate = other_connection(autocommit=True)
+    gate.execute("SELECT pg_advisory_lock(%s)", [GATE])
+
+    def plant(*ids: int) -> Callable[[], None]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""CREATE FUNCTION pgqueue_test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN
+                        IF OLD.id = ANY('{{{",".join(map(str, ids))}}}'::bigint[]) THEN
+                            PERFORM pg_advisory_lock({GATE});
+                            PERFORM pg_advisory_unlock({GATE});
+                        END IF;
+                        RETURN OLD;
+                    END $$"""
+            )
+            cursor.execute(
+                "CREATE TRIGGER pgqueue_test_gate BEFORE DELETE ON pgqueue_job"
+                " FOR EACH ROW EXECUTE FUNCTION pgqueue_test_gate()"
+            )
+        return lambda: gate.execute("SELECT pg_advisory_unlock(%s)", [GATE])
+
+    yield plant
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER IF EXISTS pgqueue_test_gate ON pgqueue_job")
+        cursor.execute("DROP FUNCTION IF EXISTS pgqueue_test_gate()")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune__a_parent_done_while_its_dependants_enqueue_is_open_is_not_lost(
+    other_connection, monkeypatch, gated_delete
+):
+    """Issue 28 item 12. The parent completes while the dependant's enqueue is open; the
+    retention delete takes its snapshot before the enqueue commits (it sees no edge) and
+    reaches the parent's row after (a planted trigger holds it on an older job's delete
+    in between), and the enqueuer died right after its commit (no re-check). The parent
+    must not be deleted with its edge unresolved: the dependant runs, never cancelled."""
+    monkeypatch.setattr(workflows, "resolve_late", lambda *a, **k: 0)
+    older = Job.objects.enqueue(add, [1, 1])
+    parent = Job.objects.enqueue(add, [1, 2])
+    a, p = claim()
+    assert finish([a], lambda j: 2) == [True]  # finished first: deleted first
+    open_gate = gated_delete(older.id)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
+    watcher = other_connection(autocommit=True)
+    pids: list[int] = []
+
+    def prune() -> None:
+        try:
+            connection.ensure_connection()
+            pids.append(connection.connection.info.backend_pid)
+            sweeper.prune_finished("default", now=later)
+        finally:
+            connection.close()
+
+    pruning = threading.Thread(target=prune)
+    with transaction.atomic():
+        dependant = Job.objects.enqueue(double, depends_on=[parent])
+        assert dependant.status == "waiting"
+        assert complete_elsewhere(other_connection(autocommit=True), p) == [(1, "done")]
+        pruning.start()
+        at_gate = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'advisory'"
+        wait_for(lambda: pids and watcher.execute(at_gate, [pids[0]]).fetchone())
+    open_gate()  # the enqueue committed while the delete was under way
+    pruning.join(20)
+    assert not pruning.is_alive()
+    sweeper.sweep()
+    assert fresh(dependant).status == "pending"
+    assert edges(dependant) == [(parent.id, "done", 10)]
+    invariant_holds()
+
+
 def test_prune__deletes_a_pruned_dependants_edges_and_keeps_a_parent_with_a_missed_edge(now):
     jobs = chain(step(add, 1, 2), double).enqueue()
     (first,) = claim()

@@ -3172,33 +3172,38 @@ DELETE FROM pgqueue_job_key AS k
 USING closed
 WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key);
 
--- name: JOB_DELETE_FINISHED_BEFORE
--- Delete jobs of one final state finished before its retention horizon, one bounded
--- batch of that state's partial index, with their own edges; SKIP LOCKED.
+-- name: JOB_DELETE_FINISHED_LOCKED
+-- Delete the finished jobs JOB_LOCK_FINISHED_BEFORE locked, with their own edges, except
+-- one whose edge to repair committed before the lock (re-checked on this snapshot).
 -- moves: done -> gone
 -- moves: dead -> gone
 -- moves: cancelled -> gone
-WITH old AS (
-    SELECT id
-    FROM pgqueue_job AS j
-    WHERE status = %(status)s
-      AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
-                        - make_interval(secs => %(retention_seconds)s)
+WITH pruned AS (
+    DELETE FROM pgqueue_job AS j
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND j.status IN ('done', 'dead', 'cancelled')
       AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
                       WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
-    ORDER BY finished_at
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-), pruned AS (
-    DELETE FROM pgqueue_job AS j
-    USING old
-    WHERE j.id = old.id
     RETURNING j.id, j.parents_left
 ), own_edges AS (
     DELETE FROM pgqueue_job_dependency AS e
     WHERE e.job_id IN (SELECT id FROM pruned WHERE parents_left IS NOT NULL)
 )
 SELECT count(*) FROM pruned;
+
+-- name: JOB_LOCK_FINISHED_BEFORE
+-- Lock jobs of one final state finished before its retention horizon, one bounded
+-- batch of that state's partial index, SKIP LOCKED: JOB_DELETE_FINISHED_LOCKED's.
+SELECT id
+FROM pgqueue_job AS j
+WHERE status = %(status)s
+  AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
+                    - make_interval(secs => %(retention_seconds)s)
+  AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                  WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
+ORDER BY finished_at
+LIMIT %(batch_size)s
+FOR UPDATE SKIP LOCKED;
 
 -- name: JOB_PROMOTE_DUE
 -- Move due scheduled jobs to pending, one bounded batch of pgqueue_job_scheduled_idx;

@@ -242,7 +242,9 @@ SELECT count(*) FROM resolved
 # resolving them (its dependant was enqueued while it ran, and the enqueuer died before
 # JOB_RESOLVE_LATE; or a cascade stopped at CASCADE_DEPTH), one bounded batch of parents
 # from pgqueue_job_dep_repair_idx, then as every other finishing statement (RESOLVE).
-# A parent whose row is gone counts as cancelled. SKIP LOCKED: several sweepers split it.
+# A parent whose row is gone counts as cancelled: retention never deletes a parent
+# with such an edge (JOB_DELETE_FINISHED_LOCKED re-checks under its lock), so it was
+# deleted by hand, its outcome unknown. SKIP LOCKED: several sweepers split it.
 JOB_RESOLVE_MISSED = (
     """
 -- name: JOB_RESOLVE_MISSED
