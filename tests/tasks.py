@@ -4,6 +4,7 @@ repository on sys.path), so a test can see from outside when a task has started.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -372,6 +373,16 @@ async def async_until_cancelled(seconds: float = 60.0) -> str:
         await sync_to_async(_mark)("cancelled")
         raise
     return "slept"
+
+
+@task(max_attempts=1)
+async def async_exits(kind: str, seconds: float = 0.0) -> None:
+    """A coroutine job that ends as a library calling ``sys.exit()`` would (``kind``
+    "exit"), or with ``KeyboardInterrupt`` ("interrupt"), after ``seconds``."""
+    await asyncio.sleep(seconds)
+    if kind == "exit":
+        sys.exit(3)
+    raise KeyboardInterrupt
 
 
 @task(timeout=0.5, max_attempts=2)
