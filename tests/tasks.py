@@ -223,6 +223,28 @@ async def async_retry_once(path: str, seconds: float) -> int:
     return runs
 
 
+@task(max_attempts=1)
+def huge_delay(kind: str, seconds: float) -> None:
+    """Asks for a delay no timestamp holds: ``Snooze`` ("snooze") or ``Retry``."""
+    raise (Snooze if kind == "snooze" else Retry)(seconds)
+
+
+@task(max_attempts=1)
+async def async_huge_delay(kind: str, seconds: float) -> None:
+    """``huge_delay`` as a coroutine."""
+    raise (Snooze if kind == "snooze" else Retry)(seconds)
+
+
+def _huge_backoff(exc: BaseException, task_result: object) -> float:
+    return 1e300
+
+
+@task(max_attempts=2, backoff=_huge_backoff)
+def fail_with_huge_backoff() -> None:
+    """Always fails; its backoff asks for 1e300 s."""
+    raise ValueError("always")
+
+
 def _seven_per_attempt(exc: BaseException, task_result: object) -> float:
     return 7.0 * task_result.attempts  # type: ignore[attr-defined]
 

@@ -18,6 +18,7 @@ from django.test import override_settings
 from django.urls import reverse
 
 from django_pgqueue import InvalidJob, LeaseLost, Retry, Snooze, db, enqueue_many, lifecycle, sql
+from django_pgqueue.exceptions import MAX_DELAY_SECONDS
 from django_pgqueue.models import Job, JobKey
 from django_pgqueue.sweeper import sweep
 from django_pgqueue.taskapi import InvalidTask, TaskResultStatus, default_task_backend
@@ -48,6 +49,12 @@ def test_lifecycle__snooze_and_retry_refuse_bad_delays():
     for bad in ("3", None, True):
         with pytest.raises(TypeError, match="number of seconds or a timedelta"):
             Retry(bad)  # type: ignore[arg-type]
+    for bad in (1e300, 1e13, MAX_DELAY_SECONDS + 1, dt.timedelta(days=3660 * 2)):
+        with pytest.raises(ValueError, match=r"at most 315360000 \(ten years\)"):
+            Snooze(bad)
+        with pytest.raises(ValueError, match="at most 315360000"):
+            Retry(bad)
+    assert Snooze(MAX_DELAY_SECONDS).seconds == MAX_DELAY_SECONDS
     assert Snooze(dt.timedelta(minutes=1)).seconds == 60.0
     assert str(Retry(2, reason="busy")) == "retry in 2s: busy"
 
