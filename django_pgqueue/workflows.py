@@ -172,9 +172,14 @@ class Group:
         transaction; through COPY, however many); return the members' jobs, then the
         callback's. The callback waits for every member; it is cancelled as soon as one
         ends dead or cancelled, unless ``on_parent_failure="run"``: then it runs once
-        all finished, a failed member's result None."""
+        all finished, a failed member's result None. Without members it starts at once,
+        given ``[]``."""
         nodes = [_Node(s) for s in self.steps]
-        if self.then is not None:
+        if self.then is not None and not self.steps:
+            # No member: the callback starts at once, given the empty list of results.
+            then = self.then
+            nodes.append(_Node(Step(then.task, ([], *then.args), then.kwargs)))
+        elif self.then is not None:
             nodes.append(
                 _Node(self.then, list(range(len(self.steps))), "list", self.on_parent_failure)
             )

@@ -24,7 +24,7 @@ from django_pgqueue.sql.resolve import CASCADE_DEPTH
 from django_pgqueue.taskapi import task_backends
 from testproject.demo.tasks import add
 from tests.conftest import wait_for
-from tests.tasks import double, total
+from tests.tasks import double, echo, total
 
 pytestmark = pytest.mark.django_db
 
@@ -210,9 +210,13 @@ def test_group__callback_gets_the_results_in_member_order_once():
     invariant_holds()
 
 
-def test_group__an_empty_group_runs_its_callback_at_once_with_no_results():
-    (callback,) = group(then=step(total, 7)).enqueue()
-    assert (callback.status, callback.args) == ("pending", [7])
+def test_group__an_empty_group_runs_its_callback_at_once_with_no_results(run_worker):
+    """Issue 28 item 17: cb([], x), as for any group, not cb(x)."""
+    (callback,) = group(*[], then=step(echo, 7, tag="album")).enqueue()
+    assert (callback.status, callback.args) == ("pending", [[], 7])
+    assert (fresh(callback).args, fresh(callback).parents_left) == ([[], 7], None)
+    run_worker()
+    assert fresh(callback).result == {"args": [[], 7], "kwargs": {"tag": "album"}}
 
 
 @pytest.mark.django_db(transaction=True)
