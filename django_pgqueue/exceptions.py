@@ -70,10 +70,12 @@ class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExp
 
 
 class JobTimeout(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
-    """A coroutine task ran past its timeout (``@task(timeout=...)``,
-    ``PGQUEUE_JOB_TIMEOUT_SECONDS``) and was cancelled: the attempt fails (and is
-    retried with backoff). A task on a thread slot cannot be stopped: its lease is no
-    longer extended instead, and the sweeper takes the job back."""
+    """A task ran past its timeout (``@task(timeout=...)``,
+    ``PGQUEUE_JOB_TIMEOUT_SECONDS``): the attempt fails (and is retried with backoff).
+    A coroutine task is cancelled at its timeout. A task on a thread slot cannot be
+    stopped: its lease is no longer extended, so the sweeper takes the job back once it
+    expires, and if the task returns after its timeout (lease or not), its attempt
+    fails with this error, its value discarded, rather than being done."""
 
 
 class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event

@@ -437,6 +437,23 @@ async def async_transactional() -> dict[str, object]:
     return await sync_to_async(look)()
 
 
+@task(timeout=0.3, max_attempts=2)
+def returns_late(seconds: float = 0.8) -> str:
+    """Returns after its timeout (a thread cannot be stopped)."""
+    time.sleep(seconds)
+    return "late"
+
+
+@task(transactional=True, timeout=0.3, max_attempts=1)
+def delivers_late(recipient: str, seconds: float = 0.8) -> int:
+    """Writes a Delivery row in the job's transaction, then returns after its timeout."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Delivery.objects.create(job_id=job.id, recipient=recipient)
+    time.sleep(seconds)
+    return job.id
+
+
 # --- for test_testing.py and test_testing_pytest.py (run_jobs, in the test's process) --
 
 

@@ -16,6 +16,7 @@ from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
+TIMEOUT = "django_pgqueue.exceptions.JobTimeout"
 WORKER = ("pgqueue_worker", "--poll-interval", "0.1", "--concurrency", "4")
 
 
@@ -141,3 +142,23 @@ def test_lifecycle_process__a_delay_no_timestamp_holds_is_the_jobs_failure(manag
     assert (row.status, row.attempts, len(row.errors)) == ("dead", 2, 2), worker.output()
     assert "internal error" not in worker.output()
     assert "using the default backoff" in worker.output()
+
+
+def test_lifecycle_process__a_plain_task_returning_after_its_timeout_timed_out(manage):
+    """Issue 28 item 8: @task(timeout=0.3) on a plain task returning after 0.8 s, well
+    inside its lease: each attempt is recorded as timed out (JobTimeout, retried), not
+    done; a transactional one's effects roll back."""
+    from testproject.demo.models import Delivery
+
+    late = Job.objects.enqueue(tasks.returns_late)
+    tx = Job.objects.enqueue(tasks.delivers_late, ["someone"])
+    worker = manage(*WORKER, env={"PGQUEUE_RETRY_BACKOFF_BASE": "0"})
+    wait_for(lambda: finished(late, tx), timeout=30)
+    row = fresh(late)
+    assert (row.status, row.attempts, row.result) == ("dead", 2, None), worker.output()
+    assert [e["exception_class_path"] for e in row.errors] == [TIMEOUT, TIMEOUT]
+    assert "past its timeout of 0.3s" in row.errors[0]["traceback"]
+    row = fresh(tx)
+    assert (row.status, row.attempts) == ("dead", 1), worker.output()
+    assert row.errors[-1]["exception_class_path"] == TIMEOUT
+    assert not Delivery.objects.filter(job_id=tx.id).exists()
