@@ -4045,3 +4045,26 @@ SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_done = %(jobs_done)s,
     jobs_failed = %(jobs_failed)s
 WHERE id = %(id)s;
+
+-- =============================================================================
+-- family migration: run by django_pgqueue.migration_ops
+
+-- name: MIGRATION_LOCK_HOLDERS
+-- Who holds a lock on the jobs table (but this session): named in the error of a
+-- migration that could not get its own.
+SELECT string_agg(DISTINCT concat('pid ', a.pid, ' (', a.state, ', since ', a.xact_start,
+                                  ': ', left(a.query, 60), ')'), '; ')
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.relation = 'pgqueue_job'::regclass
+  AND l.granted
+  AND a.pid <> pg_backend_pid();
+
+-- name: MIGRATION_LOCK_TIMEOUT
+-- Set the transaction's lock_timeout for one attempt of a migration's operation;
+-- return the value it had.
+WITH previous AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS value
+)
+SELECT previous.value, set_config('lock_timeout', %(lock_timeout)s, true)
+FROM previous;
