@@ -70,6 +70,8 @@ ON_PARENT_FAILURE = ("cancel", "run")
 #: The payload prefix of the NOTIFY a released dependant sends (then its queue name; no
 #: queue name holds a colon): the listener makes the next claim start at the head.
 RELEASE_NOTIFY_PREFIX = resolve.RELEASE_NOTIFY_PREFIX
+#: The largest job id (a bigint): a larger one in ``depends_on`` is refused, never sent.
+MAX_JOB_ID = 2**63 - 1
 #: How many levels of dependants ``Job.objects.requeue_dead`` puts back at most.
 RESTORE_LEVELS = 1000
 
@@ -572,6 +574,8 @@ def parent_ids(depends_on: Any, *, alias: str) -> list[int]:
                 "depends_on must hold jobs or int job ids, not "
                 f"{type(item).__name__} {validation.show(item)}"
             )
+        if not 1 <= job_id <= MAX_JOB_ID:
+            raise InvalidJob(f"depends_on: {job_id} is no job id (ids are from 1 to {MAX_JOB_ID})")
         if job_id in seen:
             raise InvalidJob(f"depends_on names job {job_id} twice")
         seen.add(job_id)

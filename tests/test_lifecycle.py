@@ -211,6 +211,11 @@ def test_lifecycle__progress_is_fenced_bounded_and_kept(job_factory, now):
         lifecycle.set_progress("default", job.id, "w2", job.attempts, job.last_attempted_at, 1)
     with pytest.raises(InvalidJob, match="JSON-serialisable"):
         lifecycle.set_progress(*fence, {"at": object()})
+    # Issue 28 item 18: what is wrong, not "not JSON-serialisable" about a return value.
+    with pytest.raises(InvalidJob, match=r"^progress cannot be stored: progress contains a NUL"):
+        lifecycle.set_progress(*fence, "\x00")
+    with pytest.raises(InvalidJob, match=r"^progress cannot be stored: progress\['a'\] contains"):
+        lifecycle.set_progress(*fence, {"a": "\ud800"})
     with override_settings(PGQUEUE_MAX_PROGRESS_BYTES=20), pytest.raises(InvalidJob, match="20"):
         lifecycle.set_progress(*fence, "x" * 30)
     assert fresh(job).progress == {"done": 3, "of": 10}  # the bad ones changed nothing

@@ -515,6 +515,10 @@ def test_depends_on__refuses_duplicates_options_and_self_reference():
         Job.objects.enqueue(add, [1, 1], on_parent_failure="run")
     with pytest.raises(InvalidJob, match=f"held by job {a.id}, which is in depends_on"):
         Job.objects.enqueue(add, [1, 1], depends_on=[a], idempotency_key="k")
+    # Issue 28 item 18: no raw DataError (bigint out of range) for an impossible id.
+    for bad in (2**63, -(2**63) - 1, 0):
+        with pytest.raises(InvalidJob, match=f"depends_on: {bad} is no job id"):
+            Job.objects.enqueue(add, [1, 1], depends_on=[bad])
     assert Job.objects.count() == 1 and JobDependency.objects.count() == 0
 
 
