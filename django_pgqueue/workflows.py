@@ -39,6 +39,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -698,7 +699,36 @@ def resolve_parents(alias: str, ids: list[int], *, now: dt.datetime | None = Non
 def resolve_missed(using: str, *, now: dt.datetime | None = None, max_batches: int) -> int:
     """The sweeper's repair (``sql.JOB_RESOLVE_MISSED``): resolve the edges marked for
     repair whose parent finished, in batches of ``PGQUEUE_SWEEP_BATCH_SIZE`` parents;
-    return how many edges."""
+    then, at most every ``STRANDED_EVERY_SECONDS`` per process, any unresolved edge whose
+    parent finished (:func:`resolve_stranded`). Return how many edges."""
+    resolved = _in_batches(using, sql.JOB_RESOLVE_MISSED, now, max_batches)
+    last = _stranded_at.get(using)
+    if last is None or time.monotonic() - last >= STRANDED_EVERY_SECONDS:
+        _stranded_at[using] = time.monotonic()
+        resolved += resolve_stranded(using, now=now, max_batches=max_batches)
+    return resolved
+
+
+#: How often (seconds) a sweeper process looks for edges no finishing statement resolved
+#: although their parent finished (:func:`resolve_stranded`): the look costs a probe per
+#: unresolved edge, and only a worker of an older release leaves such edges.
+STRANDED_EVERY_SECONDS = 60.0
+#: When each jobs database was last looked at by :func:`resolve_stranded` (monotonic).
+_stranded_at: dict[str, float] = {}
+
+
+def resolve_stranded(using: str, *, now: dt.datetime | None = None, max_batches: int) -> int:
+    """Resolve unresolved edges whose parent has finished all the same
+    (``sql.JOB_RESOLVE_STRANDED``): during a rolling upgrade, a worker of an older
+    release finishes workflow parents without releasing what waits on them. So a
+    waiting job whose parents all finished is released (or cancelled), whoever finished
+    them. Return how many edges."""
+    return _in_batches(using, sql.JOB_RESOLVE_STRANDED, now, max_batches)
+
+
+def _in_batches(using: str, statement: str, now: dt.datetime | None, max_batches: int) -> int:
+    """Run a repair statement (it returns parents taken, edges resolved) while it fills
+    its batch of ``PGQUEUE_SWEEP_BATCH_SIZE`` parents; the edges resolved."""
     batch_size = int(settings.SWEEP_BATCH_SIZE)
     params: dict[str, Any] = {
         "now": now,
@@ -707,7 +737,7 @@ def resolve_missed(using: str, *, now: dt.datetime | None = None, max_batches: i
     }
     resolved = 0
     for _ in range(max_batches):
-        parents, edges = db.row(using, sql.JOB_RESOLVE_MISSED, params)
+        parents, edges = db.row(using, statement, params)
         resolved += int(edges)
         if parents < batch_size:
             break

@@ -662,6 +662,45 @@ def test_late_dependant__a_completion_writing_after_the_recheck_is_the_sweepers(
     invariant_holds()
 
 
+def finished_by_an_old_worker(job: Job, status: str, result: Any = None) -> None:
+    """What a worker of a release before workflows wrote to finish a job: its row only,
+    nothing about the jobs waiting on it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_job SET status = %s, result = %s, finished_at = clock_timestamp(),"
+            " lease_owner = NULL, lease_expires_at = NULL WHERE id = %s",
+            [status, None if result is None else json.dumps(result), job.id],
+        )
+
+
+def test_rolling_upgrade__the_sweeper_releases_what_an_old_worker_finished(monkeypatch):
+    """Issue 28 item 14: during a rolling upgrade a worker of the previous release
+    finishes chain and group parents without resolving their edges (not marked for
+    repair: created with their parents). The sweeper releases a waiting job whose
+    parents all finished, whoever finished them: a chain's next step gets its result, a
+    group's callback every member's, a failed parent's dependant is cancelled."""
+    monkeypatch.setattr(workflows, "_stranded_at", {})
+    steps = chain(step(add, 1, 2), double).enqueue()
+    album = group(step(add, 1, 1), step(add, 2, 2), then=step(total)).enqueue()
+    doomed = chain(step(add, 0, 0), double).enqueue()
+    first, one, two, failing = claim()
+    finished_by_an_old_worker(first, "done", 3)
+    finished_by_an_old_worker(one, "done", 2)
+    assert finish([two], lambda j: 4) == [True]  # a new worker finishes the other member
+    finished_by_an_old_worker(failing, "dead")
+    assert [fresh(j).status for j in (steps[1], album[2], doomed[1])] == ["waiting"] * 3
+    assert sweeper.sweep().repaired == 3
+    assert (fresh(steps[1]).status, fresh(steps[1]).args) == ("pending", [3])
+    assert (fresh(album[2]).status, fresh(album[2]).args) == ("pending", [[2, 4]])
+    assert fresh(doomed[1]).status == "cancelled"
+    assert "ended dead" in fresh(doomed[1]).errors[-1]["traceback"]
+    invariant_holds()
+    # Live workflows are left alone: an unfinished parent's edge stays unresolved.
+    pending = chain(step(add, 5, 5), double).enqueue()
+    assert workflows.resolve_stranded("default", max_batches=1) == 0
+    assert fresh(pending[1]).status == "waiting"
+
+
 # --- retention and the rest ------------------------------------------------------------
 
 
