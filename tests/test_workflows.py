@@ -689,6 +689,9 @@ def test_rolling_upgrade__the_sweeper_releases_what_an_old_worker_finished(monke
     assert finish([two], lambda j: 4) == [True]  # a new worker finishes the other member
     finished_by_an_old_worker(failing, "dead")
     assert [fresh(j).status for j in (steps[1], album[2], doomed[1])] == ["waiting"] * 3
+    # Retention keeps a parent whose edge is unresolved: the repair reads its row.
+    sweeper.prune_finished("default", now=dt.datetime.now(dt.UTC) + dt.timedelta(days=30))
+    assert Job.objects.filter(pk__in=[first.id, one.id]).count() == 2
     assert sweeper.sweep().repaired == 3
     assert (fresh(steps[1]).status, fresh(steps[1]).args) == ("pending", [3])
     assert (fresh(album[2]).status, fresh(album[2]).args) == ("pending", [[2, 4]])

@@ -3300,7 +3300,7 @@ WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key);
 
 -- name: JOB_DELETE_FINISHED_LOCKED
 -- Delete the finished jobs JOB_LOCK_FINISHED_BEFORE locked, with their own edges, except
--- one whose edge to repair committed before the lock (re-checked on this snapshot).
+-- one with an unresolved edge committed before the lock (re-checked on this snapshot).
 -- moves: done -> gone
 -- moves: dead -> gone
 -- moves: cancelled -> gone
@@ -3309,7 +3309,7 @@ WITH pruned AS (
     WHERE j.id = ANY(%(ids)s::bigint[])
       AND j.status IN ('done', 'dead', 'cancelled')
       AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
-                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
+                      WHERE e.parent_id = j.id AND e.state IS NULL)
     RETURNING j.id, j.parents_left
 ), own_edges AS (
     DELETE FROM pgqueue_job_dependency AS e
@@ -3326,7 +3326,7 @@ WHERE status = %(status)s
   AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
                     - make_interval(secs => %(retention_seconds)s)
   AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
-                  WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
+                  WHERE e.parent_id = j.id AND e.state IS NULL)
 ORDER BY finished_at
 LIMIT %(batch_size)s
 FOR UPDATE SKIP LOCKED;
