@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .bulk import BulkResult, enqueue_many
     from .exceptions import (
         InvalidJob,
+        JobCancelled,
         LeaseLost,
         PgQueueError,
         Retry,
@@ -43,6 +44,7 @@ _EXPORTS = {
     "BulkResult": "bulk",
     "enqueue_many": "bulk",
     "InvalidJob": "exceptions",
+    "JobCancelled": "exceptions",
     "LeaseLost": "exceptions",
     "PgQueueError": "exceptions",
     "Retry": "exceptions",
@@ -66,6 +68,7 @@ __all__ = [
     "CurrentJob",
     "Group",
     "InvalidJob",
+    "JobCancelled",
     "LeaseLost",
     "PgQueueError",
     "PgQueueTask",

@@ -73,8 +73,10 @@ class Settings:
     (dead, not retried) with this limit named, instead of a database error."""
 
     JOB_TIMEOUT_SECONDS: float | None = None
-    """Stop extending a running job's lease after this long (None: never). The sweeper
-    then recovers a hung task and its late completion is fenced out."""
+    """How long a run may take (None: no limit; a task's own ``timeout`` wins). A
+    coroutine task is cancelled then; a plain task's lease stops being extended (the
+    sweeper recovers a hung task), and its return after the limit fails the attempt
+    with JobTimeout (retried), never done."""
 
     SHUTDOWN_GRACE_SECONDS: float | None = None
     """After the first SIGTERM, how long running tasks may take before the worker

@@ -70,10 +70,12 @@ class JobCancelled(PgQueueError):  # noqa: N818 - names the event, like LeaseExp
 
 
 class JobTimeout(PgQueueError):  # noqa: N818 - names the event, like LeaseExpired
-    """A coroutine task ran past its timeout (``@task(timeout=...)``,
-    ``PGQUEUE_JOB_TIMEOUT_SECONDS``) and was cancelled: the attempt fails (and is
-    retried with backoff). A task on a thread slot cannot be stopped: its lease is no
-    longer extended instead, and the sweeper takes the job back."""
+    """A task ran past its timeout (``@task(timeout=...)``,
+    ``PGQUEUE_JOB_TIMEOUT_SECONDS``): the attempt fails (and is retried with backoff).
+    A coroutine task is cancelled at its timeout. A task on a thread slot cannot be
+    stopped: its lease is no longer extended, so the sweeper takes the job back once it
+    expires, and if the task returns after its timeout (lease or not), its attempt
+    fails with this error, its value discarded, rather than being done."""
 
 
 class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
@@ -84,7 +86,8 @@ class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
 
 
 class Snooze(PgQueueError):  # noqa: N818 - a request, like StopIteration
-    """Raised by a task: "not now, again in ``seconds``". The job goes back to
+    """Raised by a task: "not now, again in ``seconds``" (at most
+    ``MAX_DELAY_SECONDS``; more raises ``ValueError``). The job goes back to
     ``scheduled`` at the database's now + ``seconds``, the attempt it was claimed with is
     given back and ``Job.snoozes`` counts it; no error is recorded. A transactional
     task's effects roll back. More than ``PGQUEUE_MAX_SNOOZES`` snoozes of one job fail
@@ -96,9 +99,10 @@ class Snooze(PgQueueError):  # noqa: N818 - a request, like StopIteration
 
 
 class Retry(PgQueueError):  # noqa: N818 - a request, like Snooze
-    """Raised by a task: this attempt failed, try again after exactly ``seconds``
-    (instead of the backoff). Recorded as an error entry and counted against
-    ``max_attempts`` like any failure; ``reason`` is the entry's message."""
+    """Raised by a task: this attempt failed, try again once ``seconds`` have passed
+    (instead of the backoff; at most ``MAX_DELAY_SECONDS``). Recorded as an error entry
+    and counted against ``max_attempts`` like any failure; ``reason`` is the entry's
+    message."""
 
     def __init__(self, seconds: float | dt.timedelta, reason: str | None = None) -> None:
         self.seconds = delay_seconds(seconds, "Retry")
@@ -124,14 +128,25 @@ class TooManyJobs(PgQueueError):  # noqa: N818 - names the event
     itself (or a cycle of tasks) for ever. Pass ``limit=`` to run a bounded number."""
 
 
+#: The longest delay a ``Snooze``, a ``Retry`` or a task's ``backoff`` may ask for: ten
+#: years (365-day ones). A longer one is refused when it is made, like a negative one:
+#: past it, a run time soon leaves what a PostgreSQL timestamp holds.
+MAX_DELAY_SECONDS = 10 * 365 * 24 * 3600.0
+
+
 def delay_seconds(value: object, what: str) -> float:
-    """A delay given as seconds or a ``timedelta``, checked: finite and not negative."""
+    """A delay given as seconds or a ``timedelta``, checked: finite, not negative, and
+    at most ``MAX_DELAY_SECONDS``."""
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what}(seconds) takes a number of seconds or a timedelta, not {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{what}(seconds) must be finite and >= 0, not {value!r}")
+    if value > MAX_DELAY_SECONDS:
+        raise ValueError(
+            f"{what}(seconds) must be at most {MAX_DELAY_SECONDS:.0f} (ten years), not {value!r}"
+        )
     return float(value)
 
 

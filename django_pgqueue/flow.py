@@ -33,7 +33,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,15 @@ def check_key(key: Any) -> str:
         )
     if "\x00" in key:
         raise ValueError(f"limit key {validation.show(key)} contains a NUL character")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # It could never be sent to PostgreSQL: every claim would fail on it.
+            raise ValueError(
+                f"limit key {key!r} contains a lone surrogate {key[exc.start]!r}: "
+                "not valid Unicode"
+            ) from None
     return key
 
 
@@ -204,7 +213,8 @@ def fair_problems(value: Any) -> list[str]:
     """What is wrong with a ``PGQUEUE_FAIR_QUEUES`` value."""
     if value is None:
         return []
-    if isinstance(value, str) or not isinstance(value, Iterable):
+    if isinstance(value, str) or not isinstance(value, Collection):
+        # (A generator, say, would be used up by this very check: no queue fair.)
         return [f"must be a list of queue names, not {validation.show(value)}"]
     return [
         f"{validation.show(name)} is no queue name (1 to 64 of A-Z a-z 0-9 _ . -)"

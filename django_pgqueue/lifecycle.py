@@ -26,6 +26,7 @@ from . import db, validation
 from .conf import settings
 from .exceptions import (
     InvalidJob,
+    InvalidResult,
     LeaseLost,
     Retry,
     Snooze,
@@ -148,7 +149,9 @@ def progress_json(value: Any) -> str:
     """``value`` as the JSON text stored in ``Job.progress``, checked: JSON-safe and at
     most ``PGQUEUE_MAX_PROGRESS_BYTES``; else ``InvalidJob`` naming what is wrong."""
     try:
-        text = validation.result_json(value)
+        text = validation.result_json(value, what="progress")
+    except InvalidResult as exc:
+        raise InvalidJob(str(exc)) from None
     except (TypeError, ValueError) as exc:
         raise InvalidJob(f"progress must be JSON-serialisable: {exc}") from None
     limit = int(settings.MAX_PROGRESS_BYTES)

@@ -129,11 +129,29 @@ def prune_finished(using: str, *, now: dt.datetime | None = None) -> int:
             "retention_seconds": seconds,
         }
 
-        def batch(p: dict[str, Any] = params) -> int:
-            return int(db.row(using, sql.JOB_DELETE_FINISHED_BEFORE, p)[0])
+        deleted: list[int] = []
 
-        pruned += in_batches(batch, batch_size)
+        def batch(p: dict[str, Any] = params, deleted: list[int] = deleted) -> int:
+            locked, count = _prune_batch(using, p)
+            deleted.append(count)
+            return locked
+
+        in_batches(batch, batch_size)
+        pruned += sum(deleted)
     return pruned
+
+
+def _prune_batch(using: str, params: dict[str, Any]) -> tuple[int, int]:
+    """Lock one batch of finished jobs past retention, then delete them in a second
+    statement whose later snapshot sees every edge committed before the locks (a
+    dependant enqueued as its parent finished): such a parent is kept for the repair.
+    (How many were locked, how many deleted.)"""
+    with transaction.atomic(using=using):
+        ids = [row[0] for row in db.rows(using, sql.JOB_LOCK_FINISHED_BEFORE, params)]
+        if not ids:
+            return 0, 0
+        deleted = db.row(using, sql.JOB_DELETE_FINISHED_LOCKED, {"ids": ids})[0]
+    return len(ids), int(deleted)
 
 
 def prune_lost_workers(using: str, *, now: dt.datetime | None = None) -> int:

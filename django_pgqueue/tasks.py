@@ -14,9 +14,12 @@ Django's ``@task(...)`` passes unknown keyword arguments to the backend's ``task
     back: they commit exactly once. Cost: a transaction (and its row locks) stays open
     for the whole run of the task; keep such tasks short.
 ``timeout``
-    Seconds after which the worker stops extending the job's lease. A hung task then
-    loses its lease, the sweeper hands the job to another worker, and the late
-    completion of the hung one is fenced out. Overrides ``PGQUEUE_JOB_TIMEOUT_SECONDS``.
+    Seconds a run may take. A coroutine task is cancelled then. A plain task cannot be
+    stopped: the worker stops extending the job's lease, so a hung task loses it within
+    the lease (the sweeper hands the job to another worker), and a task that returns
+    after its timeout has its attempt recorded as failed with ``JobTimeout`` (retried
+    with backoff; a transactional task's effects roll back), never ``done``, or fenced
+    out once the lease is gone. Overrides ``PGQUEUE_JOB_TIMEOUT_SECONDS``.
 ``max_attempts``
     Attempt limit for jobs of this task (default ``PGQUEUE_MAX_ATTEMPTS``).
 ``concurrency_key``

@@ -387,7 +387,9 @@ def returned(value: Any) -> tuple[Any, str]:
 SMALL_INT = 10**15
 
 
-def result_json(value: Any, *, max_bytes: int | None = None) -> str:
+def result_json(
+    value: Any, *, max_bytes: int | None = None, what: str = "the task's return value"
+) -> str:
     """JSON text of a task's return value (already ``normalize_json``-ed: keys become
     strings as ``json`` makes them), checked against what jsonb stores: JSON types,
     finite floats, at most ``MAX_DEPTH`` levels, no NUL or lone surrogate, integers
@@ -395,11 +397,12 @@ def result_json(value: Any, *, max_bytes: int | None = None) -> str:
     bound keeps strings and containers under jsonb's own limits). Raises
     :class:`InvalidResult` naming the problem, so the worker fails the job with that
     reason instead of its completion hitting a database error. A small value is
-    encoded once and looked at no further."""
+    encoded once and looked at no further. ``what`` names the value in the errors (the
+    progress of ``set_progress`` is checked alike)."""
     try:
         text = _FAST_ENCODE(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise invalid_result(value, exc) from None
+        raise invalid_result(value, exc, what) from None
     limit = max_bytes
     if limit is None:
         # No setting may be below MIN_RESULT_BYTES, so shorter text needs no settings
@@ -417,22 +420,23 @@ def result_json(value: Any, *, max_bytes: int | None = None) -> str:
         or (len(text) > MAX_NUMERIC_DIGITS and _int_digit_limit() == MAX_NUMERIC_DIGITS)
     ):
         try:
-            _check_json(json.loads(text), "return value")
+            _check_json(json.loads(text), what.removeprefix("the task's "))
         except InvalidJob as exc:
-            raise InvalidResult(f"the task's return value cannot be stored: {exc}") from None
+            raise InvalidResult(f"{what} cannot be stored: {exc}") from None
     return text
 
 
-def invalid_result(value: Any, error: BaseException) -> InvalidResult:
+def invalid_result(
+    value: Any, error: BaseException, what: str = "the task's return value"
+) -> InvalidResult:
     """The error of a return value that ``normalize_json`` or the JSON encoder refused
     (``error``): what is wrong and where in ``value``."""
-    problem = _result_problem(value)
+    problem = _result_problem(value, what.removeprefix("the task's "))
     if problem is None:  # not found by the walk: say what the encoder said
         return InvalidResult(
-            "the task's return value must be JSON-serialisable: "
-            f"{type(error).__name__}: {str(error)[:200]}"
+            f"{what} must be JSON-serialisable: {type(error).__name__}: {str(error)[:200]}"
         )
-    return InvalidResult(f"the task's return value must be JSON-serialisable: {problem}")
+    return InvalidResult(f"{what} must be JSON-serialisable: {problem}")
 
 
 def _type_name(value: Any) -> str:
@@ -441,13 +445,13 @@ def _type_name(value: Any) -> str:
     return name if cls.__module__ == "builtins" else f"{cls.__module__}.{name}"
 
 
-def _result_problem(value: Any) -> str | None:
+def _result_problem(value: Any, root: str = "return value") -> str | None:
     """Where and why a return value is not JSON by ``normalize_json``'s rules (mappings,
     sequences, UTF-8 bytes, str, int, float, bool, None) and the encoder's (keys of
     those scalar types, finite floats, ints within the digit limit). Walked with a
     stack, never recursion, so a value nested too deep (or containing itself) is
     named instead of overflowing."""
-    stack: list[tuple[Any, str, int]] = [(value, "return value", 0)]
+    stack: list[tuple[Any, str, int]] = [(value, root, 0)]
     while stack:
         item, path, depth = stack.pop()
         if depth > MAX_DEPTH:

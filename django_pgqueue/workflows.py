@@ -39,6 +39,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -70,6 +71,8 @@ ON_PARENT_FAILURE = ("cancel", "run")
 #: The payload prefix of the NOTIFY a released dependant sends (then its queue name; no
 #: queue name holds a colon): the listener makes the next claim start at the head.
 RELEASE_NOTIFY_PREFIX = resolve.RELEASE_NOTIFY_PREFIX
+#: The largest job id (a bigint): a larger one in ``depends_on`` is refused, never sent.
+MAX_JOB_ID = 2**63 - 1
 #: How many levels of dependants ``Job.objects.requeue_dead`` puts back at most.
 RESTORE_LEVELS = 1000
 
@@ -172,9 +175,14 @@ class Group:
         transaction; through COPY, however many); return the members' jobs, then the
         callback's. The callback waits for every member; it is cancelled as soon as one
         ends dead or cancelled, unless ``on_parent_failure="run"``: then it runs once
-        all finished, a failed member's result None."""
+        all finished, a failed member's result None. Without members it starts at once,
+        given ``[]``."""
         nodes = [_Node(s) for s in self.steps]
-        if self.then is not None:
+        if self.then is not None and not self.steps:
+            # No member: the callback starts at once, given the empty list of results.
+            then = self.then
+            nodes.append(_Node(Step(then.task, ([], *then.args), then.kwargs)))
+        elif self.then is not None:
             nodes.append(
                 _Node(self.then, list(range(len(self.steps))), "list", self.on_parent_failure)
             )
@@ -567,6 +575,8 @@ def parent_ids(depends_on: Any, *, alias: str) -> list[int]:
                 "depends_on must hold jobs or int job ids, not "
                 f"{type(item).__name__} {validation.show(item)}"
             )
+        if not 1 <= job_id <= MAX_JOB_ID:
+            raise InvalidJob(f"depends_on: {job_id} is no job id (ids are from 1 to {MAX_JOB_ID})")
         if job_id in seen:
             raise InvalidJob(f"depends_on names job {job_id} twice")
         seen.add(job_id)
@@ -689,7 +699,36 @@ def resolve_parents(alias: str, ids: list[int], *, now: dt.datetime | None = Non
 def resolve_missed(using: str, *, now: dt.datetime | None = None, max_batches: int) -> int:
     """The sweeper's repair (``sql.JOB_RESOLVE_MISSED``): resolve the edges marked for
     repair whose parent finished, in batches of ``PGQUEUE_SWEEP_BATCH_SIZE`` parents;
-    return how many edges."""
+    then, at most every ``STRANDED_EVERY_SECONDS`` per process, any unresolved edge whose
+    parent finished (:func:`resolve_stranded`). Return how many edges."""
+    resolved = _in_batches(using, sql.JOB_RESOLVE_MISSED, now, max_batches)
+    last = _stranded_at.get(using)
+    if last is None or time.monotonic() - last >= STRANDED_EVERY_SECONDS:
+        _stranded_at[using] = time.monotonic()
+        resolved += resolve_stranded(using, now=now, max_batches=max_batches)
+    return resolved
+
+
+#: How often (seconds) a sweeper process looks for edges no finishing statement resolved
+#: although their parent finished (:func:`resolve_stranded`): the look costs a probe per
+#: unresolved edge, and only a worker of an older release leaves such edges.
+STRANDED_EVERY_SECONDS = 60.0
+#: When each jobs database was last looked at by :func:`resolve_stranded` (monotonic).
+_stranded_at: dict[str, float] = {}
+
+
+def resolve_stranded(using: str, *, now: dt.datetime | None = None, max_batches: int) -> int:
+    """Resolve unresolved edges whose parent has finished all the same
+    (``sql.JOB_RESOLVE_STRANDED``): during a rolling upgrade, a worker of an older
+    release finishes workflow parents without releasing what waits on them. So a
+    waiting job whose parents all finished is released (or cancelled), whoever finished
+    them. Return how many edges."""
+    return _in_batches(using, sql.JOB_RESOLVE_STRANDED, now, max_batches)
+
+
+def _in_batches(using: str, statement: str, now: dt.datetime | None, max_batches: int) -> int:
+    """Run a repair statement (it returns parents taken, edges resolved) while it fills
+    its batch of ``PGQUEUE_SWEEP_BATCH_SIZE`` parents; the edges resolved."""
     batch_size = int(settings.SWEEP_BATCH_SIZE)
     params: dict[str, Any] = {
         "now": now,
@@ -698,7 +737,7 @@ def resolve_missed(using: str, *, now: dt.datetime | None = None, max_batches: i
     }
     resolved = 0
     for _ in range(max_batches):
-        parents, edges = db.row(using, sql.JOB_RESOLVE_MISSED, params)
+        parents, edges = db.row(using, statement, params)
         resolved += int(edges)
         if parents < batch_size:
             break

@@ -4,6 +4,7 @@ repository on sys.path), so a test can see from outside when a task has started.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -222,6 +223,28 @@ async def async_retry_once(path: str, seconds: float) -> int:
     return runs
 
 
+@task(max_attempts=1)
+def huge_delay(kind: str, seconds: float) -> None:
+    """Asks for a delay no timestamp holds: ``Snooze`` ("snooze") or ``Retry``."""
+    raise (Snooze if kind == "snooze" else Retry)(seconds)
+
+
+@task(max_attempts=1)
+async def async_huge_delay(kind: str, seconds: float) -> None:
+    """``huge_delay`` as a coroutine."""
+    raise (Snooze if kind == "snooze" else Retry)(seconds)
+
+
+def _huge_backoff(exc: BaseException, task_result: object) -> float:
+    return 1e300
+
+
+@task(max_attempts=2, backoff=_huge_backoff)
+def fail_with_huge_backoff() -> None:
+    """Always fails; its backoff asks for 1e300 s."""
+    raise ValueError("always")
+
+
 def _seven_per_attempt(exc: BaseException, task_result: object) -> float:
     return 7.0 * task_result.attempts  # type: ignore[attr-defined]
 
@@ -374,6 +397,16 @@ async def async_until_cancelled(seconds: float = 60.0) -> str:
     return "slept"
 
 
+@task(max_attempts=1)
+async def async_exits(kind: str, seconds: float = 0.0) -> None:
+    """A coroutine job that ends as a library calling ``sys.exit()`` would (``kind``
+    "exit"), or with ``KeyboardInterrupt`` ("interrupt"), after ``seconds``."""
+    await asyncio.sleep(seconds)
+    if kind == "exit":
+        sys.exit(3)
+    raise KeyboardInterrupt
+
+
 @task(timeout=0.5, max_attempts=2)
 async def async_overrun(seconds: float = 30.0) -> None:
     """Runs past its timeout: cancelled there, each attempt."""
@@ -402,6 +435,23 @@ async def async_transactional() -> dict[str, object]:
         }
 
     return await sync_to_async(look)()
+
+
+@task(timeout=0.3, max_attempts=2)
+def returns_late(seconds: float = 0.8) -> str:
+    """Returns after its timeout (a thread cannot be stopped)."""
+    time.sleep(seconds)
+    return "late"
+
+
+@task(transactional=True, timeout=0.3, max_attempts=1)
+def delivers_late(recipient: str, seconds: float = 0.8) -> int:
+    """Writes a Delivery row in the job's transaction, then returns after its timeout."""
+    job = current_job()
+    assert job is not None, "only a worker runs this task"
+    Delivery.objects.create(job_id=job.id, recipient=recipient)
+    time.sleep(seconds)
+    return job.id
 
 
 # --- for test_testing.py and test_testing_pytest.py (run_jobs, in the test's process) --

@@ -224,6 +224,35 @@ def test_coroutines__cut_short_by_the_grace_period_or_sigkill_are_recovered(job_
         assert row.errors[0]["exception_class_path"].endswith("LeaseExpired")
 
 
+@pytest.mark.slow
+def test_coroutines__sys_exit_or_keyboard_interrupt_is_the_jobs_failure(job_factory, manage):
+    """Issue 28 item 13: a coroutine task raising SystemExit (a library calling
+    ``sys.exit()``) or KeyboardInterrupt fails its own job, as in a plain task; asyncio
+    re-raises both out of the loop, which used to kill the loop thread and the worker,
+    leaving the loop's other jobs running until their leases expired."""
+    naps = [job_factory(task=tasks.async_nap, args=[1.0]) for _ in range(3)]
+    exits = job_factory(task=tasks.async_exits, args=["exit", 0.2])
+    interrupts = job_factory(task=tasks.async_exits, args=["interrupt", 0.3])
+    worker = manage(
+        "pgqueue_worker", "--concurrency", "1", "--async-concurrency", "10",
+        "--poll-interval", "0.1", "--worker-id", "w-exit",
+    )  # fmt: skip
+    everything = [*naps, exits, interrupts]
+    wait_for(lambda: all(fresh(j).status in FINAL for j in everything), timeout=30)
+    for job, kind in [(exits, "SystemExit"), (interrupts, "KeyboardInterrupt")]:
+        row = fresh(job)
+        assert (row.status, row.attempts) == ("dead", 1), row.errors
+        assert row.errors[-1]["exception_class_path"] == f"builtins.{kind}"
+    assert all((fresh(j).status, fresh(j).attempts) == ("done", 1) for j in naps)
+    # The worker still runs, and its loop takes new coroutine jobs.
+    after = job_factory(task=tasks.async_nap, args=[0.1])
+    wait_for(lambda: fresh(after).status == "done", timeout=30)
+    assert worker.popen.poll() is None, worker.output()
+    assert "event loop thread died" not in worker.output()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+
+
 # --- in process: the claim's sizing, the loop's slots, planted faults -------------------
 
 

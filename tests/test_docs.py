@@ -139,6 +139,41 @@ def test_snippets__need_nothing_a_plain_project_lacks():
     assert any("os.environ" in block for _, block in python_blocks())
 
 
+#: The options of ``django_pgqueue.task`` that Django's own ``@task`` refuses on 6.0.
+PGQUEUE_OPTIONS = {"concurrency_key", "transactional", "timeout", "backoff", "max_attempts"}
+
+
+def test_snippets__declare_pgqueue_options_with_the_packages_own_task():
+    """Issue 28 item 9: flow-control.md declared ``@task(concurrency_key=...)`` with
+    ``from django.tasks import task``, a TypeError on Django 6.0; coroutine-tasks.md
+    imported the internal ``django_pgqueue.taskapi``. A snippet using this backend's
+    options imports ``task`` from ``django_pgqueue``; none imports ``taskapi``."""
+    found = []
+    for path, block in python_blocks():
+        if "django_pgqueue.taskapi" in block:
+            found.append(f"{path}: imports django_pgqueue.taskapi")
+        try:
+            tree = ast.parse(block)
+        except SyntaxError:
+            continue
+        frameworks = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module in ("django.tasks", "django_tasks")
+            for alias in node.names
+            if alias.name == "task"
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in frameworks
+                and {k.arg for k in node.keywords} & PGQUEUE_OPTIONS
+            ):
+                found.append(f"{path}: Django's @task with this backend's options")
+    assert found == []
+
+
 def test_project_urls__point_at_the_docs_and_the_repository():
     """They were placeholders (github.com/django-pgqueue/...)."""
     urls = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]["urls"]

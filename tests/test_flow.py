@@ -89,6 +89,7 @@ def test_flow__limit_specs_are_parsed_and_bad_ones_named():
         ("ten*ant", {"concurrency": 1}, "a '*' may only end a key"),
         ("queue:bad name", {"concurrency": 1}, "is no queue name"),
         ("", {"concurrency": 1}, "non-empty str"),
+        ("tenant:\ud800", {"concurrency": 1}, "contains a lone surrogate '\\ud800'"),
     ]
     for key, value, message in bad:
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -102,6 +103,16 @@ def test_flow__limit_specs_are_parsed_and_bad_ones_named():
         }
         assert "limit 'stripe'" in found["pgqueue.E063"]
         assert "'bad name' is no queue name" in found["pgqueue.E064"]
+    # Issue 28 item 18: a key no claim could send; a generator the check would use up.
+    with override_settings(
+        PGQUEUE_LIMITS={"\ud800": {"concurrency": 1}},
+        PGQUEUE_FAIR_QUEUES=(name for name in ["mail"]),
+    ):
+        found = {
+            m.id: m.msg for m in checks.run_checks() if m.id in ("pgqueue.E063", "pgqueue.E064")
+        }
+        assert "lone surrogate" in found["pgqueue.E063"]
+        assert "must be a list of queue names, not <generator" in found["pgqueue.E064"]
 
 
 def test_flow__bad_concurrency_keys_are_refused_and_leave_no_row():
@@ -446,6 +457,9 @@ def test_flow__a_lowered_limit_lets_running_jobs_finish_and_starts_none_until_be
         assert Job.objects.flow_view().key_limits_of("db")[0].concurrency == 4
     with pytest.raises(ValueError, match="concurrency must be"):
         Job.objects.set_limit("db", concurrency=-1)
+    # Issue 28 item 18: a clear error, not UnicodeEncodeError from the driver.
+    with pytest.raises(ValueError, match=re.escape(r"limit key '\ud800' contains a lone")):
+        Job.objects.set_limit("\ud800", concurrency=1)
     assert not Limit.objects.exists()
 
 

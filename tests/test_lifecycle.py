@@ -18,6 +18,7 @@ from django.test import override_settings
 from django.urls import reverse
 
 from django_pgqueue import InvalidJob, LeaseLost, Retry, Snooze, db, enqueue_many, lifecycle, sql
+from django_pgqueue.exceptions import MAX_DELAY_SECONDS
 from django_pgqueue.models import Job, JobKey
 from django_pgqueue.sweeper import sweep
 from django_pgqueue.taskapi import InvalidTask, TaskResultStatus, default_task_backend
@@ -48,6 +49,12 @@ def test_lifecycle__snooze_and_retry_refuse_bad_delays():
     for bad in ("3", None, True):
         with pytest.raises(TypeError, match="number of seconds or a timedelta"):
             Retry(bad)  # type: ignore[arg-type]
+    for bad in (1e300, 1e13, MAX_DELAY_SECONDS + 1, dt.timedelta(days=3660 * 2)):
+        with pytest.raises(ValueError, match=r"at most 315360000 \(ten years\)"):
+            Snooze(bad)
+        with pytest.raises(ValueError, match="at most 315360000"):
+            Retry(bad)
+    assert Snooze(MAX_DELAY_SECONDS).seconds == MAX_DELAY_SECONDS
     assert Snooze(dt.timedelta(minutes=1)).seconds == 60.0
     assert str(Retry(2, reason="busy")) == "retry in 2s: busy"
 
@@ -204,6 +211,11 @@ def test_lifecycle__progress_is_fenced_bounded_and_kept(job_factory, now):
         lifecycle.set_progress("default", job.id, "w2", job.attempts, job.last_attempted_at, 1)
     with pytest.raises(InvalidJob, match="JSON-serialisable"):
         lifecycle.set_progress(*fence, {"at": object()})
+    # Issue 28 item 18: what is wrong, not "not JSON-serialisable" about a return value.
+    with pytest.raises(InvalidJob, match=r"^progress cannot be stored: progress contains a NUL"):
+        lifecycle.set_progress(*fence, "\x00")
+    with pytest.raises(InvalidJob, match=r"^progress cannot be stored: progress\['a'\] contains"):
+        lifecycle.set_progress(*fence, {"a": "\ud800"})
     with override_settings(PGQUEUE_MAX_PROGRESS_BYTES=20), pytest.raises(InvalidJob, match="20"):
         lifecycle.set_progress(*fence, "x" * 30)
     assert fresh(job).progress == {"done": 3, "of": 10}  # the bad ones changed nothing

@@ -16,6 +16,7 @@ from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
+TIMEOUT = "django_pgqueue.exceptions.JobTimeout"
 WORKER = ("pgqueue_worker", "--poll-interval", "0.1", "--concurrency", "4")
 
 
@@ -115,3 +116,49 @@ def test_lifecycle_process__unique_for_debounce_and_progress(manage, tmp_path):
         gate.write_text("go")
         wait_for(lambda job=job: fresh(job).status == "done", timeout=20)
         assert fresh(job).progress == {"done": 2, "of": 2}, worker.output()
+
+
+def test_lifecycle_process__a_delay_no_timestamp_holds_is_the_jobs_failure(manage):
+    """Issue 28 item 16: Retry(1e300), Snooze(1e13) (plain and coroutine) and a backoff
+    of 1e300 s used to fail the worker's write (DataError: timestamp out of range) and
+    leave the job running, its concurrency slot held, until its lease expired. Refused
+    when raised, like Snooze(-1): the job's own failure; a bad backoff falls back to the
+    default one."""
+    delays = [
+        Job.objects.enqueue(task, [kind, seconds])
+        for task in (tasks.huge_delay, tasks.async_huge_delay)
+        for kind, seconds in (("snooze", 1e13), ("retry", 1e300))
+    ]
+    backoff = Job.objects.enqueue(tasks.fail_with_huge_backoff)
+    worker = manage(*WORKER, env={"PGQUEUE_RETRY_BACKOFF_BASE": "0"})
+    wait_for(lambda: finished(*delays, backoff), timeout=30)
+    for job in delays:
+        row = fresh(job)
+        assert (row.status, row.attempts) == ("dead", 1), worker.output()
+        (error,) = row.errors
+        assert error["exception_class_path"] == "builtins.ValueError"
+        assert "must be at most 315360000 (ten years)" in error["traceback"]
+    row = fresh(backoff)
+    assert (row.status, row.attempts, len(row.errors)) == ("dead", 2, 2), worker.output()
+    assert "internal error" not in worker.output()
+    assert "using the default backoff" in worker.output()
+
+
+def test_lifecycle_process__a_plain_task_returning_after_its_timeout_timed_out(manage):
+    """Issue 28 item 8: @task(timeout=0.3) on a plain task returning after 0.8 s, well
+    inside its lease: each attempt is recorded as timed out (JobTimeout, retried), not
+    done; a transactional one's effects roll back."""
+    from testproject.demo.models import Delivery
+
+    late = Job.objects.enqueue(tasks.returns_late)
+    tx = Job.objects.enqueue(tasks.delivers_late, ["someone"])
+    worker = manage(*WORKER, env={"PGQUEUE_RETRY_BACKOFF_BASE": "0"})
+    wait_for(lambda: finished(late, tx), timeout=30)
+    row = fresh(late)
+    assert (row.status, row.attempts, row.result) == ("dead", 2, None), worker.output()
+    assert [e["exception_class_path"] for e in row.errors] == [TIMEOUT, TIMEOUT]
+    assert "past its timeout of 0.3s" in row.errors[0]["traceback"]
+    row = fresh(tx)
+    assert (row.status, row.attempts) == ("dead", 1), worker.output()
+    assert row.errors[-1]["exception_class_path"] == TIMEOUT
+    assert not Delivery.objects.filter(job_id=tx.id).exists()

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import importlib
+import threading
+import time
 from io import StringIO
 
 import pytest
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.core.management import call_command
-from django.db import NotSupportedError, connection
+from django.db import NotSupportedError, OperationalError, connection, migrations
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.state import ProjectState
+
+from django_pgqueue.migration_ops import BrieflyLocked
+from django_pgqueue.models import Job
+from tests.conftest import wait_for
 
 APP = "django_pgqueue"
 INDEX_MIGRATION = importlib.import_module("django_pgqueue.migrations.0002_job_claim_idx")
@@ -121,3 +129,134 @@ def test_migration_0008__sets_the_tables_autovacuum_settings():
         cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'pgqueue_job'::regclass")
         (options,) = cursor.fetchone()
     assert dict(option.split("=", 1) for option in options) == autovacuum.SETTINGS
+
+
+# --- ALTER TABLE pgqueue_job: a short lock_timeout, retried (issue 28 item 15) ----------
+
+
+def _wrapped_operations(operations, inside=False):
+    """(operation, whether it runs inside BrieflyLocked), through the wrappers."""
+    for operation in operations:
+        if isinstance(operation, BrieflyLocked):
+            yield from _wrapped_operations(operation.operations, True)
+        elif isinstance(operation, migrations.SeparateDatabaseAndState):
+            yield from _wrapped_operations(operation.database_operations, inside)
+        else:
+            yield operation, inside
+
+
+def _takes_the_jobs_table(operation) -> bool:
+    """An operation that takes ACCESS EXCLUSIVE on pgqueue_job (a column, a constraint
+    swap); not the storage parameters' SET nor VALIDATE, whose locks let DML through."""
+    if isinstance(operation, migrations.AddField):
+        return operation.model_name == "job"
+    if isinstance(operation, migrations.RunSQL) and isinstance(operation.sql, str):
+        sql = operation.sql
+        return (
+            sql.startswith("ALTER TABLE pgqueue_job ")
+            and "VALIDATE CONSTRAINT" not in sql
+            and not sql.startswith("ALTER TABLE pgqueue_job SET (")
+        )
+    return False
+
+
+def test_migrations__every_alter_of_the_jobs_table_waits_briefly_for_its_lock():
+    """0005, 0006, 0011, 0013 and 0016 add columns and swap a constraint on the jobs
+    table: each such operation runs in BrieflyLocked, never waiting without a bound."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    bare, wrapped = [], []
+    for (app, name), migration in sorted(loader.disk_migrations.items()):
+        if app != APP:
+            continue
+        for operation, inside in _wrapped_operations(migration.operations):
+            if _takes_the_jobs_table(operation):
+                (wrapped if inside else bare).append(f"{name}: {operation.describe()}")
+    assert bare == []
+    assert {entry.split(":")[0][:4] for entry in wrapped} == {
+        "0005",
+        "0006",
+        "0011",
+        "0013",
+        "0016",
+    }
+
+
+PROBE = migrations.RunSQL(
+    "ALTER TABLE pgqueue_job ADD COLUMN pgqueue_probe integer",
+    reverse_sql="ALTER TABLE pgqueue_job DROP COLUMN pgqueue_probe",
+)
+
+
+def _probe_columns() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_name = 'pgqueue_job' AND column_name = 'pgqueue_probe'"
+        )
+        return cursor.fetchone()[0]
+
+
+def _apply(operation: BrieflyLocked, *, backwards: bool = False) -> None:
+    state = ProjectState()
+    with connection.schema_editor(atomic=False) as editor:
+        if backwards:
+            operation.database_backwards(APP, editor, state, state)
+        else:
+            operation.database_forwards(APP, editor, state, state)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_briefly_locked__an_open_reader_stalls_no_claim_and_the_migration_retries(
+    other_connection, caplog
+):
+    """Issue 28 item 15: a transaction that read pgqueue_job and stays open (a view under
+    ATOMIC_REQUESTS waiting on an API) holds ACCESS SHARE. An ALTER waiting behind it
+    stalled every claim for as long. Under BrieflyLocked each attempt waits at most its
+    lock_timeout, so claims go on (none waits much longer); with the reader still open
+    after the last attempt, the migration fails naming it, nothing applied; a reader
+    that ends meanwhile lets a later attempt through."""
+    for n in range(200):
+        Job.objects.enqueue("testproject.demo.tasks.add", [n, n])
+    reader = other_connection()
+    reader.execute("SELECT count(*) FROM pgqueue_job")  # and stays open
+    reader_pid = reader.info.backend_pid
+    waits: list[float] = []
+    stop = threading.Event()
+
+    def claim_all_along() -> None:
+        try:
+            while not stop.is_set():
+                began = time.monotonic()
+                Job.objects.claim("w-migrate", limit=1)
+                waits.append(time.monotonic() - began)
+                time.sleep(0.02)
+        finally:
+            connection.close()
+
+    claimer = threading.Thread(target=claim_all_along)
+    claimer.start()
+    try:
+        op = BrieflyLocked(PROBE, lock_timeout=0.3, attempts=3, pause=0.2)
+        with pytest.raises(OperationalError, match=r"no lock within 0.3s in 3 attempts") as info:
+            _apply(op)
+        assert f"pid {reader_pid} " in str(info.value)
+        assert _probe_columns() == 0
+        assert caplog.text.count("lock not granted within 0.3s") == 2
+        # Now the reader ends while the migration is retrying: it gets through.
+        patient = BrieflyLocked(PROBE, lock_timeout=0.3, attempts=50, pause=0.1)
+        applying = threading.Thread(target=lambda: (_apply(patient), connection.close()))
+        applying.start()
+        wait_for(lambda: caplog.text.count("lock not granted") >= 4)
+        reader.rollback()
+        applying.join(20)
+        assert not applying.is_alive()
+        assert _probe_columns() == 1
+    finally:
+        stop.set()
+        claimer.join(20)
+        reader.rollback()
+        if _probe_columns():
+            _apply(BrieflyLocked(PROBE), backwards=True)
+    assert _probe_columns() == 0
+    assert len(waits) > 20
+    assert max(waits) < 1.5, sorted(waits)[-5:]

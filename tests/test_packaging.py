@@ -70,5 +70,9 @@ def test_package__public_names_are_imported_on_first_use():
     ).stdout.splitlines()
     assert out == ["[]", "[]", "True"]
     assert sorted(django_pgqueue.__all__) == sorted(django_pgqueue._EXPORTS)
+    # Issue 28 item 9: what a cooperative task raises is a top-level name, as Snooze is.
+    from django_pgqueue.exceptions import JobCancelled
+
+    assert django_pgqueue.JobCancelled is JobCancelled
     with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
         django_pgqueue.nothing_here  # noqa: B018 - the access is the test

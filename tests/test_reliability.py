@@ -442,8 +442,8 @@ def test_heartbeat__stops_extending_after_task_timeout(
     manage: Callable[..., ManagedProcess],
 ) -> None:
     """C16/C30: ``@task(timeout=1)`` hangs for 3 s: its lease is not extended past the
-    timeout, the sweeper takes the job back while it still runs, and the late
-    completion of that first attempt is fenced out."""
+    timeout, the sweeper takes the job back while it still runs, and what the late
+    return of that first attempt writes (a timed-out failure) is fenced out."""
     enqueued = Job.objects.enqueue("testproject.demo.fault_tasks.hang", [3.0])
     worker = manage("pgqueue_worker", *FAST, "--concurrency", "1", "--worker-id", "hung")
     wait_for(lambda: job(enqueued.id).status == "running")
@@ -452,7 +452,7 @@ def test_heartbeat__stops_extending_after_task_timeout(
     rescued = job(enqueued.id)
     assert rescued.errors[0]["exception_class_path"].endswith("LeaseExpired")
     assert rescued.errors[0]["attempt"] == 1
-    wait_for(lambda: in_log(worker, "lease lost before complete"), timeout=10)
+    wait_for(lambda: in_log(worker, "lease lost before fail was recorded"), timeout=10)
     assert job(enqueued.id).status != "done" or job(enqueued.id).attempts >= 2
 
 

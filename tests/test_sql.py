@@ -115,6 +115,11 @@ def test_sql__table_name_matches_model(name):
     elif name == "JOB_BULK_IDS":  # the table's id sequence, no table read
         assert tables == set()
         assert f"pg_get_serial_sequence('{Job._meta.db_table}', 'id')" in getattr(sql, name)
+    elif name == "MIGRATION_LOCK_TIMEOUT":  # a setting, no table
+        assert tables == set()
+    elif name == "MIGRATION_LOCK_HOLDERS":  # who holds our table, from the catalogs
+        assert tables == {"pg_locks", "pg_stat_activity"}
+        assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)
     elif name == "JOB_GET_COLUMN_STATS":  # reads the planner's catalogs about our table
         assert tables == {"pg_class", "pg_namespace", "pg_stats"}
         assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)
@@ -142,16 +147,18 @@ WORKFLOW_STATEMENTS = {
     "JOB_COMPLETE_MANY_RELEASING",
     "JOB_COMPLETE_RELEASING",
     "JOB_DELETE_DEAD",
-    "JOB_DELETE_FINISHED_BEFORE",
+    "JOB_DELETE_FINISHED_LOCKED",
     "JOB_ENQUEUE_DEPENDANT",
     "JOB_ENQUEUE_WORKFLOW",
     "JOB_FAIL",
     "JOB_GET_PARENTS",
+    "JOB_LOCK_FINISHED_BEFORE",
     "JOB_RELEASE",
     "JOB_RESCUE_EXPIRED",
     "JOB_RESOLVE_LATE",
     "JOB_RESOLVE_MISSED",
     "JOB_RESOLVE_PARENTS",
+    "JOB_RESOLVE_STRANDED",
     "JOB_RESTORE_DEPENDANTS",
     "JOB_SNOOZE",
 }

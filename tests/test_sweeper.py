@@ -209,7 +209,7 @@ def test_sweep__pruning_reads_each_states_own_index(status, index):
         )
         cursor.execute("ANALYZE pgqueue_job")
         query = psycopg.ClientCursor(connection.connection).mogrify(
-            sql.JOB_DELETE_FINISHED_BEFORE,
+            sql.JOB_LOCK_FINISHED_BEFORE,
             {"status": status, "now": None, "retention_seconds": 60, "batch_size": 100},
         )
         cursor.execute("EXPLAIN (FORMAT JSON) " + query)

@@ -24,7 +24,7 @@ from django_pgqueue.sql.resolve import CASCADE_DEPTH
 from django_pgqueue.taskapi import task_backends
 from testproject.demo.tasks import add
 from tests.conftest import wait_for
-from tests.tasks import double, total
+from tests.tasks import double, echo, total
 
 pytestmark = pytest.mark.django_db
 
@@ -210,9 +210,13 @@ def test_group__callback_gets_the_results_in_member_order_once():
     invariant_holds()
 
 
-def test_group__an_empty_group_runs_its_callback_at_once_with_no_results():
-    (callback,) = group(then=step(total, 7)).enqueue()
-    assert (callback.status, callback.args) == ("pending", [7])
+def test_group__an_empty_group_runs_its_callback_at_once_with_no_results(run_worker):
+    """Issue 28 item 17: cb([], x), as for any group, not cb(x)."""
+    (callback,) = group(*[], then=step(echo, 7, tag="album")).enqueue()
+    assert (callback.status, callback.args) == ("pending", [[], 7])
+    assert (fresh(callback).args, fresh(callback).parents_left) == ([[], 7], None)
+    run_worker()
+    assert fresh(callback).result == {"args": [[], 7], "kwargs": {"tag": "album"}}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -511,6 +515,10 @@ def test_depends_on__refuses_duplicates_options_and_self_reference():
         Job.objects.enqueue(add, [1, 1], on_parent_failure="run")
     with pytest.raises(InvalidJob, match=f"held by job {a.id}, which is in depends_on"):
         Job.objects.enqueue(add, [1, 1], depends_on=[a], idempotency_key="k")
+    # Issue 28 item 18: no raw DataError (bigint out of range) for an impossible id.
+    for bad in (2**63, -(2**63) - 1, 0):
+        with pytest.raises(InvalidJob, match=f"depends_on: {bad} is no job id"):
+            Job.objects.enqueue(add, [1, 1], depends_on=[bad])
     assert Job.objects.count() == 1 and JobDependency.objects.count() == 0
 
 
@@ -654,7 +662,129 @@ def test_late_dependant__a_completion_writing_after_the_recheck_is_the_sweepers(
     invariant_holds()
 
 
+def finished_by_an_old_worker(job: Job, status: str, result: Any = None) -> None:
+    """What a worker of a release before workflows wrote to finish a job: its row only,
+    nothing about the jobs waiting on it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_job SET status = %s, result = %s, finished_at = clock_timestamp(),"
+            " lease_owner = NULL, lease_expires_at = NULL WHERE id = %s",
+            [status, None if result is None else json.dumps(result), job.id],
+        )
+
+
+def test_rolling_upgrade__the_sweeper_releases_what_an_old_worker_finished(monkeypatch):
+    """Issue 28 item 14: during a rolling upgrade a worker of the previous release
+    finishes chain and group parents without resolving their edges (not marked for
+    repair: created with their parents). The sweeper releases a waiting job whose
+    parents all finished, whoever finished them: a chain's next step gets its result, a
+    group's callback every member's, a failed parent's dependant is cancelled."""
+    monkeypatch.setattr(workflows, "_stranded_at", {})
+    steps = chain(step(add, 1, 2), double).enqueue()
+    album = group(step(add, 1, 1), step(add, 2, 2), then=step(total)).enqueue()
+    doomed = chain(step(add, 0, 0), double).enqueue()
+    first, one, two, failing = claim()
+    finished_by_an_old_worker(first, "done", 3)
+    finished_by_an_old_worker(one, "done", 2)
+    assert finish([two], lambda j: 4) == [True]  # a new worker finishes the other member
+    finished_by_an_old_worker(failing, "dead")
+    assert [fresh(j).status for j in (steps[1], album[2], doomed[1])] == ["waiting"] * 3
+    # Retention keeps a parent whose edge is unresolved: the repair reads its row.
+    sweeper.prune_finished("default", now=dt.datetime.now(dt.UTC) + dt.timedelta(days=30))
+    assert Job.objects.filter(pk__in=[first.id, one.id]).count() == 2
+    assert sweeper.sweep().repaired == 3
+    assert (fresh(steps[1]).status, fresh(steps[1]).args) == ("pending", [3])
+    assert (fresh(album[2]).status, fresh(album[2]).args) == ("pending", [[2, 4]])
+    assert fresh(doomed[1]).status == "cancelled"
+    assert "ended dead" in fresh(doomed[1]).errors[-1]["traceback"]
+    invariant_holds()
+    # Live workflows are left alone: an unfinished parent's edge stays unresolved.
+    pending = chain(step(add, 5, 5), double).enqueue()
+    assert workflows.resolve_stranded("default", max_batches=1) == 0
+    assert fresh(pending[1]).status == "waiting"
+
+
 # --- retention and the rest ------------------------------------------------------------
+
+
+#: The advisory lock a planted BEFORE DELETE trigger waits on (the test holds it).
+GATE = 28_012
+
+
+@pytest.fixture
+def gated_delete(other_connection):
+    """Plant a BEFORE DELETE trigger on pgqueue_job that, for the job ids it is given,
+    waits for an advisory lock the test holds: a DELETE statement stops there, its
+    snapshot taken, until the test opens the gate. Dropped at teardown."""
+    gate = other_connection(autocommit=True)
+    gate.execute("SELECT pg_advisory_lock(%s)", [GATE])
+
+    def plant(*ids: int) -> Callable[[], None]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""CREATE FUNCTION pgqueue_test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN
+                        IF OLD.id = ANY('{{{",".join(map(str, ids))}}}'::bigint[]) THEN
+                            PERFORM pg_advisory_lock({GATE});
+                            PERFORM pg_advisory_unlock({GATE});
+                        END IF;
+                        RETURN OLD;
+                    END $$"""
+            )
+            cursor.execute(
+                "CREATE TRIGGER pgqueue_test_gate BEFORE DELETE ON pgqueue_job"
+                " FOR EACH ROW EXECUTE FUNCTION pgqueue_test_gate()"
+            )
+        return lambda: gate.execute("SELECT pg_advisory_unlock(%s)", [GATE])
+
+    yield plant
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER IF EXISTS pgqueue_test_gate ON pgqueue_job")
+        cursor.execute("DROP FUNCTION IF EXISTS pgqueue_test_gate()")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prune__a_parent_done_while_its_dependants_enqueue_is_open_is_not_lost(
+    other_connection, monkeypatch, gated_delete
+):
+    """Issue 28 item 12. The parent completes while the dependant's enqueue is open; the
+    retention delete takes its snapshot before the enqueue commits (it sees no edge) and
+    reaches the parent's row after (a planted trigger holds it on an older job's delete
+    in between), and the enqueuer died right after its commit (no re-check). The parent
+    must not be deleted with its edge unresolved: the dependant runs, never cancelled."""
+    monkeypatch.setattr(workflows, "resolve_late", lambda *a, **k: 0)
+    older = Job.objects.enqueue(add, [1, 1])
+    parent = Job.objects.enqueue(add, [1, 2])
+    a, p = claim()
+    assert finish([a], lambda j: 2) == [True]  # finished first: deleted first
+    open_gate = gated_delete(older.id)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
+    watcher = other_connection(autocommit=True)
+    pids: list[int] = []
+
+    def prune() -> None:
+        try:
+            connection.ensure_connection()
+            pids.append(connection.connection.info.backend_pid)
+            sweeper.prune_finished("default", now=later)
+        finally:
+            connection.close()
+
+    pruning = threading.Thread(target=prune)
+    with transaction.atomic():
+        dependant = Job.objects.enqueue(double, depends_on=[parent])
+        assert dependant.status == "waiting"
+        assert complete_elsewhere(other_connection(autocommit=True), p) == [(1, "done")]
+        pruning.start()
+        at_gate = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event = 'advisory'"
+        wait_for(lambda: pids and watcher.execute(at_gate, [pids[0]]).fetchone())
+    open_gate()  # the enqueue committed while the delete was under way
+    pruning.join(20)
+    assert not pruning.is_alive()
+    sweeper.sweep()
+    assert fresh(dependant).status == "pending"
+    assert edges(dependant) == [(parent.id, "done", 10)]
+    invariant_holds()
 
 
 def test_prune__deletes_a_pruned_dependants_edges_and_keeps_a_parent_with_a_missed_edge(now):

@@ -9,6 +9,8 @@ here is instant (a nullable column, choices and options only).
 
 from django.db import migrations, models
 
+from django_pgqueue.migration_ops import BrieflyLocked
+
 STATUSES = "'pending', 'scheduled', 'running', 'done', 'dead', 'cancelled'"
 OLD_STATUSES = "'pending', 'scheduled', 'running', 'done', 'dead'"
 
@@ -31,10 +33,12 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
-        migrations.AddField(
-            model_name="job",
-            name="cancel_requested_at",
-            field=models.DateTimeField(blank=True, null=True),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="cancel_requested_at",
+                field=models.DateTimeField(blank=True, null=True),
+            ),
         ),
         migrations.AlterField(
             model_name="job",
@@ -73,13 +77,15 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[
-                migrations.RunSQL(
-                    sql="ALTER TABLE pgqueue_job DROP CONSTRAINT pgqueue_job_status_valid, "
-                    f"ADD CONSTRAINT pgqueue_job_status_valid CHECK (status IN ({STATUSES})) "
-                    "NOT VALID",
-                    reverse_sql="ALTER TABLE pgqueue_job DROP CONSTRAINT pgqueue_job_status_valid, "
-                    "ADD CONSTRAINT pgqueue_job_status_valid "
-                    f"CHECK (status IN ({OLD_STATUSES}))",
+                BrieflyLocked(
+                    migrations.RunSQL(
+                        sql="ALTER TABLE pgqueue_job DROP CONSTRAINT pgqueue_job_status_valid, "
+                        f"ADD CONSTRAINT pgqueue_job_status_valid CHECK (status IN ({STATUSES})) "
+                        "NOT VALID",
+                        reverse_sql="ALTER TABLE pgqueue_job DROP CONSTRAINT "
+                        "pgqueue_job_status_valid, ADD CONSTRAINT pgqueue_job_status_valid "
+                        f"CHECK (status IN ({OLD_STATUSES}))",
+                    ),
                 ),
                 migrations.RunSQL(
                     sql="ALTER TABLE pgqueue_job VALIDATE CONSTRAINT pgqueue_job_status_valid",

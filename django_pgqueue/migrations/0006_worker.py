@@ -6,6 +6,7 @@ import django.contrib.postgres.fields
 from django.db import migrations, models
 
 import django_pgqueue.models
+from django_pgqueue.migration_ops import BrieflyLocked
 
 
 class Migration(migrations.Migration):
@@ -72,9 +73,11 @@ class Migration(migrations.Migration):
             },
             bases=("django_pgqueue.job",),
         ),
-        migrations.AddField(
-            model_name="job",
-            name="trace_context",
-            field=models.JSONField(blank=True, null=True),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="trace_context",
+                field=models.JSONField(blank=True, null=True),
+            ),
         ),
     ]

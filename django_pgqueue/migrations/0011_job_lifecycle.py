@@ -2,26 +2,31 @@
 table of keys that outlive their jobs (``enqueue(unique_for=..., debounce=...)``).
 
 Both new columns are added without a table rewrite (a constant default and a NULL
-column are catalog-only changes), under a brief lock of the jobs table. The keys table
+column are catalog-only changes), under a brief ACCESS EXCLUSIVE lock of the jobs table,
+waited for at most 2 s at a time (``BrieflyLocked``). The keys table
 is new and empty; its pruning index is built CONCURRENTLY in 0012, on its own.
 """
 
 from django.db import migrations, models
+
+from django_pgqueue.migration_ops import BrieflyLocked
 
 
 class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0010_job_cancelled_idx")]
 
     operations = [
-        migrations.AddField(
-            model_name="job",
-            name="progress",
-            field=models.JSONField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="snoozes",
-            field=models.IntegerField(db_default=0, default=0),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="progress",
+                field=models.JSONField(blank=True, null=True),
+            ),
+            migrations.AddField(
+                model_name="job",
+                name="snoozes",
+                field=models.IntegerField(db_default=0, default=0),
+            ),
         ),
         migrations.CreateModel(
             name="JobKey",

@@ -12,6 +12,8 @@ claiming and completing. Hence ``atomic = False``.
 
 from django.db import migrations, models
 
+from django_pgqueue.migration_ops import BrieflyLocked
+
 STATUSES = "'pending', 'scheduled', 'running', 'done', 'dead', 'cancelled', 'waiting'"
 OLD_STATUSES = "'pending', 'scheduled', 'running', 'done', 'dead', 'cancelled'"
 
@@ -45,30 +47,40 @@ class Migration(migrations.Migration):
             ],
             options={"db_table": "pgqueue_job_dependency"},
         ),
-        migrations.AddField(
-            model_name="job",
-            name="on_parent_failure",
-            field=models.CharField(blank=True, max_length=8, null=True),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="on_parent_failure",
+                field=models.CharField(blank=True, max_length=8, null=True),
+            ),
         ),
-        migrations.AddField(
-            model_name="job",
-            name="parent_results",
-            field=models.CharField(blank=True, max_length=8, null=True),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="parent_results",
+                field=models.CharField(blank=True, max_length=8, null=True),
+            ),
         ),
-        migrations.AddField(
-            model_name="job",
-            name="parents_left",
-            field=models.IntegerField(blank=True, null=True),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="parents_left",
+                field=models.IntegerField(blank=True, null=True),
+            ),
         ),
-        migrations.AddField(
-            model_name="job",
-            name="workflow_id",
-            field=models.BigIntegerField(blank=True, null=True),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="workflow_id",
+                field=models.BigIntegerField(blank=True, null=True),
+            ),
         ),
-        migrations.AddField(
-            model_name="job",
-            name="has_dependants",
-            field=models.BooleanField(db_default=False, default=False),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="has_dependants",
+                field=models.BooleanField(db_default=False, default=False),
+            ),
         ),
         migrations.AlterField(
             model_name="job",
@@ -113,13 +125,15 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[
-                migrations.RunSQL(
-                    sql="ALTER TABLE pgqueue_job DROP CONSTRAINT pgqueue_job_status_valid, "
-                    f"ADD CONSTRAINT pgqueue_job_status_valid CHECK (status IN ({STATUSES})) "
-                    "NOT VALID",
-                    reverse_sql="ALTER TABLE pgqueue_job DROP CONSTRAINT pgqueue_job_status_valid, "
-                    "ADD CONSTRAINT pgqueue_job_status_valid "
-                    f"CHECK (status IN ({OLD_STATUSES}))",
+                BrieflyLocked(
+                    migrations.RunSQL(
+                        sql="ALTER TABLE pgqueue_job DROP CONSTRAINT pgqueue_job_status_valid, "
+                        f"ADD CONSTRAINT pgqueue_job_status_valid CHECK (status IN ({STATUSES})) "
+                        "NOT VALID",
+                        reverse_sql="ALTER TABLE pgqueue_job DROP CONSTRAINT "
+                        "pgqueue_job_status_valid, ADD CONSTRAINT pgqueue_job_status_valid "
+                        f"CHECK (status IN ({OLD_STATUSES}))",
+                    ),
                 ),
                 migrations.RunSQL(
                     sql="ALTER TABLE pgqueue_job VALIDATE CONSTRAINT pgqueue_job_status_valid",

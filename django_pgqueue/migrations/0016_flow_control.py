@@ -2,7 +2,8 @@
 run-time state (paused) and the rate windows (see flow.py).
 
 The new column has a constant default, so adding it is a catalog-only change (no table
-rewrite) under a brief lock of the jobs table. The three tables are new and empty; the
+rewrite) under a brief ACCESS EXCLUSIVE lock of the jobs table, waited for at most 2 s
+at a time (``BrieflyLocked``). The three tables are new and empty; the
 jobs table's two new indexes are built CONCURRENTLY in 0017, on their own.
 """
 
@@ -10,16 +11,19 @@ from django.db import migrations, models
 
 import django_pgqueue.fields
 import django_pgqueue.models
+from django_pgqueue.migration_ops import BrieflyLocked
 
 
 class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0015_job_idempotency_waiting")]
 
     operations = [
-        migrations.AddField(
-            model_name="job",
-            name="concurrency_key",
-            field=models.CharField(blank=True, db_default="", default="", max_length=255),
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="concurrency_key",
+                field=models.CharField(blank=True, db_default="", default="", max_length=255),
+            ),
         ),
         migrations.CreateModel(
             name="Limit",

@@ -3099,6 +3099,132 @@ WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()
 )
 SELECT count(*) FROM resolved;
 
+-- name: JOB_RESOLVE_STRANDED
+-- The sweeper's repair of unresolved edges whose parent finished all the same (a worker
+-- of an older release finished it), one bounded batch of parents, SKIP LOCKED.
+-- moves: waiting -> pending | scheduled | cancelled
+WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), stranded AS (
+    SELECT p.id, p.status, p.result
+    FROM pgqueue_job AS p
+    WHERE p.id IN (SELECT e.parent_id
+                   FROM pgqueue_job_dependency AS e
+                   WHERE e.state IS NULL)
+      AND p.status IN ('done', 'dead', 'cancelled')
+    ORDER BY p.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), ended AS (
+    SELECT id, status, result FROM stranded
+), doomed AS (
+    SELECT e.job_id AS id, 1 AS depth
+    FROM ended
+    JOIN pgqueue_job_dependency AS e ON e.parent_id = ended.id
+    JOIN pgqueue_job AS d ON d.id = e.job_id
+    WHERE ended.status <> 'done'
+      AND e.state IS NULL
+      AND (d.status = 'waiting') IS TRUE
+      AND d.on_parent_failure IS NULL
+    UNION
+    SELECT e.job_id, doomed.depth + 1
+    FROM doomed
+    JOIN pgqueue_job_dependency AS e ON e.parent_id = doomed.id
+    JOIN pgqueue_job AS d ON d.id = e.job_id
+    WHERE doomed.depth < 100
+      AND e.state IS NULL
+      AND (d.status = 'waiting') IS TRUE
+      AND d.on_parent_failure IS NULL
+), doomed_once AS (
+    SELECT id, min(depth) AS depth
+    FROM doomed
+    WHERE id NOT IN (SELECT id FROM ended)
+    GROUP BY id
+), finished AS (
+    SELECT id, status, result FROM ended
+    UNION ALL
+    SELECT id, 'cancelled', NULL::jsonb FROM doomed_once WHERE depth < 100
+), resolved AS (
+    UPDATE pgqueue_job_dependency AS e
+    SET state = f.status,
+        result = CASE WHEN f.status = 'done' THEN f.result END
+    FROM finished AS f
+    WHERE e.parent_id = ANY (ARRAY(SELECT id FROM finished WHERE (SELECT u.parent_id
+         FROM pgqueue_job_dependency AS u
+         WHERE u.state IS NULL
+         ORDER BY u.parent_id
+         LIMIT 1) IS NOT NULL))
+      AND e.parent_id = f.id
+      AND e.state IS NULL
+    RETURNING e.job_id, e.position, e.parent_id, e.state, e.result
+), deferred AS (
+    UPDATE pgqueue_job_dependency AS e
+    SET repair = true
+    FROM doomed_once AS x
+    WHERE x.depth = 100
+      AND e.parent_id = x.id
+      AND e.state IS NULL
+    RETURNING e.job_id
+), counted AS (
+    SELECT job_id, count(*)::int AS n,
+           min(parent_id) FILTER (WHERE state <> 'done') AS failed_parent,
+           (array_agg(state ORDER BY parent_id) FILTER (WHERE state <> 'done'))[1]
+               AS failed_state
+    FROM resolved
+    GROUP BY job_id
+), lock_order AS MATERIALIZED (
+    SELECT d.id
+    FROM pgqueue_job AS d
+    WHERE d.id IN (SELECT job_id FROM counted)
+    ORDER BY d.id
+    FOR NO KEY UPDATE
+), dependant AS (
+    UPDATE pgqueue_job AS d
+    SET parents_left = d.parents_left - c.n,
+        status = CASE WHEN d.status = 'waiting' AND c.failed_parent IS NOT NULL AND d.on_parent_failure IS NULL THEN 'cancelled'
+                      WHEN d.status = 'waiting' AND d.parents_left = c.n AND (c.failed_parent IS NULL OR d.on_parent_failure IS NOT NULL)
+                      THEN CASE WHEN d.run_at > clock.now THEN 'scheduled' ELSE 'pending' END
+                      ELSE d.status END,
+        finished_at = CASE WHEN d.status = 'waiting' AND c.failed_parent IS NOT NULL AND d.on_parent_failure IS NULL THEN clock.now ELSE d.finished_at END,
+        errors = CASE WHEN d.status = 'waiting' AND c.failed_parent IS NOT NULL AND d.on_parent_failure IS NULL
+                      THEN d.errors || jsonb_build_array(jsonb_build_object(
+        'exception_class_path', 'django_pgqueue.exceptions.JobCancelled',
+        'traceback', 'django_pgqueue.exceptions.JobCancelled: ' || 'parent job ' || c.failed_parent || ' ended ' || c.failed_state,
+        'worker_id', '',
+        'attempt', d.attempts,
+        'at', clock.now))
+                      ELSE d.errors END,
+        args = CASE WHEN d.parent_results IS NOT NULL AND d.status = 'waiting' AND d.parents_left = c.n AND (c.failed_parent IS NULL OR d.on_parent_failure IS NOT NULL)
+                    THEN jsonb_build_array(CASE d.parent_results
+        WHEN 'value' THEN (SELECT r.result FROM resolved AS r WHERE r.job_id = d.id LIMIT 1)
+        ELSE (
+            SELECT coalesce(jsonb_agg(g.result ORDER BY g.position), '[]'::jsonb)
+            FROM (
+                SELECT r.position, r.result FROM resolved AS r WHERE r.job_id = d.id
+                UNION ALL
+                SELECT x.position, x.result
+                FROM pgqueue_job_dependency AS x
+                WHERE x.job_id = d.id AND x.state IS NOT NULL
+                UNION ALL
+                SELECT y.position, y.result
+                FROM (SELECT z.position, z.result
+                      FROM pgqueue_job_dependency AS z
+                      WHERE (z.job_id, z.position) IN (
+                          SELECT w.job_id, w.position
+                          FROM pgqueue_job_dependency AS w
+                          WHERE w.job_id = d.id AND w.state IS NULL)
+                      FOR SHARE) AS y
+            ) AS g)
+        END) || d.args
+                    ELSE d.args END
+    FROM counted AS c, lock_order, clock
+    WHERE d.id = c.job_id
+      AND lock_order.id = d.id
+    RETURNING d.id, d.status,
+              CASE WHEN d.status = 'pending'
+                   THEN pg_notify(%(channel)s, 'release:' || d.queue)
+              END
+)
+SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM resolved);
+
 -- name: JOB_RESTORE_DEPENDANTS
 -- Put back what a requeued job's failure had settled, one level of dependants: their
 -- edges unresolved again, and a dependant it had cancelled waits again.
@@ -3172,33 +3298,38 @@ DELETE FROM pgqueue_job_key AS k
 USING closed
 WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key);
 
--- name: JOB_DELETE_FINISHED_BEFORE
--- Delete jobs of one final state finished before its retention horizon, one bounded
--- batch of that state's partial index, with their own edges; SKIP LOCKED.
+-- name: JOB_DELETE_FINISHED_LOCKED
+-- Delete the finished jobs JOB_LOCK_FINISHED_BEFORE locked, with their own edges, except
+-- one with an unresolved edge committed before the lock (re-checked on this snapshot).
 -- moves: done -> gone
 -- moves: dead -> gone
 -- moves: cancelled -> gone
-WITH old AS (
-    SELECT id
-    FROM pgqueue_job AS j
-    WHERE status = %(status)s
-      AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
-                        - make_interval(secs => %(retention_seconds)s)
-      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
-                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
-    ORDER BY finished_at
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-), pruned AS (
+WITH pruned AS (
     DELETE FROM pgqueue_job AS j
-    USING old
-    WHERE j.id = old.id
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND j.status IN ('done', 'dead', 'cancelled')
+      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                      WHERE e.parent_id = j.id AND e.state IS NULL)
     RETURNING j.id, j.parents_left
 ), own_edges AS (
     DELETE FROM pgqueue_job_dependency AS e
     WHERE e.job_id IN (SELECT id FROM pruned WHERE parents_left IS NOT NULL)
 )
 SELECT count(*) FROM pruned;
+
+-- name: JOB_LOCK_FINISHED_BEFORE
+-- Lock jobs of one final state finished before its retention horizon, one bounded
+-- batch of that state's partial index, SKIP LOCKED: JOB_DELETE_FINISHED_LOCKED's.
+SELECT id
+FROM pgqueue_job AS j
+WHERE status = %(status)s
+  AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
+                    - make_interval(secs => %(retention_seconds)s)
+  AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                  WHERE e.parent_id = j.id AND e.state IS NULL)
+ORDER BY finished_at
+LIMIT %(batch_size)s
+FOR UPDATE SKIP LOCKED;
 
 -- name: JOB_PROMOTE_DUE
 -- Move due scheduled jobs to pending, one bounded batch of pgqueue_job_scheduled_idx;
@@ -4040,3 +4171,26 @@ SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_done = %(jobs_done)s,
     jobs_failed = %(jobs_failed)s
 WHERE id = %(id)s;
+
+-- =============================================================================
+-- family migration: run by django_pgqueue.migration_ops
+
+-- name: MIGRATION_LOCK_HOLDERS
+-- Who holds a lock on the jobs table (but this session): named in the error of a
+-- migration that could not get its own.
+SELECT string_agg(DISTINCT concat('pid ', a.pid, ' (', a.state, ', since ', a.xact_start,
+                                  ': ', left(a.query, 60), ')'), '; ')
+FROM pg_locks AS l
+JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.relation = 'pgqueue_job'::regclass
+  AND l.granted
+  AND a.pid <> pg_backend_pid();
+
+-- name: MIGRATION_LOCK_TIMEOUT
+-- Set the transaction's lock_timeout for one attempt of a migration's operation;
+-- return the value it had.
+WITH previous AS MATERIALIZED (
+    SELECT current_setting('lock_timeout') AS value
+)
+SELECT previous.value, set_config('lock_timeout', %(lock_timeout)s, true)
+FROM previous;

@@ -31,39 +31,54 @@ WHERE (k.kind, k.queue, k.key) = (closed.kind, closed.queue, closed.key)
 )
 
 
-# Delete jobs of one final state (%(status)s: done, cancelled or dead) that finished
-# before that state's retention horizon, one bounded batch, with their own edges. The
-# state is a literal when Django binds it, so each uses its own partial index; SKIP
-# LOCKED splits the work. A parent with an edge the sweeper has yet to resolve is kept
-# (pgqueue_job_dep_repair_idx): only then does a dependant need the parent's row.
-JOB_DELETE_FINISHED_BEFORE = """
--- name: JOB_DELETE_FINISHED_BEFORE
--- Delete jobs of one final state finished before its retention horizon, one bounded
--- batch of that state's partial index, with their own edges; SKIP LOCKED.
+# Delete the jobs JOB_LOCK_FINISHED_BEFORE locked (%(ids)s), in its transaction, with
+# their own edges. The edge check is made again here, on a snapshot taken after the
+# locks: a dependant's enqueue that held its parent FOR KEY SHARE committed before the
+# lock was granted, and its edge, invisible to the locking statement's older snapshot,
+# is seen now; such a parent is kept (unlocked at commit) for JOB_RESOLVE_MISSED (or
+# JOB_RESOLVE_STRANDED) to resolve from its row. Primary keys.
+JOB_DELETE_FINISHED_LOCKED = """
+-- name: JOB_DELETE_FINISHED_LOCKED
+-- Delete the finished jobs JOB_LOCK_FINISHED_BEFORE locked, with their own edges, except
+-- one with an unresolved edge committed before the lock (re-checked on this snapshot).
 -- moves: done -> gone
 -- moves: dead -> gone
 -- moves: cancelled -> gone
-WITH old AS (
-    SELECT id
-    FROM pgqueue_job AS j
-    WHERE status = %(status)s
-      AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
-                        - make_interval(secs => %(retention_seconds)s)
-      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
-                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
-    ORDER BY finished_at
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-), pruned AS (
+WITH pruned AS (
     DELETE FROM pgqueue_job AS j
-    USING old
-    WHERE j.id = old.id
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND j.status IN ('done', 'dead', 'cancelled')
+      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                      WHERE e.parent_id = j.id AND e.state IS NULL)
     RETURNING j.id, j.parents_left
 ), own_edges AS (
     DELETE FROM pgqueue_job_dependency AS e
     WHERE e.job_id IN (SELECT id FROM pruned WHERE parents_left IS NOT NULL)
 )
 SELECT count(*) FROM pruned
+"""
+
+
+# Lock jobs of one final state (%(status)s: done, cancelled or dead) that finished
+# before that state's retention horizon, one bounded batch, for JOB_DELETE_FINISHED_LOCKED
+# in the same transaction. The state is a literal when Django binds it, so each uses its
+# own partial index; SKIP LOCKED splits the work. A parent with an edge still unresolved
+# is kept (pgqueue_job_dep_unresolved_idx): the sweeper's repairs resolve it from the
+# parent's row, which nothing else needs; the delete checks it again under the lock.
+JOB_LOCK_FINISHED_BEFORE = """
+-- name: JOB_LOCK_FINISHED_BEFORE
+-- Lock jobs of one final state finished before its retention horizon, one bounded
+-- batch of that state's partial index, SKIP LOCKED: JOB_DELETE_FINISHED_LOCKED's.
+SELECT id
+FROM pgqueue_job AS j
+WHERE status = %(status)s
+  AND finished_at < coalesce(%(now)s::timestamptz, clock_timestamp())
+                    - make_interval(secs => %(retention_seconds)s)
+  AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                  WHERE e.parent_id = j.id AND e.state IS NULL)
+ORDER BY finished_at
+LIMIT %(batch_size)s
+FOR UPDATE SKIP LOCKED
 """
 
 

@@ -242,7 +242,9 @@ SELECT count(*) FROM resolved
 # resolving them (its dependant was enqueued while it ran, and the enqueuer died before
 # JOB_RESOLVE_LATE; or a cascade stopped at CASCADE_DEPTH), one bounded batch of parents
 # from pgqueue_job_dep_repair_idx, then as every other finishing statement (RESOLVE).
-# A parent whose row is gone counts as cancelled. SKIP LOCKED: several sweepers split it.
+# A parent whose row is gone counts as cancelled: retention never deletes a parent
+# with such an edge (JOB_DELETE_FINISHED_LOCKED re-checks under its lock), so it was
+# deleted by hand, its outcome unknown. SKIP LOCKED: several sweepers split it.
 JOB_RESOLVE_MISSED = (
     """
 -- name: JOB_RESOLVE_MISSED
@@ -300,6 +302,41 @@ WITH RECURSIVE """
     + RESOLVE
     + """
 SELECT count(*) FROM resolved
+"""
+)
+
+
+# The sweeper's repair of edges that no finishing statement resolved although their
+# parent finished: a worker of an older release (a rolling upgrade) finished it without
+# knowing of dependants, and its edges are not marked for repair. One bounded batch of
+# finished parents with an unresolved edge (pgqueue_job_dep_unresolved_idx, then the
+# parents by primary key: a cost in unresolved edges, so the sweeper runs it seldom),
+# then as every finishing statement (RESOLVE), which resolves each edge once whoever
+# else is at it. SKIP LOCKED: several sweepers split it.
+JOB_RESOLVE_STRANDED = (
+    """
+-- name: JOB_RESOLVE_STRANDED
+-- The sweeper's repair of unresolved edges whose parent finished all the same (a worker
+-- of an older release finished it), one bounded batch of parents, SKIP LOCKED.
+-- moves: waiting -> pending | scheduled | cancelled
+WITH RECURSIVE """
+    + CLOCK
+    + """, stranded AS (
+    SELECT p.id, p.status, p.result
+    FROM pgqueue_job AS p
+    WHERE p.id IN (SELECT e.parent_id
+                   FROM pgqueue_job_dependency AS e
+                   WHERE e.state IS NULL)
+      AND p.status IN ('done', 'dead', 'cancelled')
+    ORDER BY p.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), ended AS (
+    SELECT id, status, result FROM stranded
+), """
+    + RESOLVE
+    + """
+SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM resolved)
 """
 )
 

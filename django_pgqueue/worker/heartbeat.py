@@ -2,7 +2,8 @@
 
 It extends leases on its own connection, never inside a task's transaction, fenced on
 (owner, attempt). It stops extending a job whose task ran past its timeout, so the
-sweeper hands that job to another worker and the late completion is fenced out; and it
+sweeper hands that job to another worker and the late return, recorded as a timed-out
+attempt (``runner._returned_in_time``), is fenced out; and it
 marks jobs whose lease it found taken back, so a prefetched one is never started.
 While it fails, the worker claims nothing (see :meth:`Heartbeat.healthy`).
 """
@@ -97,8 +98,8 @@ class Heartbeat(WorkerPart):
         for job, limit in timed_out:
             logger.warning(
                 "job %s: still running after its %ss timeout; no longer extending its "
-                "lease (the sweeper will hand it to another worker, and this run's "
-                "completion will be fenced out)",
+                "lease (the sweeper will hand it to another worker; whatever this run "
+                "returns counts as a timed-out attempt, or is fenced out)",
                 job.id,
                 limit,
                 extra={"action": "timeout", "job_id": job.id, "worker_id": self.worker_id},

@@ -22,10 +22,12 @@ from asgiref.sync import async_to_sync
 from django.db import DatabaseError, connections, transaction
 
 from .. import lifecycle, tracing, validation
+from ..conf import settings
 from ..exceptions import (
     InvalidJob,
     InvalidResult,
     JobCancelled,
+    JobTimeout,
     LeaseLost,
     Snooze,
     TaskNotFound,
@@ -132,6 +134,23 @@ def describe_leftovers(leftovers: dict[str, list[str]]) -> str:
         f"{', '.join(left)} on its connection to database {alias!r}"
         for alias, left in leftovers.items()
     )
+
+
+def _returned_in_time(known: Known, started: float) -> None:
+    """Raise ``JobTimeout`` if the task returned after its timeout (``@task(timeout=...)``,
+    else ``PGQUEUE_JOB_TIMEOUT_SECONDS``; ``started``: ``time.perf_counter()`` at its
+    start). A thread cannot be stopped, so a late return is all there is to catch: the
+    attempt is recorded as timed out (retried with backoff), its value discarded, as a
+    coroutine's is, never ``done`` because the lease happened to outlast the timeout."""
+    limit = known.timeout if known.timeout is not None else settings.JOB_TIMEOUT_SECONDS
+    if limit is None:
+        return
+    elapsed = time.perf_counter() - started
+    if elapsed >= limit:
+        raise JobTimeout(
+            f"the task returned after {elapsed:.3f}s, past its timeout of {limit:g}s; "
+            "the attempt counts as timed out and its return value is discarded"
+        )
 
 
 class JobRunner(WorkerPart):
@@ -330,6 +349,7 @@ class JobRunner(WorkerPart):
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
                     value, _ = self._call(job, known, task_result, cancel)
+                    _returned_in_time(known, started)  # late: its effects roll back
                     # A leak on another database fails the job before its commit.
                     self._fail_on_leftovers(skip=self.alias)
                     if cancel.is_set():
@@ -356,6 +376,7 @@ class JobRunner(WorkerPart):
                 self._discard_leftovers(job, raw, "done (transactional, committed)")
             else:
                 value, text = self._call(job, known, task_result, cancel)
+                _returned_in_time(known, started)
                 # Before anything is recorded: the completion must not join a leaked
                 # transaction, and later jobs must get a clean session.
                 self._fail_on_leftovers()
