@@ -216,7 +216,7 @@ def explain_statements() -> None:
 
     statements = {
         "JOB_COUNT_SAMPLE_BY_QUEUE": {"cap": monitoring.DEFAULT_CAP},
-        "JOB_GET_PENDING_HEADS": {},
+        "JOB_GET_QUEUE_BACKLOG": {"cap": monitoring.DEFAULT_CAP, "queues": monitoring.MAX_QUEUES},
         "JOB_SAMPLE_FINISHED": {
             "cap": monitoring.DEFAULT_CAP,
             "window_seconds": monitoring.RECENT_SECONDS,

@@ -40,6 +40,11 @@ RECENT_SECONDS = 300
 
 #: Statuses counted per queue.
 COUNTED = (*LIVE_STATUSES, Status.DEAD)
+#: Statuses counted from one sample shared by every queue (pending is counted per queue).
+SAMPLED = tuple(status for status in COUNTED if status != Status.PENDING)
+
+#: Most queues whose backlog is read one by one (each up to the cap).
+MAX_QUEUES = 1000
 
 
 def _rows(using: str | None, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -97,9 +102,10 @@ def workers(*, using: str | None = None, now: dt.datetime | None = None) -> list
 
 @dataclass(frozen=True)
 class QueueStats:
-    """One queue's figures. A name in ``estimated`` marks a figure scaled up from a
-    capped sample (by planner statistics, or by the sample's rate); the oldest pending
-    age is then a lower bound."""
+    """One queue's figures. A name in ``estimated`` marks a figure that is not an exact
+    count: scaled up from a capped sample (by planner statistics), or, when it is in
+    ``lower_bound`` too, a count that stopped at the cap ("at least"). ``pending`` and
+    ``oldest_pending_age`` are read per queue: exact, or ``pending`` a lower bound."""
 
     queue: str
     pending: int = 0
@@ -114,6 +120,7 @@ class QueueStats:
     oldest_pending_age: float | None = None  # seconds; None: nothing pending
     estimated: frozenset[str] = frozenset()
     paused: bool = False  # Job.objects.pause_queue(): no worker claims from it
+    lower_bound: frozenset[str] = frozenset()  # figures that are "at least" this
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +137,7 @@ class QueueStats:
             if self.oldest_pending_age is None
             else round(self.oldest_pending_age, 3),
             "estimated": sorted(self.estimated),
+            "lower_bound": sorted(self.lower_bound),
             "paused": self.paused,
         }
 
@@ -251,20 +259,23 @@ def snapshot(
     """Per-queue figures and workers from bounded queries (see the module docstring)."""
     counts: dict[str, dict[str, int]] = defaultdict(dict)  # queue -> status -> jobs
     sampled: dict[str, int] = defaultdict(int)  # status -> rows in its sample
-    oldest: dict[str, dt.datetime] = {}
-    for status, queue, jobs, oldest_run_at in _rows(
-        using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}
-    ):
+    for status, queue, jobs in _rows(using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}):
         counts[queue][status] = jobs
         sampled[status] += jobs
-        if oldest_run_at is not None:
-            oldest[queue] = oldest_run_at
-    for queue, run_at in _rows(using, sql.JOB_GET_PENDING_HEADS, {}):
-        if queue not in oldest or run_at < oldest[queue]:
-            oldest[queue] = run_at
+    # Pending per queue, each counted on its own up to the cap: exact below it, a
+    # lower bound at it; the oldest pending job of each queue, exact.
+    oldest: dict[str, dt.datetime] = {}
+    backlog_capped: set[str] = set()
+    for queue, run_at, jobs in _rows(
+        using, sql.JOB_GET_QUEUE_BACKLOG, {"cap": cap, "queues": MAX_QUEUES}
+    ):
+        counts[queue][Status.PENDING] = jobs
+        oldest[queue] = run_at
+        if jobs >= cap:
+            backlog_capped.add(queue)
     # A capped status: scale each queue's share of the sample up to the estimate.
     scale: dict[str, float] = {}
-    capped = [status for status in COUNTED if sampled[status] >= cap]
+    capped = [status for status in SAMPLED if sampled[status] >= cap]
     if capped:
         estimates = _status_estimates(using)
         for status in capped:
@@ -305,6 +316,9 @@ def snapshot(
     queues: dict[str, QueueStats] = {}
     for name in sorted(names):
         estimated: set[str] = set()
+        lower_bound: set[str] = set()
+        if name in backlog_capped:
+            lower_bound.add("pending")
         figures: dict[str, int] = {}
         for status in COUNTED:
             jobs = counts[name].get(status, 0)
@@ -328,8 +342,6 @@ def snapshot(
         age = None
         if name in oldest:
             age = max(0.0, (clock - oldest[name]).total_seconds())
-            if "pending" in scale:
-                estimated.add("oldest_pending_age")
         queues[name] = QueueStats(
             queue=name,
             done_5m=done,
@@ -337,7 +349,8 @@ def snapshot(
             cancelled_5m=cancelled,
             finished_per_second=done_minute / 60.0,
             oldest_pending_age=age,
-            estimated=frozenset(estimated),
+            estimated=frozenset(estimated | lower_bound),
+            lower_bound=frozenset(lower_bound),
             paused=name in view.paused,
             **figures,
         )

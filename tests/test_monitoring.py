@@ -84,13 +84,24 @@ def test_snapshot__recent_cancellations_are_counted(job_factory, now):
 
 def test_snapshot__above_the_cap_counts_are_estimates_not_scans(job_factory, now):
     for i in range(40):
-        job_factory(queue="a" if i % 4 else "b")
+        job_factory(queue="a" if i % 4 else "b", run_at=now + 3600 * S)  # scheduled
     analyze()
     snap = monitoring.snapshot(cap=10, now=now)
-    a, b = snap.queues.get("a"), snap.queues.get("b")
-    total = sum(q.pending for q in snap.queues.values())
+    total = sum(q.scheduled for q in snap.queues.values())
     assert total == pytest.approx(40, abs=2)  # the planner's estimate, split by sample
-    assert "pending" in next(q for q in (a, b) if q is not None).estimated
+    assert all("scheduled" in q.estimated for q in snap.queues.values())
+
+
+def test_snapshot__pending_is_counted_per_queue_up_to_the_cap(job_factory, now):
+    """Pending is counted queue by queue: a queue over the cap is a lower bound, never
+    an estimate that a big queue's share of one sample hides a small queue in."""
+    for i in range(40):
+        job_factory(queue="a" if i % 8 else "b", run_at=now - (i + 1) * S, now=now)
+    snap = monitoring.snapshot(cap=10, now=now)
+    a, b = snap.queues["a"], snap.queues["b"]
+    assert (a.pending, a.lower_bound, "pending" in a.estimated) == (10, {"pending"}, True)
+    assert (b.pending, b.lower_bound, b.estimated) == (5, frozenset(), frozenset())
+    assert (a.oldest_pending_age, b.oldest_pending_age) == (40.0, 33.0)
 
 
 def test_snapshot__a_capped_recent_sample_is_scaled_by_its_rate(job_factory, now):
@@ -154,7 +165,7 @@ def test_history__a_busy_minute_is_scaled_from_its_first_jobs(job_factory, now):
             {"cap": 100, "window_seconds": 300},
         ),
         ("JOB_GET_HISTORY", "pgqueue_job_done_idx", {"cap": 100, "minutes": 60}),
-        ("JOB_GET_PENDING_HEADS", "pgqueue_job_claim_idx", {}),
+        ("JOB_GET_QUEUE_BACKLOG", "pgqueue_job_pending_age_idx", {"cap": 100, "queues": 10}),
         ("JOB_GET_RUNNING", "pgqueue_job_lease_idx", {"limit": 100}),
         ("JOB_COUNT_SAMPLE_BY_QUEUE", "pgqueue_job_dead_idx", {"cap": 100}),
     ],

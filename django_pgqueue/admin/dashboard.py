@@ -177,7 +177,7 @@ class DashboardAdmin(ViewOnlyAdmin):
             "snapshot": snap,
             "queues": queues,
             "headline": {
-                "pending": f"{snap.total('pending'):,}",
+                "pending": _at_least(snap, "pending") + f"{snap.total('pending'):,}",
                 "running": f"{snap.total('running'):,}",
                 "dead": f"{snap.total('dead'):,}",
                 "rate": f"{sum(q.finished_per_second for q in snap.queues.values()):,.1f}",
@@ -214,6 +214,11 @@ class DashboardAdmin(ViewOnlyAdmin):
         return TemplateResponse(request, self.change_list_template, context)
 
 
+def _at_least(snap: monitoring.Snapshot, name: str) -> str:
+    """ "≥ " when a queue's count of ``name`` stopped at the cap, so the sum did too."""
+    return "≥ " if any(name in q.lower_bound for q in snap.queues.values()) else ""
+
+
 def _qs(value: str) -> str:
     return url_quote(value, safe="")
 
@@ -221,7 +226,8 @@ def _qs(value: str) -> str:
 def _cell(q: monitoring.QueueStats, name: str, url: str, *, alert: bool = False) -> dict[str, Any]:
     return {
         "value": f"{getattr(q, name):,}",
-        "estimated": name in q.estimated,
+        "estimated": name in q.estimated and name not in q.lower_bound,
+        "lower_bound": name in q.lower_bound,
         "url": url,
         "alert": alert,
         "name": name,

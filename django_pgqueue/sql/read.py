@@ -146,35 +146,30 @@ ORDER BY status, queue
 
 JOB_COUNT_SAMPLE_BY_QUEUE = """
 -- name: JOB_COUNT_SAMPLE_BY_QUEUE
--- Status figures per queue, at most cap rows of each status from its own partial index,
--- with the oldest pending run_at.
+-- Status figures per queue but pending (JOB_GET_QUEUE_BACKLOG counts it per queue), at
+-- most cap rows of each status from its own partial index.
 WITH sample AS (
-    (SELECT 'pending'::text AS status, queue, run_at
-     FROM pgqueue_job
-     WHERE status = 'pending'
-     LIMIT %(cap)s)
-    UNION ALL
-    (SELECT 'scheduled'::text, queue, NULL::timestamptz
+    (SELECT 'scheduled'::text AS status, queue
      FROM pgqueue_job
      WHERE status = 'scheduled'
      LIMIT %(cap)s)
     UNION ALL
-    (SELECT 'running'::text, queue, NULL::timestamptz
+    (SELECT 'running'::text, queue
      FROM pgqueue_job
      WHERE status = 'running'
      LIMIT %(cap)s)
     UNION ALL
-    (SELECT 'dead'::text, queue, NULL::timestamptz
+    (SELECT 'dead'::text, queue
      FROM pgqueue_job
      WHERE status = 'dead'
      LIMIT %(cap)s)
     UNION ALL
-    (SELECT 'waiting'::text, queue, NULL::timestamptz
+    (SELECT 'waiting'::text, queue
      FROM pgqueue_job
      WHERE status = 'waiting'
      LIMIT %(cap)s)
 )
-SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
+SELECT status, queue, count(*) AS jobs
 FROM sample
 GROUP BY status, queue
 ORDER BY status, queue
@@ -280,29 +275,34 @@ ORDER BY m.start
 """
 
 
-JOB_GET_PENDING_HEADS = """
--- name: JOB_GET_PENDING_HEADS
--- The head of each priority's line of pending jobs: a loose index scan of
--- pgqueue_job_claim_idx.
-WITH RECURSIVE head AS (
-    (SELECT priority, queue, run_at
+JOB_GET_QUEUE_BACKLOG = """
+-- name: JOB_GET_QUEUE_BACKLOG
+-- Each queue with pending jobs, its oldest run_at and its pending count up to cap: a
+-- loose scan of pgqueue_job_pending_age_idx, one seek and one capped range per queue.
+WITH RECURSIVE head(queue, run_at) AS (
+    (SELECT queue, run_at
      FROM pgqueue_job
      WHERE status = 'pending'
-     ORDER BY priority DESC, id
+     ORDER BY queue, run_at
      LIMIT 1)
     UNION ALL
-    SELECT nxt.priority, nxt.queue, nxt.run_at
-    FROM head,
-         LATERAL (SELECT priority, queue, run_at
-                  FROM pgqueue_job
-                  WHERE status = 'pending'
-                    AND priority < head.priority
-                  ORDER BY priority DESC, id
-                  LIMIT 1) AS nxt
+    SELECT n.queue, n.run_at
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, run_at
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue, run_at
+        LIMIT 1) AS n
 )
-SELECT queue, min(run_at)
-FROM head
-GROUP BY queue
+SELECT h.queue, h.run_at,
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'pending' AND queue = h.queue
+              LIMIT %(cap)s) AS x) AS jobs
+FROM head AS h
+LIMIT %(queues)s
 """
 
 
