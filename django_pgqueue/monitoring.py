@@ -257,96 +257,37 @@ def snapshot(
     *, using: str | None = None, cap: int = DEFAULT_CAP, now: dt.datetime | None = None
 ) -> Snapshot:
     """Per-queue figures and workers from bounded queries (see the module docstring)."""
-    counts: dict[str, dict[str, int]] = defaultdict(dict)  # queue -> status -> jobs
-    sampled: dict[str, int] = defaultdict(int)  # status -> rows in its sample
-    for status, queue, jobs in _rows(using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}):
-        counts[queue][status] = jobs
-        sampled[status] += jobs
-    # Pending per queue, each counted on its own up to the cap: exact below it, a
-    # lower bound at it; the oldest pending job of each queue, exact.
-    oldest: dict[str, dt.datetime] = {}
-    backlog_capped: set[str] = set()
-    for queue, run_at, jobs in _rows(
-        using, sql.JOB_GET_QUEUE_BACKLOG, {"cap": cap, "queues": MAX_QUEUES}
-    ):
-        counts[queue][Status.PENDING] = jobs
-        oldest[queue] = run_at
-        if jobs >= cap:
-            backlog_capped.add(queue)
-    # A capped status: scale each queue's share of the sample up to the estimate.
-    scale: dict[str, float] = {}
-    capped = [status for status in SAMPLED if sampled[status] >= cap]
-    if capped:
-        estimates = _status_estimates(using)
-        for status in capped:
-            scale[status] = max(estimates.get(status, 0), cap) / sampled[status]
-
-    finished: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-    sample_size = {"done": 0, "dead": 0, "cancelled": 0}
-    sample_oldest: dict[str, dt.datetime] = {}
-    clock = now
-    for outcome, queue, jobs, last_minute, first_at, at in _rows(
-        using,
-        sql.JOB_SAMPLE_FINISHED,
-        {"cap": cap, "window_seconds": RECENT_SECONDS, "now": now},
-    ):
-        clock = at
-        finished[queue][outcome] = (jobs, last_minute)
-        sample_size[outcome] += jobs
-        if outcome not in sample_oldest or first_at < sample_oldest[outcome]:
-            sample_oldest[outcome] = first_at
+    live = _live_counts(using, cap)
+    recent = _recent(using, cap, now)
     workers_ = workers(using=using, now=now)
-    if clock is None:
-        clock = _database_now(using)
-    # A capped recent sample covers less than the window: scale it by its rate.
-    rate_scale: dict[str, tuple[float, float]] = {}
-    for outcome, size in sample_size.items():
-        if size >= cap and outcome in sample_oldest:
-            span = max((clock - sample_oldest[outcome]).total_seconds(), 1e-3)
-            rate_scale[outcome] = (
-                max(1.0, RECENT_SECONDS / span),
-                max(1.0, 60.0 / span) if span < 60 else 1.0,
-            )
-
+    clock = recent.clock or _database_now(using)
     view = flow.load(using or default_database())
-    names = set(counts) | set(finished) | set(oldest) | set(view.paused)
+    names = set(live.counts) | set(recent.jobs) | set(live.oldest) | set(view.paused)
     for worker in workers_:
         if not worker.lost and worker.queues:
             names.update(worker.queues)
     queues: dict[str, QueueStats] = {}
     for name in sorted(names):
         estimated: set[str] = set()
-        lower_bound: set[str] = set()
-        if name in backlog_capped:
+        lower_bound = set(recent.lower_bound)
+        if name in live.capped:
             lower_bound.add("pending")
         figures: dict[str, int] = {}
         for status in COUNTED:
-            jobs = counts[name].get(status, 0)
-            if status in scale:
-                jobs = round(jobs * scale[status])
+            jobs = live.counts[name].get(status, 0)
+            if status in live.scale:
+                jobs = round(jobs * live.scale[status])
                 estimated.add(status)
             figures[status] = jobs
-        done, done_minute = finished[name].get("done", (0, 0))
-        dead, _ = finished[name].get("dead", (0, 0))
-        cancelled, _ = finished[name].get("cancelled", (0, 0))
-        if "done" in rate_scale:
-            window_factor, minute_factor = rate_scale["done"]
-            done, done_minute = round(done * window_factor), round(done_minute * minute_factor)
-            estimated.update(("done_5m", "finished_per_second"))
-        if "dead" in rate_scale:
-            dead = round(dead * rate_scale["dead"][0])
-            estimated.add("failed_5m")
-        if "cancelled" in rate_scale:
-            cancelled = round(cancelled * rate_scale["cancelled"][0])
-            estimated.add("cancelled_5m")
+        done, done_minute = recent.jobs[name].get("done", (0, 0))
         age = None
-        if name in oldest:
-            age = max(0.0, (clock - oldest[name]).total_seconds())
+        if name in live.oldest:
+            age = max(0.0, (clock - live.oldest[name]).total_seconds())
         queues[name] = QueueStats(
             queue=name,
             done_5m=done,
-            failed_5m=dead,
-            cancelled_5m=cancelled,
+            failed_5m=recent.jobs[name].get("dead", (0, 0))[0],
+            cancelled_5m=recent.jobs[name].get("cancelled", (0, 0))[0],
             finished_per_second=done_minute / 60.0,
             oldest_pending_age=age,
             estimated=frozenset(estimated | lower_bound),
@@ -363,6 +304,81 @@ def snapshot(
         budgets=budgets(view, using=using, cap=cap),
         fair=view.fair,
     )
+
+
+@dataclass
+class _LiveCounts:
+    counts: dict[str, dict[str, int]]  # queue -> status -> jobs
+    oldest: dict[str, dt.datetime]  # queue -> run_at of its oldest pending job
+    capped: set[str]  # queues whose pending count stopped at the cap
+    scale: dict[str, float]  # status -> factor of its capped, shared sample
+
+
+def _live_counts(using: str | None, cap: int) -> _LiveCounts:
+    """Jobs per live status (and dead) and queue. Pending is counted queue by queue up
+    to the cap (exact, or a lower bound), with each queue's oldest job, exact; the
+    other statuses share one sample per status, scaled up to the planner's estimate
+    when it is capped."""
+    out = _LiveCounts(defaultdict(dict), {}, set(), {})
+    sampled: dict[str, int] = defaultdict(int)  # status -> rows in its sample
+    for status, queue, jobs in _rows(using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}):
+        out.counts[queue][status] = jobs
+        sampled[status] += jobs
+    for queue, run_at, jobs in _rows(
+        using, sql.JOB_GET_QUEUE_BACKLOG, {"cap": cap, "queues": MAX_QUEUES}
+    ):
+        out.counts[queue][Status.PENDING] = jobs
+        out.oldest[queue] = run_at
+        if jobs >= cap:
+            out.capped.add(queue)
+    capped = [status for status in SAMPLED if sampled[status] >= cap]
+    if capped:
+        estimates = _status_estimates(using)
+        for status in capped:
+            out.scale[status] = max(estimates.get(status, 0), cap) / sampled[status]
+    return out
+
+
+@dataclass
+class _Recent:
+    jobs: dict[str, dict[str, tuple[int, int]]]  # queue -> outcome -> (window, minute)
+    lower_bound: set[str]  # figures that stopped at the cap: "at least"
+    clock: dt.datetime | None
+
+
+def _recent(using: str | None, cap: int, now: dt.datetime | None) -> _Recent:
+    """Jobs finished per outcome and queue in the last RECENT_SECONDS and (done) the
+    last minute, counted from the newest ``cap`` of each outcome. Below the cap every
+    figure is exact; at it, each queue's count is a lower bound (never scaled up by the
+    sample's rate: a burst is not a steady rate), except the last minute's, exact
+    while the sample reaches back past it."""
+    out = _Recent(defaultdict(dict), set(), now)
+    size = {"done": 0, "dead": 0, "cancelled": 0}
+    reach: dict[str, dt.datetime] = {}  # outcome -> oldest finished_at in its sample
+    for outcome, queue, jobs, last_minute, first_at, at in _rows(
+        using,
+        sql.JOB_SAMPLE_FINISHED,
+        {"cap": cap, "window_seconds": RECENT_SECONDS, "now": now},
+    ):
+        out.clock = at
+        out.jobs[queue][outcome] = (jobs, last_minute)
+        size[outcome] += jobs
+        if outcome not in reach or first_at < reach[outcome]:
+            reach[outcome] = first_at
+    for outcome, figure in (
+        ("done", "done_5m"),
+        ("dead", "failed_5m"),
+        ("cancelled", "cancelled_5m"),
+    ):
+        if size[outcome] >= cap:
+            out.lower_bound.add(figure)
+    if (
+        size["done"] >= cap
+        and out.clock is not None
+        and reach["done"] >= out.clock - dt.timedelta(seconds=60)
+    ):
+        out.lower_bound.add("finished_per_second")
+    return out
 
 
 def running(using: str | None, limit: int | None = None) -> list[dict[str, Any]]:
@@ -392,48 +408,58 @@ class Minute:
     """One minute of the dashboard's history."""
 
     start: dt.datetime
-    finished: int  # done jobs that finished in this minute
-    failed: int  # jobs dead-lettered in this minute
+    finished: int  # done jobs that finished in this minute (at least, if lower_bound)
+    failed: int  # jobs dead-lettered in this minute (at least, if failed_lower_bound)
     wait_avg: float | None  # seconds those jobs waited before their last attempt
-    wait_max: float | None
-    estimated: bool = False  # ``finished`` scaled up from a capped sample
+    wait_max: float | None  # (of the first ``cap`` of them)
+    estimated: bool = False  # ``finished`` is not exact (kept for callers: = lower_bound)
+    lower_bound: bool = False  # ``finished`` stopped at its count cap
+    failed_lower_bound: bool = False  # the dead-letter sample was capped
 
 
 @dataclass(frozen=True)
 class History:
     minutes: list[Minute] = field(default_factory=list)
     cap: int = 0
+    count_cap: int = 0
+
+
+#: Most done jobs counted in one minute of the history (an index range each).
+HISTORY_COUNT_CAP = 10_000
 
 
 def history(
     *,
     minutes: int = 60,
     cap: int = 2000,
+    count_cap: int = HISTORY_COUNT_CAP,
     using: str | None = None,
     now: dt.datetime | None = None,
 ) -> History:
     """Finished and failed jobs per minute, and their wait, over the last ``minutes``
-    (the last one still running). At most ``minutes`` x ``cap`` index entries are read:
-    a busier minute is scaled up by the rate of its first ``cap`` jobs (estimated)."""
-    rows = _rows(using, sql.JOB_GET_HISTORY, {"minutes": minutes, "cap": cap, "now": now})
-    out = []
-    for start, jobs, first_at, last_at, wait_avg, wait_max, dead in rows:
-        estimated = False
-        if jobs >= cap and first_at is not None and last_at is not None:
-            span = max((last_at - start).total_seconds(), 1e-3)
-            jobs = max(jobs, round(jobs * 60.0 / span))
-            estimated = True
-        out.append(
-            Minute(
-                start=start,
-                finished=jobs,
-                failed=dead,
-                wait_avg=wait_avg,
-                wait_max=wait_max,
-                estimated=estimated,
-            )
+    (the last one still running). Each minute's done jobs are counted exactly up to
+    ``count_cap`` (then a lower bound, ``lower_bound``: a busy minute is never scaled
+    up from a sample as if its rate were steady); the wait is that of its first ``cap``
+    jobs. At most ``minutes`` x (``count_cap`` + ``cap``) index entries are read."""
+    rows = _rows(
+        using,
+        sql.JOB_GET_HISTORY,
+        {"minutes": minutes, "cap": cap, "count_cap": count_cap, "now": now},
+    )
+    out = [
+        Minute(
+            start=start,
+            finished=jobs,
+            failed=dead,
+            wait_avg=wait_avg,
+            wait_max=wait_max,
+            estimated=jobs >= count_cap,
+            lower_bound=jobs >= count_cap,
+            failed_lower_bound=dead_capped,
         )
-    return History(minutes=out, cap=cap)
+        for start, jobs, wait_avg, wait_max, dead, dead_capped in rows
+    ]
+    return History(minutes=out, cap=cap, count_cap=count_cap)
 
 
 # --- the admin's job list: summary above it, choices of its filters --------------------

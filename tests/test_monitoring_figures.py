@@ -82,3 +82,109 @@ def test_status_check__max_latency_sees_every_queue(paused_backlogs):
     assert "queue 'mail'" in err and "queue 'search'" in err
     code, _, err = status("--check", "--max-latency", "300")
     assert code == 1 and "queue 'search'" in err and "queue 'mail'" not in err
+
+
+# --- item 4: throughput after a burst -------------------------------------------------
+
+#: Jobs done in each of the last three whole minutes (the first busier than the count
+#: cap of the test below) and in the last 8 seconds: a burst, not a steady rate.
+BURST = (12_000, 3_400, 700)
+LAST_SECONDS = 11_000
+
+
+def insert_done(minutes_ago: int, jobs: int, queue: str = "burst") -> None:
+    """``jobs`` done jobs finished in the minute ``minutes_ago`` before this one,
+    unevenly (most in its first seconds); with ``minutes_ago`` 0, in the last 8 s."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,"
+            " attempts, max_attempts, run_at, errors, created_at, finished_at, started_at,"
+            " last_attempted_at, lease_owner)"
+            " SELECT 'default', %(queue)s, 't', '[]', '{}', 0, 'done', 1, 1, f - interval '2 s',"
+            " '[]', f - interval '2 s', f, f - interval '1 s', f - interval '1 s', 'w'"
+            " FROM (SELECT CASE WHEN %(ago)s = 0"
+            "   THEN clock_timestamp() - (g::float / %(n)s) * interval '8 s'"
+            "   ELSE date_trunc('minute', clock_timestamp())"
+            "        - %(ago)s * interval '1 minute' + (g::float / %(n)s) ^ 3 * interval '59 s'"
+            "   END AS f FROM generate_series(1, %(n)s) AS g) AS t",
+            {"queue": queue, "ago": minutes_ago, "n": jobs},
+        )
+
+
+def truth_per_minute() -> dict[dt.datetime, int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT date_trunc('minute', finished_at), count(*) FROM pgqueue_job"
+            " WHERE status = 'done' GROUP BY 1"
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.fixture
+def burst():
+    for ago, jobs in zip((3, 2, 1), BURST, strict=True):
+        insert_done(ago, jobs)
+    insert_done(0, LAST_SECONDS)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgqueue_job")
+
+
+def test_history__per_minute_bars_are_exact_or_a_marked_lower_bound(burst):
+    truth = truth_per_minute()
+    hist = monitoring.history(minutes=5)  # counts up to 10,000 a minute by default
+    seen = {m.start: m for m in hist.minutes}
+    for start, jobs in truth.items():
+        if start not in seen:  # the burst's last seconds straddle a minute
+            continue
+        assert seen[start].finished == min(jobs, 10_000), start
+        assert seen[start].lower_bound == (jobs >= 10_000), start
+    assert any(m.lower_bound for m in hist.minutes)
+    # A cap above every minute: each bar is the GROUP BY's count.
+    exact = monitoring.history(minutes=5, count_cap=50_000)
+    assert {m.start: m.finished for m in exact.minutes if m.finished} == {
+        start: jobs for start, jobs in truth.items() if start >= exact.minutes[0].start
+    }
+    assert not any(m.estimated for m in exact.minutes)
+
+
+def test_status__throughput_after_a_burst_is_never_scaled_up(burst):
+    """The newest 10,000 done jobs span 8 s: they were scaled by 300 / 8 as if steady
+    (the issue saw done/5m ~738,652 after 20,000 jobs). Now a capped count is a lower
+    bound, at most the truth, and marked as one."""
+    code, out, err = status("--json")
+    assert code == 0, err
+    q = json.loads(out)["queues"]["burst"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE finished_at >= clock_timestamp() - interval '300 s'),"
+            " count(*) FILTER (WHERE finished_at >= clock_timestamp() - interval '60 s')"
+            " FROM pgqueue_job WHERE status = 'done'"
+        )
+        done_5m, last_minute = cursor.fetchone()
+    assert q["done_5m"] == monitoring.DEFAULT_CAP <= done_5m
+    assert q["finished_per_second"] * 60 <= last_minute + 1
+    assert {"done_5m", "finished_per_second"} <= set(q["lower_bound"])
+    code, table, _ = status()
+    line = next(line for line in table.splitlines() if line.startswith("burst"))
+    assert f"≥ {monitoring.DEFAULT_CAP:,}" in line and "~" not in line
+
+
+def test_status__throughput_below_the_cap_is_exact(job_factory):
+    insert_done(0, 300)
+    insert_done(2, 900)
+    q = monitoring.snapshot().queues["burst"]
+    assert (q.done_5m, round(q.finished_per_second * 60), q.lower_bound) == (
+        1_200,
+        300,
+        frozenset(),
+    )
+
+
+def test_dashboard__lower_bound_bars_are_hatched(burst, admin_client):
+    from django.urls import reverse
+
+    page = admin_client.get(reverse("admin:django_pgqueue_dashboard_changelist"))
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert 'data-lower-bound="True"' in html and "url(#pgqueue-hatch-" in html
+    assert "at least 10k finished" in html

@@ -3762,32 +3762,45 @@ SELECT greatest(clock.now - least(
 FROM clock;
 
 -- name: JOB_GET_HISTORY
--- The dashboard's per-minute history: up to cap done jobs a minute
--- (pgqueue_job_done_idx) and the newest dead letters.
+-- The dashboard's per-minute history: done jobs a minute counted up to count_cap and
+-- their wait from the first cap (pgqueue_job_done_idx), and the newest cap dead
+-- letters (a minute they may not cover whole is marked dead_capped).
 WITH clock AS (
     SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
 ), minutes AS (
     SELECT generate_series(clock.minute - make_interval(mins => %(minutes)s - 1),
                            clock.minute, interval '1 minute') AS start
     FROM clock
+), dead_sample AS (
+    SELECT finished_at
+    FROM pgqueue_job
+    WHERE status = 'dead'
+    ORDER BY id DESC
+    LIMIT %(cap)s
 ), dead AS (
     SELECT date_trunc('minute', d.finished_at) AS start, count(*) AS jobs
-    FROM (SELECT finished_at
-          FROM pgqueue_job
-          WHERE status = 'dead'
-          ORDER BY id DESC
-          LIMIT %(cap)s) AS d, clock
+    FROM dead_sample AS d, clock
     WHERE d.finished_at >= clock.minute - make_interval(mins => %(minutes)s - 1)
     GROUP BY 1
 )
-SELECT m.start, done.jobs, done.first_at, done.last_at, done.wait_avg, done.wait_max,
-       coalesce(dead.jobs, 0) AS dead
+SELECT m.start, counted.jobs, done.wait_avg, done.wait_max,
+       coalesce(dead.jobs, 0) AS dead,
+       (SELECT count(*) >= %(cap)s AND m.start <= min(finished_at)
+        FROM dead_sample) AS dead_capped
 FROM minutes AS m
 CROSS JOIN LATERAL (
-    SELECT count(*) AS jobs, min(s.finished_at) AS first_at, max(s.finished_at) AS last_at,
-           avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
+    SELECT count(*) AS jobs
+    FROM (SELECT 1
+          FROM pgqueue_job
+          WHERE status = 'done'
+            AND finished_at >= m.start
+            AND finished_at < m.start + interval '1 minute'
+          LIMIT %(count_cap)s) AS c
+) AS counted
+CROSS JOIN LATERAL (
+    SELECT avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
            max(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_max
-    FROM (SELECT finished_at, last_attempted_at, run_at
+    FROM (SELECT last_attempted_at, run_at
           FROM pgqueue_job
           WHERE status = 'done'
             AND finished_at >= m.start
