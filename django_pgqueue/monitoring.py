@@ -503,46 +503,79 @@ def queue_summary(
     using: str, *, cap: int = 10_000, now: dt.datetime | None = None
 ) -> QueueSummary:
     """Counts per status and queue, the longest wait, and expired leases, for the
-    admin. Never scans the table: live counts walk partial indexes under a LIMIT
-    of ``cap``; done/dead totals are planner estimates unless the table is small."""
+    admin. Never scans the table: pending is counted queue by queue, the other live
+    statuses and dead and cancelled jobs through their partial indexes, each under a
+    LIMIT of ``cap`` (exact below it, "at least" at it); done is a planner estimate
+    unless the table is small. The longest wait is exact."""
     live: dict[tuple[str, str], int] = {}
     for status, queue, jobs in _rows(using, sql.JOB_COUNT_LIVE_BY_QUEUE, {"cap": cap}):
-        live[(status, queue)] = jobs
+        if status != Status.PENDING:
+            live[(status, queue)] = jobs
+    backlog_capped = False
+    for queue, _, jobs in _rows(
+        using, sql.JOB_GET_QUEUE_BACKLOG, {"cap": cap, "queues": MAX_QUEUES}
+    ):
+        live[(Status.PENDING, queue)] = jobs
+        backlog_capped = backlog_capped or jobs >= cap
     totals: dict[str, int | None] = {}
     for status in LIVE_STATUSES:
         totals[status] = sum(n for (s, _), n in live.items() if s == status)
-    capped = frozenset(s for s, n in totals.items() if n is not None and n >= cap)
+    capped = {s for s, n in totals.items() if n is not None and n >= cap}
+    if backlog_capped:
+        capped.add(Status.PENDING)
 
     finished, estimated = _finished_totals(using, cap)
     totals.update(finished)
+    ((dead, cancelled),) = _rows(using, sql.JOB_COUNT_ENDED, {"cap": cap})
+    for status, jobs in ((Status.DEAD, dead), (Status.CANCELLED, cancelled)):
+        totals[status] = jobs
+        if jobs >= cap:
+            capped.add(status)
+    estimated -= {Status.DEAD, Status.CANCELLED}
 
-    ((wait, expired),) = _rows(using, sql.JOB_GET_HEALTH, {"cap": cap, "now": now})
+    ((wait, expired),) = _rows(
+        using, sql.JOB_GET_HEALTH, {"cap": cap, "queues": MAX_QUEUES, "now": now}
+    )
     return QueueSummary(
         live=live,
         totals=totals,
-        estimated=estimated,
-        capped=capped,
+        estimated=frozenset(estimated),
+        capped=frozenset(capped),
         oldest_pending_wait=wait,
         expired_leases=expired,
         cap=cap,
     )
 
 
-def _finished_totals(using: str, cap: int) -> tuple[dict[str, int | None], frozenset[str]]:
-    """done/dead totals: exact on a small table, else from planner statistics."""
+def _finished_totals(using: str, cap: int) -> tuple[dict[str, int | None], set[str]]:
+    """done/dead/cancelled totals: exact on a small table, else from planner
+    statistics (``queue_summary`` counts dead and cancelled through their indexes)."""
     stats = column_stats(using, "status")
     if stats.small(cap):
         # Small table: exact, and still bounded in case the statistics are stale.
         jobs = Job.objects.db_manager(using).order_by()
-        return {s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES}, (
-            frozenset()
-        )
+        return {s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES}, set()
     if stats.total < 0 or not stats.freqs:
-        return dict.fromkeys(FINISHED_STATUSES), frozenset()
+        return dict.fromkeys(FINISHED_STATUSES), set()
     return (
         {s: round(stats.total * stats.freqs.get(s, 0.0)) for s in FINISHED_STATUSES},
-        frozenset(FINISHED_STATUSES),
+        set(FINISHED_STATUSES),
     )
+
+
+#: Pending jobs of each queue whose tasks the admin's task filter offers.
+LIVE_VALUES_PER_QUEUE = 1000
+
+
+def live_values(using: str, *, cap: int = 10_000) -> tuple[set[str], set[str]]:
+    """The queues and the tasks that hold live jobs (``sql.JOB_GET_LIVE_VALUES``):
+    every queue; the tasks of the first jobs of each queue and status (bounded)."""
+    rows = _rows(
+        using,
+        sql.JOB_GET_LIVE_VALUES,
+        {"cap": cap, "queues": MAX_QUEUES, "per_queue": LIVE_VALUES_PER_QUEUE},
+    )
+    return {queue for queue, _ in rows}, {task for _, task in rows}
 
 
 def column_stats(using: str, column: str) -> ColumnStats:
@@ -553,17 +586,28 @@ def column_stats(using: str, column: str) -> ColumnStats:
 
 
 def common_values(using: str, column: str, *, limit: int = 100) -> list[str]:
-    """Values of ``queue`` or ``task`` for the admin's filters: exact (DISTINCT) on a
-    small table, the planner's most common values on a big one (no scan; rare values
-    may be missing there, and the admin search still finds them)."""
+    """Values of ``queue`` or ``task`` for the admin's filters: those that hold live
+    jobs (``live_values``) first, then, to ``limit``, every other value on a small
+    table (DISTINCT) or the planner's most common values on a big one (no scan; rare
+    values of finished jobs may be missing there, and the admin search still finds
+    them). Sorted."""
     if column not in ("queue", "task"):
         raise ValueError(f"no common values for column {column!r}")
+    queues, tasks = live_values(using)
+    live = sorted(queues if column == "queue" else tasks)[:limit]
     stats = column_stats(using, column)
     if stats.small(limit * 100):
-        return list(
+        others = list(
             Job.objects.db_manager(using)
             .order_by(column)
             .values_list(column, flat=True)
             .distinct()[:limit]
         )
-    return sorted(stats.freqs)[:limit]
+    else:
+        others = sorted(stats.freqs)
+    chosen = set(live)
+    for value in others:
+        if len(chosen) >= limit:
+            break
+        chosen.add(value)
+    return sorted(chosen)

@@ -179,6 +179,13 @@ def test_history__a_busy_minute_is_a_lower_bound(job_factory, now):
         ("JOB_GET_QUEUE_BACKLOG", "pgqueue_job_pending_age_idx", {"cap": 100, "queues": 10}),
         ("JOB_GET_RUNNING", "pgqueue_job_lease_idx", {"limit": 100}),
         ("JOB_COUNT_SAMPLE_BY_QUEUE", "pgqueue_job_dead_idx", {"cap": 100}),
+        ("JOB_COUNT_ENDED", "pgqueue_job_dead_idx", {"cap": 100}),
+        ("JOB_GET_HEALTH", "pgqueue_job_pending_age_idx", {"cap": 100, "queues": 10}),
+        (
+            "JOB_GET_LIVE_VALUES",
+            "pgqueue_job_pending_age_idx",
+            {"cap": 100, "queues": 10, "per_queue": 10},
+        ),
     ],
 )
 def test_monitoring_sql__reads_indexes_not_the_table(name, index, params, now):

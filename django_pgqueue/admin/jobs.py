@@ -185,7 +185,6 @@ class JobAdmin(ReadOnlyJobAdmin):
                 "cap": summary.cap,
                 "capped": bool(summary.capped),
                 "oldest_pending_wait": human_duration(summary.oldest_pending_wait),
-                "wait_is_lower_bound": "pending" in summary.capped,
                 "expired_leases": summary.expired_leases,
                 "dead_letters_url": reverse(
                     "admin:django_pgqueue_deadletter_changelist", current_app=self.admin_site.name

@@ -3650,6 +3650,15 @@ FROM queue_limit AS l
 CROSS JOIN clock
 ORDER BY 1, 2, 3;
 
+-- name: JOB_COUNT_ENDED
+-- Dead and cancelled jobs for the admin's summary, each counted up to cap through its
+-- small partial index (pgqueue_job_dead_idx, pgqueue_job_cancelled_idx).
+SELECT (SELECT count(*)
+        FROM (SELECT 1 FROM pgqueue_job WHERE status = 'dead' LIMIT %(cap)s) AS d) AS dead,
+       (SELECT count(*)
+        FROM (SELECT 1 FROM pgqueue_job WHERE status = 'cancelled' LIMIT %(cap)s) AS c)
+           AS cancelled;
+
 -- name: JOB_COUNT_LIVE_BY_QUEUE
 -- Live jobs per status and queue for the admin, at most cap rows of each status, each
 -- from its own partial index: bounded whatever the backlog.
@@ -3725,33 +3734,29 @@ LEFT JOIN pg_stats AS st
 WHERE c.oid = 'pgqueue_job'::regclass;
 
 -- name: JOB_GET_HEALTH
--- The longest wait of a pending job and the count of expired leases, each from a
--- bounded range of its index.
-WITH RECURSIVE head AS (
-    (SELECT priority, run_at
+-- The longest wait of a pending job (each queue's oldest: a loose scan of
+-- pgqueue_job_pending_age_idx) and the count of expired leases, capped.
+WITH RECURSIVE head(queue, run_at) AS (
+    (SELECT queue, run_at
      FROM pgqueue_job
      WHERE status = 'pending'
-     ORDER BY priority DESC, id
+     ORDER BY queue, run_at
      LIMIT 1)
     UNION ALL
-    SELECT nxt.priority, nxt.run_at
-    FROM head,
-         LATERAL (SELECT priority, run_at
-                  FROM pgqueue_job
-                  WHERE status = 'pending'
-                    AND priority < head.priority
-                  ORDER BY priority DESC, id
-                  LIMIT 1) AS nxt
+    SELECT n.queue, n.run_at
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, run_at
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue, run_at
+        LIMIT 1) AS n
 ), clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 )
-SELECT greatest(clock.now - least(
-           (SELECT min(run_at) FROM head),
-           (SELECT min(run_at)
-            FROM (SELECT run_at
-                  FROM pgqueue_job
-                  WHERE status = 'pending'
-                  LIMIT %(cap)s) AS sample)), interval '0') AS oldest_pending_wait,
+SELECT greatest(clock.now - (SELECT min(run_at)
+                             FROM (SELECT run_at FROM head LIMIT %(queues)s) AS h),
+                interval '0') AS oldest_pending_wait,
        (SELECT count(*)
         FROM (SELECT 1
               FROM pgqueue_job
@@ -3810,6 +3815,52 @@ CROSS JOIN LATERAL (
 ) AS done
 LEFT JOIN dead ON dead.start = m.start
 ORDER BY m.start;
+
+-- name: JOB_GET_LIVE_VALUES
+-- The queues and tasks that hold live jobs, for the admin's filters: every queue with
+-- pending jobs (a loose scan), the tasks of its first per_queue, and of cap jobs of
+-- each other live status.
+WITH RECURSIVE head(queue) AS (
+    (SELECT queue
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY queue
+     LIMIT 1)
+    UNION ALL
+    SELECT n.queue
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue
+        LIMIT 1) AS n
+), live AS (
+    SELECT p.queue, p.task
+    FROM (SELECT queue FROM head LIMIT %(queues)s) AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, task
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = h.queue
+        LIMIT %(per_queue)s) AS p
+    UNION ALL
+    (SELECT queue, task
+     FROM pgqueue_job
+     WHERE status = 'scheduled'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT queue, task
+     FROM pgqueue_job
+     WHERE status = 'running'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT queue, task
+     FROM pgqueue_job
+     WHERE status = 'waiting'
+     LIMIT %(cap)s)
+)
+SELECT DISTINCT queue, task
+FROM live;
 
 -- name: JOB_GET_QUEUE_BACKLOG
 -- Each queue with pending jobs, its oldest run_at and its pending count up to cap: a
