@@ -222,7 +222,12 @@ def explain_statements() -> None:
             "window_seconds": monitoring.RECENT_SECONDS,
             "now": None,
         },
-        "JOB_GET_HISTORY": {"cap": 2000, "minutes": 60, "now": None},
+        "JOB_GET_HISTORY": {
+            "cap": 2000,
+            "count_cap": monitoring.HISTORY_COUNT_CAP,
+            "minutes": 60,
+            "now": None,
+        },
         "JOB_GET_COLUMN_STATS": {"column": "status"},
         "WORKER_GET_ALL": {"now": None, "limit": monitoring.MAX_WORKERS},
     }

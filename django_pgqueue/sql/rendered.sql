@@ -3773,9 +3773,8 @@ FROM clock;
 WITH clock AS (
     SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
 ), minutes AS (
-    SELECT generate_series(clock.minute - make_interval(mins => %(minutes)s - 1),
-                           clock.minute, interval '1 minute') AS start
-    FROM clock
+    SELECT clock.minute - make_interval(mins => n) AS start
+    FROM clock, generate_series(0, %(minutes)s - 1) AS n
 ), dead_sample AS (
     SELECT finished_at
     FROM pgqueue_job
