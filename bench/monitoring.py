@@ -216,13 +216,18 @@ def explain_statements() -> None:
 
     statements = {
         "JOB_COUNT_SAMPLE_BY_QUEUE": {"cap": monitoring.DEFAULT_CAP},
-        "JOB_GET_PENDING_HEADS": {},
+        "JOB_GET_QUEUE_BACKLOG": {"cap": monitoring.DEFAULT_CAP, "queues": monitoring.MAX_QUEUES},
         "JOB_SAMPLE_FINISHED": {
             "cap": monitoring.DEFAULT_CAP,
             "window_seconds": monitoring.RECENT_SECONDS,
             "now": None,
         },
-        "JOB_GET_HISTORY": {"cap": 2000, "minutes": 60, "now": None},
+        "JOB_GET_HISTORY": {
+            "cap": 2000,
+            "count_cap": monitoring.HISTORY_COUNT_CAP,
+            "minutes": 60,
+            "now": None,
+        },
         "JOB_GET_COLUMN_STATS": {"column": "status"},
         "WORKER_GET_ALL": {"now": None, "limit": monitoring.MAX_WORKERS},
     }

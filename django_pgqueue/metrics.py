@@ -91,7 +91,7 @@ def capped(
     totals: dict[str, Any] = {"queue": OTHER}
     for f in dataclasses.fields(monitoring.QueueStats):
         values = [getattr(q, f.name) for q in rest]
-        if f.name == "estimated":
+        if f.name in ("estimated", "lower_bound"):
             totals[f.name] = frozenset().union(*values)
         elif f.name == "oldest_pending_age":
             ages = [v for v in values if v is not None]

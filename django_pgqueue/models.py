@@ -126,6 +126,14 @@ class Job(models.Model):
                 name="pgqueue_job_queue_claim_idx",
                 condition=Q(status="pending"),
             ),
+            # Each queue's oldest pending job and its backlog (pgqueue_status, the
+            # dashboard, the metrics: sql.JOB_GET_QUEUE_BACKLOG), one seek per queue
+            # however big another queue is. Built CONCURRENTLY in its own migration (0024).
+            models.Index(
+                fields=["queue", "run_at"],
+                name="pgqueue_job_pending_age_idx",
+                condition=Q(status="pending"),
+            ),
             # The sweeper's rescue scan: only leased rows, by expiry.
             models.Index(
                 fields=["lease_expires_at"],

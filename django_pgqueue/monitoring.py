@@ -40,6 +40,11 @@ RECENT_SECONDS = 300
 
 #: Statuses counted per queue.
 COUNTED = (*LIVE_STATUSES, Status.DEAD)
+#: Statuses counted from one sample shared by every queue (pending is counted per queue).
+SAMPLED = tuple(status for status in COUNTED if status != Status.PENDING)
+
+#: Most queues whose backlog is read one by one (each up to the cap).
+MAX_QUEUES = 1000
 
 
 def _rows(using: str | None, query: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -97,9 +102,10 @@ def workers(*, using: str | None = None, now: dt.datetime | None = None) -> list
 
 @dataclass(frozen=True)
 class QueueStats:
-    """One queue's figures. A name in ``estimated`` marks a figure scaled up from a
-    capped sample (by planner statistics, or by the sample's rate); the oldest pending
-    age is then a lower bound."""
+    """One queue's figures. A name in ``estimated`` marks a figure that is not an exact
+    count: scaled up from a capped sample (by planner statistics), or, when it is in
+    ``lower_bound`` too, a count that stopped at the cap ("at least"). ``pending`` and
+    ``oldest_pending_age`` are read per queue: exact, or ``pending`` a lower bound."""
 
     queue: str
     pending: int = 0
@@ -114,6 +120,7 @@ class QueueStats:
     oldest_pending_age: float | None = None  # seconds; None: nothing pending
     estimated: frozenset[str] = frozenset()
     paused: bool = False  # Job.objects.pause_queue(): no worker claims from it
+    lower_bound: frozenset[str] = frozenset()  # figures that are "at least" this
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +137,7 @@ class QueueStats:
             if self.oldest_pending_age is None
             else round(self.oldest_pending_age, 3),
             "estimated": sorted(self.estimated),
+            "lower_bound": sorted(self.lower_bound),
             "paused": self.paused,
         }
 
@@ -249,95 +257,41 @@ def snapshot(
     *, using: str | None = None, cap: int = DEFAULT_CAP, now: dt.datetime | None = None
 ) -> Snapshot:
     """Per-queue figures and workers from bounded queries (see the module docstring)."""
-    counts: dict[str, dict[str, int]] = defaultdict(dict)  # queue -> status -> jobs
-    sampled: dict[str, int] = defaultdict(int)  # status -> rows in its sample
-    oldest: dict[str, dt.datetime] = {}
-    for status, queue, jobs, oldest_run_at in _rows(
-        using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}
-    ):
-        counts[queue][status] = jobs
-        sampled[status] += jobs
-        if oldest_run_at is not None:
-            oldest[queue] = oldest_run_at
-    for queue, run_at in _rows(using, sql.JOB_GET_PENDING_HEADS, {}):
-        if queue not in oldest or run_at < oldest[queue]:
-            oldest[queue] = run_at
-    # A capped status: scale each queue's share of the sample up to the estimate.
-    scale: dict[str, float] = {}
-    capped = [status for status in COUNTED if sampled[status] >= cap]
-    if capped:
-        estimates = _status_estimates(using)
-        for status in capped:
-            scale[status] = max(estimates.get(status, 0), cap) / sampled[status]
-
-    finished: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-    sample_size = {"done": 0, "dead": 0, "cancelled": 0}
-    sample_oldest: dict[str, dt.datetime] = {}
-    clock = now
-    for outcome, queue, jobs, last_minute, first_at, at in _rows(
-        using,
-        sql.JOB_SAMPLE_FINISHED,
-        {"cap": cap, "window_seconds": RECENT_SECONDS, "now": now},
-    ):
-        clock = at
-        finished[queue][outcome] = (jobs, last_minute)
-        sample_size[outcome] += jobs
-        if outcome not in sample_oldest or first_at < sample_oldest[outcome]:
-            sample_oldest[outcome] = first_at
+    live = _live_counts(using, cap)
+    recent = _recent(using, cap, now)
     workers_ = workers(using=using, now=now)
-    if clock is None:
-        clock = _database_now(using)
-    # A capped recent sample covers less than the window: scale it by its rate.
-    rate_scale: dict[str, tuple[float, float]] = {}
-    for outcome, size in sample_size.items():
-        if size >= cap and outcome in sample_oldest:
-            span = max((clock - sample_oldest[outcome]).total_seconds(), 1e-3)
-            rate_scale[outcome] = (
-                max(1.0, RECENT_SECONDS / span),
-                max(1.0, 60.0 / span) if span < 60 else 1.0,
-            )
-
+    clock = recent.clock or _database_now(using)
     view = flow.load(using or default_database())
-    names = set(counts) | set(finished) | set(oldest) | set(view.paused)
+    names = set(live.counts) | set(recent.jobs) | set(live.oldest) | set(view.paused)
     for worker in workers_:
         if not worker.lost and worker.queues:
             names.update(worker.queues)
     queues: dict[str, QueueStats] = {}
     for name in sorted(names):
         estimated: set[str] = set()
+        lower_bound = set(recent.lower_bound)
+        if name in live.capped:
+            lower_bound.add("pending")
         figures: dict[str, int] = {}
         for status in COUNTED:
-            jobs = counts[name].get(status, 0)
-            if status in scale:
-                jobs = round(jobs * scale[status])
+            jobs = live.counts[name].get(status, 0)
+            if status in live.scale:
+                jobs = round(jobs * live.scale[status])
                 estimated.add(status)
             figures[status] = jobs
-        done, done_minute = finished[name].get("done", (0, 0))
-        dead, _ = finished[name].get("dead", (0, 0))
-        cancelled, _ = finished[name].get("cancelled", (0, 0))
-        if "done" in rate_scale:
-            window_factor, minute_factor = rate_scale["done"]
-            done, done_minute = round(done * window_factor), round(done_minute * minute_factor)
-            estimated.update(("done_5m", "finished_per_second"))
-        if "dead" in rate_scale:
-            dead = round(dead * rate_scale["dead"][0])
-            estimated.add("failed_5m")
-        if "cancelled" in rate_scale:
-            cancelled = round(cancelled * rate_scale["cancelled"][0])
-            estimated.add("cancelled_5m")
+        done, done_minute = recent.jobs[name].get("done", (0, 0))
         age = None
-        if name in oldest:
-            age = max(0.0, (clock - oldest[name]).total_seconds())
-            if "pending" in scale:
-                estimated.add("oldest_pending_age")
+        if name in live.oldest:
+            age = max(0.0, (clock - live.oldest[name]).total_seconds())
         queues[name] = QueueStats(
             queue=name,
             done_5m=done,
-            failed_5m=dead,
-            cancelled_5m=cancelled,
+            failed_5m=recent.jobs[name].get("dead", (0, 0))[0],
+            cancelled_5m=recent.jobs[name].get("cancelled", (0, 0))[0],
             finished_per_second=done_minute / 60.0,
             oldest_pending_age=age,
-            estimated=frozenset(estimated),
+            estimated=frozenset(estimated | lower_bound),
+            lower_bound=frozenset(lower_bound),
             paused=name in view.paused,
             **figures,
         )
@@ -350,6 +304,81 @@ def snapshot(
         budgets=budgets(view, using=using, cap=cap),
         fair=view.fair,
     )
+
+
+@dataclass
+class _LiveCounts:
+    counts: dict[str, dict[str, int]]  # queue -> status -> jobs
+    oldest: dict[str, dt.datetime]  # queue -> run_at of its oldest pending job
+    capped: set[str]  # queues whose pending count stopped at the cap
+    scale: dict[str, float]  # status -> factor of its capped, shared sample
+
+
+def _live_counts(using: str | None, cap: int) -> _LiveCounts:
+    """Jobs per live status (and dead) and queue. Pending is counted queue by queue up
+    to the cap (exact, or a lower bound), with each queue's oldest job, exact; the
+    other statuses share one sample per status, scaled up to the planner's estimate
+    when it is capped."""
+    out = _LiveCounts(defaultdict(dict), {}, set(), {})
+    sampled: dict[str, int] = defaultdict(int)  # status -> rows in its sample
+    for status, queue, jobs in _rows(using, sql.JOB_COUNT_SAMPLE_BY_QUEUE, {"cap": cap}):
+        out.counts[queue][status] = jobs
+        sampled[status] += jobs
+    for queue, run_at, jobs in _rows(
+        using, sql.JOB_GET_QUEUE_BACKLOG, {"cap": cap, "queues": MAX_QUEUES}
+    ):
+        out.counts[queue][Status.PENDING] = jobs
+        out.oldest[queue] = run_at
+        if jobs >= cap:
+            out.capped.add(queue)
+    capped = [status for status in SAMPLED if sampled[status] >= cap]
+    if capped:
+        estimates = _status_estimates(using)
+        for status in capped:
+            out.scale[status] = max(estimates.get(status, 0), cap) / sampled[status]
+    return out
+
+
+@dataclass
+class _Recent:
+    jobs: dict[str, dict[str, tuple[int, int]]]  # queue -> outcome -> (window, minute)
+    lower_bound: set[str]  # figures that stopped at the cap: "at least"
+    clock: dt.datetime | None
+
+
+def _recent(using: str | None, cap: int, now: dt.datetime | None) -> _Recent:
+    """Jobs finished per outcome and queue in the last RECENT_SECONDS and (done) the
+    last minute, counted from the newest ``cap`` of each outcome. Below the cap every
+    figure is exact; at it, each queue's count is a lower bound (never scaled up by the
+    sample's rate: a burst is not a steady rate), except the last minute's, exact
+    while the sample reaches back past it."""
+    out = _Recent(defaultdict(dict), set(), now)
+    size = {"done": 0, "dead": 0, "cancelled": 0}
+    reach: dict[str, dt.datetime] = {}  # outcome -> oldest finished_at in its sample
+    for outcome, queue, jobs, last_minute, first_at, at in _rows(
+        using,
+        sql.JOB_SAMPLE_FINISHED,
+        {"cap": cap, "window_seconds": RECENT_SECONDS, "now": now},
+    ):
+        out.clock = at
+        out.jobs[queue][outcome] = (jobs, last_minute)
+        size[outcome] += jobs
+        if outcome not in reach or first_at < reach[outcome]:
+            reach[outcome] = first_at
+    for outcome, figure in (
+        ("done", "done_5m"),
+        ("dead", "failed_5m"),
+        ("cancelled", "cancelled_5m"),
+    ):
+        if size[outcome] >= cap:
+            out.lower_bound.add(figure)
+    if (
+        size["done"] >= cap
+        and out.clock is not None
+        and reach["done"] >= out.clock - dt.timedelta(seconds=60)
+    ):
+        out.lower_bound.add("finished_per_second")
+    return out
 
 
 def running(using: str | None, limit: int | None = None) -> list[dict[str, Any]]:
@@ -379,48 +408,58 @@ class Minute:
     """One minute of the dashboard's history."""
 
     start: dt.datetime
-    finished: int  # done jobs that finished in this minute
-    failed: int  # jobs dead-lettered in this minute
+    finished: int  # done jobs that finished in this minute (at least, if lower_bound)
+    failed: int  # jobs dead-lettered in this minute (at least, if failed_lower_bound)
     wait_avg: float | None  # seconds those jobs waited before their last attempt
-    wait_max: float | None
-    estimated: bool = False  # ``finished`` scaled up from a capped sample
+    wait_max: float | None  # (of the first ``cap`` of them)
+    estimated: bool = False  # ``finished`` is not exact (kept for callers: = lower_bound)
+    lower_bound: bool = False  # ``finished`` stopped at its count cap
+    failed_lower_bound: bool = False  # the dead-letter sample was capped
 
 
 @dataclass(frozen=True)
 class History:
     minutes: list[Minute] = field(default_factory=list)
     cap: int = 0
+    count_cap: int = 0
+
+
+#: Most done jobs counted in one minute of the history (an index range each).
+HISTORY_COUNT_CAP = 10_000
 
 
 def history(
     *,
     minutes: int = 60,
     cap: int = 2000,
+    count_cap: int = HISTORY_COUNT_CAP,
     using: str | None = None,
     now: dt.datetime | None = None,
 ) -> History:
     """Finished and failed jobs per minute, and their wait, over the last ``minutes``
-    (the last one still running). At most ``minutes`` x ``cap`` index entries are read:
-    a busier minute is scaled up by the rate of its first ``cap`` jobs (estimated)."""
-    rows = _rows(using, sql.JOB_GET_HISTORY, {"minutes": minutes, "cap": cap, "now": now})
-    out = []
-    for start, jobs, first_at, last_at, wait_avg, wait_max, dead in rows:
-        estimated = False
-        if jobs >= cap and first_at is not None and last_at is not None:
-            span = max((last_at - start).total_seconds(), 1e-3)
-            jobs = max(jobs, round(jobs * 60.0 / span))
-            estimated = True
-        out.append(
-            Minute(
-                start=start,
-                finished=jobs,
-                failed=dead,
-                wait_avg=wait_avg,
-                wait_max=wait_max,
-                estimated=estimated,
-            )
+    (the last one still running). Each minute's done jobs are counted exactly up to
+    ``count_cap`` (then a lower bound, ``lower_bound``: a busy minute is never scaled
+    up from a sample as if its rate were steady); the wait is that of its first ``cap``
+    jobs. At most ``minutes`` x (``count_cap`` + ``cap``) index entries are read."""
+    rows = _rows(
+        using,
+        sql.JOB_GET_HISTORY,
+        {"minutes": minutes, "cap": cap, "count_cap": count_cap, "now": now},
+    )
+    out = [
+        Minute(
+            start=start,
+            finished=jobs,
+            failed=dead,
+            wait_avg=wait_avg,
+            wait_max=wait_max,
+            estimated=jobs >= count_cap,
+            lower_bound=jobs >= count_cap,
+            failed_lower_bound=dead_capped,
         )
-    return History(minutes=out, cap=cap)
+        for start, jobs, wait_avg, wait_max, dead, dead_capped in rows
+    ]
+    return History(minutes=out, cap=cap, count_cap=count_cap)
 
 
 # --- the admin's job list: summary above it, choices of its filters --------------------
@@ -464,46 +503,79 @@ def queue_summary(
     using: str, *, cap: int = 10_000, now: dt.datetime | None = None
 ) -> QueueSummary:
     """Counts per status and queue, the longest wait, and expired leases, for the
-    admin. Never scans the table: live counts walk partial indexes under a LIMIT
-    of ``cap``; done/dead totals are planner estimates unless the table is small."""
+    admin. Never scans the table: pending is counted queue by queue, the other live
+    statuses and dead and cancelled jobs through their partial indexes, each under a
+    LIMIT of ``cap`` (exact below it, "at least" at it); done is a planner estimate
+    unless the table is small. The longest wait is exact."""
     live: dict[tuple[str, str], int] = {}
     for status, queue, jobs in _rows(using, sql.JOB_COUNT_LIVE_BY_QUEUE, {"cap": cap}):
-        live[(status, queue)] = jobs
+        if status != Status.PENDING:
+            live[(status, queue)] = jobs
+    backlog_capped = False
+    for queue, _, jobs in _rows(
+        using, sql.JOB_GET_QUEUE_BACKLOG, {"cap": cap, "queues": MAX_QUEUES}
+    ):
+        live[(Status.PENDING, queue)] = jobs
+        backlog_capped = backlog_capped or jobs >= cap
     totals: dict[str, int | None] = {}
     for status in LIVE_STATUSES:
         totals[status] = sum(n for (s, _), n in live.items() if s == status)
-    capped = frozenset(s for s, n in totals.items() if n is not None and n >= cap)
+    capped = {s for s, n in totals.items() if n is not None and n >= cap}
+    if backlog_capped:
+        capped.add(Status.PENDING)
 
     finished, estimated = _finished_totals(using, cap)
     totals.update(finished)
+    ((dead, cancelled),) = _rows(using, sql.JOB_COUNT_ENDED, {"cap": cap})
+    for status, jobs in ((Status.DEAD, dead), (Status.CANCELLED, cancelled)):
+        totals[status] = jobs
+        if jobs >= cap:
+            capped.add(status)
+    estimated -= {Status.DEAD, Status.CANCELLED}
 
-    ((wait, expired),) = _rows(using, sql.JOB_GET_HEALTH, {"cap": cap, "now": now})
+    ((wait, expired),) = _rows(
+        using, sql.JOB_GET_HEALTH, {"cap": cap, "queues": MAX_QUEUES, "now": now}
+    )
     return QueueSummary(
         live=live,
         totals=totals,
-        estimated=estimated,
-        capped=capped,
+        estimated=frozenset(estimated),
+        capped=frozenset(capped),
         oldest_pending_wait=wait,
         expired_leases=expired,
         cap=cap,
     )
 
 
-def _finished_totals(using: str, cap: int) -> tuple[dict[str, int | None], frozenset[str]]:
-    """done/dead totals: exact on a small table, else from planner statistics."""
+def _finished_totals(using: str, cap: int) -> tuple[dict[str, int | None], set[str]]:
+    """done/dead/cancelled totals: exact on a small table, else from planner
+    statistics (``queue_summary`` counts dead and cancelled through their indexes)."""
     stats = column_stats(using, "status")
     if stats.small(cap):
         # Small table: exact, and still bounded in case the statistics are stale.
         jobs = Job.objects.db_manager(using).order_by()
-        return {s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES}, (
-            frozenset()
-        )
+        return {s: jobs.filter(status=s)[: cap + 1].count() for s in FINISHED_STATUSES}, set()
     if stats.total < 0 or not stats.freqs:
-        return dict.fromkeys(FINISHED_STATUSES), frozenset()
+        return dict.fromkeys(FINISHED_STATUSES), set()
     return (
         {s: round(stats.total * stats.freqs.get(s, 0.0)) for s in FINISHED_STATUSES},
-        frozenset(FINISHED_STATUSES),
+        set(FINISHED_STATUSES),
     )
+
+
+#: Pending jobs of each queue whose tasks the admin's task filter offers.
+LIVE_VALUES_PER_QUEUE = 1000
+
+
+def live_values(using: str, *, cap: int = 10_000) -> tuple[set[str], set[str]]:
+    """The queues and the tasks that hold live jobs (``sql.JOB_GET_LIVE_VALUES``):
+    every queue; the tasks of the first jobs of each queue and status (bounded)."""
+    rows = _rows(
+        using,
+        sql.JOB_GET_LIVE_VALUES,
+        {"cap": cap, "queues": MAX_QUEUES, "per_queue": LIVE_VALUES_PER_QUEUE},
+    )
+    return {queue for queue, _ in rows}, {task for _, task in rows}
 
 
 def column_stats(using: str, column: str) -> ColumnStats:
@@ -514,17 +586,28 @@ def column_stats(using: str, column: str) -> ColumnStats:
 
 
 def common_values(using: str, column: str, *, limit: int = 100) -> list[str]:
-    """Values of ``queue`` or ``task`` for the admin's filters: exact (DISTINCT) on a
-    small table, the planner's most common values on a big one (no scan; rare values
-    may be missing there, and the admin search still finds them)."""
+    """Values of ``queue`` or ``task`` for the admin's filters: those that hold live
+    jobs (``live_values``) first, then, to ``limit``, every other value on a small
+    table (DISTINCT) or the planner's most common values on a big one (no scan; rare
+    values of finished jobs may be missing there, and the admin search still finds
+    them). Sorted."""
     if column not in ("queue", "task"):
         raise ValueError(f"no common values for column {column!r}")
+    queues, tasks = live_values(using)
+    live = sorted(queues if column == "queue" else tasks)[:limit]
     stats = column_stats(using, column)
     if stats.small(limit * 100):
-        return list(
+        others = list(
             Job.objects.db_manager(using)
             .order_by(column)
             .values_list(column, flat=True)
             .distinct()[:limit]
         )
-    return sorted(stats.freqs)[:limit]
+    else:
+        others = sorted(stats.freqs)
+    chosen = set(live)
+    for value in others:
+        if len(chosen) >= limit:
+            break
+        chosen.add(value)
+    return sorted(chosen)

@@ -107,7 +107,7 @@ class CancelFlag:
     :meth:`on_set` is called when it is set (the event loop cancels a coroutine job
     through it)."""
 
-    __slots__ = ("_set", "_event", "_callback")
+    __slots__ = ("_set", "_event", "_callback", "heeded")
 
     #: Guards the lazy creation of ``_event`` (shared: creations are rare).
     _creating = threading.Lock()
@@ -116,6 +116,9 @@ class CancelFlag:
         self._set = False
         self._event: threading.Event | None = None
         self._callback: Callable[[], object] | None = None
+        #: The task was told (``cancel_requested`` read True, a wait ended by it, its
+        #: coroutine cancelled): its end may be its stop, not its natural return.
+        self.heeded = False
 
     def is_set(self) -> bool:
         return self._set
@@ -127,6 +130,7 @@ class CancelFlag:
             event.set()
         callback = self._callback
         if callback is not None:
+            self.heeded = True
             callback()
 
     def on_set(self, callback: Callable[[], object]) -> None:
@@ -135,6 +139,7 @@ class CancelFlag:
         it must not mind that (cancelling a task twice is cancelling it)."""
         self._callback = callback
         if self._set:  # set() may have run before the callback was there
+            self.heeded = True
             callback()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -219,7 +224,10 @@ class CurrentJob:
         about a second by NOTIFY; without a LISTEN connection, at the worker's next
         lease extension). A long task should check it between steps and return (or
         raise ``JobCancelled``); the job ends ``cancelled`` either way."""
-        return self.cancel.is_set()
+        if self.cancel.is_set():
+            self.cancel.heeded = True
+            return True
+        return False
 
 
 class RunningJob:

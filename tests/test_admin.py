@@ -656,8 +656,8 @@ def test_job_admin__summary_uses_planner_estimates_on_a_big_table(job_factory, d
         dead_factory()
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgqueue_job")
-    summary = queue_summary(Job.objects.db_alias, cap=5)  # 8 rows > cap: estimate done/dead
-    assert summary.estimated == {"done", "dead", "cancelled"}
+    summary = queue_summary(Job.objects.db_alias, cap=5)  # 8 rows > cap: estimate done
+    assert summary.estimated == {"done"}  # dead and cancelled: counted by their indexes
     assert summary.totals["dead"] == 2 and summary.totals["done"] == 0
     assert common_values(Job.objects.db_alias, "queue") == ["default"]
 

@@ -79,29 +79,43 @@ def test_snapshot__recent_cancellations_are_counted(job_factory, now):
     assert (b.cancelled_5m, b.done_5m) == (0, 1)
     assert snap.as_json()["queues"]["a"]["cancelled_5m"] == 3
     capped = monitoring.snapshot(now=now, cap=2).queues["a"]
-    assert "cancelled_5m" in capped.estimated and capped.cancelled_5m >= 3
+    assert "cancelled_5m" in capped.lower_bound and capped.cancelled_5m == 2
 
 
 def test_snapshot__above_the_cap_counts_are_estimates_not_scans(job_factory, now):
     for i in range(40):
-        job_factory(queue="a" if i % 4 else "b")
+        job_factory(queue="a" if i % 4 else "b", run_at=now + 3600 * S)  # scheduled
     analyze()
     snap = monitoring.snapshot(cap=10, now=now)
-    a, b = snap.queues.get("a"), snap.queues.get("b")
-    total = sum(q.pending for q in snap.queues.values())
+    total = sum(q.scheduled for q in snap.queues.values())
     assert total == pytest.approx(40, abs=2)  # the planner's estimate, split by sample
-    assert "pending" in next(q for q in (a, b) if q is not None).estimated
+    assert all("scheduled" in q.estimated for q in snap.queues.values())
 
 
-def test_snapshot__a_capped_recent_sample_is_scaled_by_its_rate(job_factory, now):
+def test_snapshot__pending_is_counted_per_queue_up_to_the_cap(job_factory, now):
+    """Pending is counted queue by queue: a queue over the cap is a lower bound, never
+    an estimate that a big queue's share of one sample hides a small queue in."""
+    for i in range(40):
+        job_factory(queue="a" if i % 8 else "b", run_at=now - (i + 1) * S, now=now)
+    snap = monitoring.snapshot(cap=10, now=now)
+    a, b = snap.queues["a"], snap.queues["b"]
+    assert (a.pending, a.lower_bound, "pending" in a.estimated) == (10, {"pending"}, True)
+    assert (b.pending, b.lower_bound, b.estimated) == (5, frozenset(), frozenset())
+    assert (a.oldest_pending_age, b.oldest_pending_age) == (40.0, 33.0)
+
+
+def test_snapshot__a_capped_recent_sample_is_a_lower_bound(job_factory, now):
     # 60 jobs done one every 5 s over the last 5 minutes; a cap of 10 sees the newest
-    # 10 (about 50 s worth) and scales them up by that rate.
+    # 10 (about 50 s worth): at least 10, never scaled up by their rate.
     for i in range(60):
         finish(job_factory(queue="a"), status="done", at=now - (5 * i + 1) * S)
     q = monitoring.snapshot(cap=10, now=now).queues["a"]
-    assert q.done_5m == pytest.approx(60, rel=0.2)  # exact would be 60
-    assert q.finished_per_second == pytest.approx(12 / 60, rel=0.3)
-    assert {"done_5m", "finished_per_second"} <= q.estimated
+    assert (q.done_5m, q.finished_per_second) == (10, pytest.approx(10 / 60))
+    assert {"done_5m", "finished_per_second"} <= q.lower_bound <= q.estimated
+    # A sample that reaches back past the last minute counts that minute exactly.
+    q = monitoring.snapshot(cap=20, now=now).queues["a"]
+    assert (q.done_5m, q.finished_per_second) == (20, pytest.approx(12 / 60))
+    assert q.lower_bound == {"done_5m"}
 
 
 def test_snapshot__lists_live_workers_and_their_queues(now):
@@ -135,13 +149,17 @@ def test_history__finished_failed_and_wait_per_minute(job_factory, now):
     assert by_start[minute - dt.timedelta(minutes=1)].finished == 0
 
 
-def test_history__a_busy_minute_is_scaled_from_its_first_jobs(job_factory, now):
+def test_history__a_busy_minute_is_a_lower_bound(job_factory, now):
     minute = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=1)
     for i in range(30):  # one every 2 s: 30 in the minute
         finish(job_factory(), status="done", at=minute + (2 * i + 1) * S)
-    hist = monitoring.history(minutes=2, cap=10, now=now)
-    busy = hist.minutes[0]
-    assert busy.estimated and busy.finished == pytest.approx(30, rel=0.1)
+    busy = monitoring.history(minutes=2, cap=5, count_cap=10, now=now).minutes[0]
+    assert (busy.finished, busy.lower_bound, busy.estimated) == (10, True, True)
+    assert busy.wait_avg == pytest.approx(0.0)  # of its first 5 jobs
+    exact = monitoring.history(minutes=2, cap=5, count_cap=30, now=now).minutes[0]
+    assert (exact.finished, exact.lower_bound) == (30, True)
+    exact = monitoring.history(minutes=2, cap=5, count_cap=31, now=now).minutes[0]
+    assert (exact.finished, exact.lower_bound) == (30, False)
 
 
 @pytest.mark.parametrize(
@@ -153,10 +171,21 @@ def test_history__a_busy_minute_is_scaled_from_its_first_jobs(job_factory, now):
             "pgqueue_job_cancelled_idx",
             {"cap": 100, "window_seconds": 300},
         ),
-        ("JOB_GET_HISTORY", "pgqueue_job_done_idx", {"cap": 100, "minutes": 60}),
-        ("JOB_GET_PENDING_HEADS", "pgqueue_job_claim_idx", {}),
+        (
+            "JOB_GET_HISTORY",
+            "pgqueue_job_done_idx",
+            {"cap": 100, "count_cap": 1000, "minutes": 60},
+        ),
+        ("JOB_GET_QUEUE_BACKLOG", "pgqueue_job_pending_age_idx", {"cap": 100, "queues": 10}),
         ("JOB_GET_RUNNING", "pgqueue_job_lease_idx", {"limit": 100}),
         ("JOB_COUNT_SAMPLE_BY_QUEUE", "pgqueue_job_dead_idx", {"cap": 100}),
+        ("JOB_COUNT_ENDED", "pgqueue_job_dead_idx", {"cap": 100}),
+        ("JOB_GET_HEALTH", "pgqueue_job_pending_age_idx", {"cap": 100, "queues": 10}),
+        (
+            "JOB_GET_LIVE_VALUES",
+            "pgqueue_job_pending_age_idx",
+            {"cap": 100, "queues": 10, "per_queue": 10},
+        ),
     ],
 )
 def test_monitoring_sql__reads_indexes_not_the_table(name, index, params, now):

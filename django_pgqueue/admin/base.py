@@ -18,6 +18,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.db import DataError, NotSupportedError, ProgrammingError, transaction
 from django.http import HttpRequest, QueryDict
+from django.utils import timezone
 
 from ..databases import backend_database, default_database, pgqueue_backend_aliases
 from ..models import Job
@@ -115,6 +116,17 @@ def human_duration(value: dt.timedelta | None) -> str:
     parts = [(days, "d"), (hours, "h"), (minutes, "min"), (seconds, "s")]
     shown = [f"{n} {unit}" for n, unit in parts if n][:2]
     return " ".join(shown) or "0 s"
+
+
+def timestamp(value: dt.datetime | None) -> str:
+    """A time to the second in the current time zone, with its offset
+    ("2026-12-04 20:20:20 +00:00"): what an operator compares with a log line."""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value) if timezone.is_aware(value) else value
+    offset = local.strftime("%z")  # "+0100", or "" for a naive time
+    text = local.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text} {offset[:3]}:{offset[3:]}" if offset else text
 
 
 def job_id(text: str) -> int | None:

@@ -140,20 +140,26 @@ def stacked_bars(
     *,
     title: str,
     height: int = HEIGHT,
+    lower_bounds: Sequence[bool] = (),
 ) -> SafeString:
-    """One bar per time slot, the series stacked bottom to top (e.g. finished, failed)."""
+    """One bar per time slot, the series stacked bottom to top (e.g. finished, failed).
+    A slot whose ``lower_bounds`` entry is true holds counts that stopped at their cap:
+    its bars are hatched and its tooltip says "at least"."""
     totals = [sum(s.values[i] or 0 for s in series) for i in range(len(times))]
     top = nice_ceiling(max(totals, default=0))
     plot_w = WIDTH - LEFT - RIGHT
     plot_h = height - TOP - BOTTOM
     slot = plot_w / max(1, len(times))
     bars = []
+    hatched: set[str] = set()
     for i, when in enumerate(times):
         base: float = TOP + plot_h
         x = LEFT + slot * i + slot * 0.12
+        bound = i < len(lower_bounds) and lower_bounds[i]
         tip = (
             when.strftime("%H:%M")
             + ": "
+            + ("at least " if bound else "")
             + ", ".join(f"{count_label(s.values[i] or 0)} {s.label}" for s in series)
         )
         for s in series:
@@ -162,13 +168,41 @@ def stacked_bars(
                 continue
             bar = max(1.0, plot_h * value / top)
             base -= bar
-            bars.append((_n(x), _n(base), _n(slot * 0.76), _n(bar), s.color, tip))
-    body = format_html_join(
-        "",
-        '<rect x="{}" y="{}" width="{}" height="{}" fill="{}"><title>{}</title></rect>',
-        bars,
+            fill = s.color
+            if bound:
+                fill = f"url(#{_hatch_id(s.color)})"
+                hatched.add(s.color)
+            bars.append((_n(x), _n(base), _n(slot * 0.76), _n(bar), fill, bound, tip))
+    body = format_html(
+        "{}{}",
+        _hatches(sorted(hatched)),
+        format_html_join(
+            "",
+            '<rect x="{}" y="{}" width="{}" height="{}" fill="{}" data-lower-bound="{}">'
+            "<title>{}</title></rect>",
+            bars,
+        ),
     )
     return _frame(times, top, count_label, title, body, height)
+
+
+def _hatch_id(color: str) -> str:
+    return "pgqueue-hatch-" + "".join(c for c in color if c.isalnum())
+
+
+def _hatches(colors: Sequence[str]) -> SafeString:
+    """The diagonal hatch of each colour: the fill of a bar that is a lower bound."""
+    if not colors:
+        return SafeString("")
+    patterns = format_html_join(
+        "",
+        '<pattern id="{}" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="{}" '
+        'fill-opacity="0.35"/><line x1="0" y1="0" x2="0" y2="6" stroke="{}" '
+        'stroke-width="3"/></pattern>',
+        ((_hatch_id(c), c, c) for c in colors),
+    )
+    return format_html("<defs>{}</defs>", patterns)
 
 
 def lines(

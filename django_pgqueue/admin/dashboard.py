@@ -102,7 +102,9 @@ class DashboardAdmin(ViewOnlyAdmin):
                         ),
                     ],
                     "rate": f"{q.finished_per_second:,.1f}",
-                    "rate_estimated": "finished_per_second" in q.estimated,
+                    "rate_estimated": "finished_per_second" in q.estimated
+                    and "finished_per_second" not in q.lower_bound,
+                    "rate_lower_bound": "finished_per_second" in q.lower_bound,
                     "oldest": seconds_text(q.oldest_pending_age),
                     "oldest_lower_bound": "oldest_pending_age" in q.estimated,
                     "paused": q.paused,
@@ -136,6 +138,7 @@ class DashboardAdmin(ViewOnlyAdmin):
             times,
             [charts.Series("finished", [m.finished for m in hist.minutes], "#2e7d32")],
             title="Jobs finished per minute, last hour",
+            lower_bounds=[m.lower_bound for m in hist.minutes],
         )
         # Failures on their own scale: a few among thousands must still show.
         failures = charts.stacked_bars(
@@ -143,6 +146,7 @@ class DashboardAdmin(ViewOnlyAdmin):
             [charts.Series("failed", [m.failed for m in hist.minutes], "#c62828")],
             title="Jobs failed (dead-lettered) per minute, last hour",
             height=110,
+            lower_bounds=[m.failed_lower_bound for m in hist.minutes],
         )
         latency = charts.lines(
             times,
@@ -177,10 +181,11 @@ class DashboardAdmin(ViewOnlyAdmin):
             "snapshot": snap,
             "queues": queues,
             "headline": {
-                "pending": f"{snap.total('pending'):,}",
+                "pending": _at_least(snap, "pending") + f"{snap.total('pending'):,}",
                 "running": f"{snap.total('running'):,}",
-                "dead": f"{snap.total('dead'):,}",
-                "rate": f"{sum(q.finished_per_second for q in snap.queues.values()):,.1f}",
+                "dead": _at_least(snap, "dead") + f"{snap.total('dead'):,}",
+                "rate": _at_least(snap, "finished_per_second")
+                + f"{sum(q.finished_per_second for q in snap.queues.values()):,.1f}",
                 "oldest": seconds_text(
                     max(
                         (
@@ -193,8 +198,10 @@ class DashboardAdmin(ViewOnlyAdmin):
                 ),
                 "live_workers": len(snap.live_workers),
                 "lost_workers": len(snap.workers) - len(snap.live_workers),
-                "finished_hour": f"{last_hour:,}",
-                "failed_hour": f"{failed_hour:,}",
+                "finished_hour": ("≥ " if any(m.lower_bound for m in hist.minutes) else "")
+                + f"{last_hour:,}",
+                "failed_hour": ("≥ " if any(m.failed_lower_bound for m in hist.minutes) else "")
+                + f"{failed_hour:,}",
             },
             "estimated": any(q.estimated for q in snap.queues.values())
             or any(m.estimated for m in hist.minutes),
@@ -208,10 +215,16 @@ class DashboardAdmin(ViewOnlyAdmin):
             "dead_url": dead_url,
             "workers_url": workers_url,
             "cap": snap.cap,
+            "count_cap": f"{hist.count_cap:,}",
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.change_list_template, context)
+
+
+def _at_least(snap: monitoring.Snapshot, name: str) -> str:
+    """ "≥ " when a queue's count of ``name`` stopped at the cap, so the sum did too."""
+    return "≥ " if any(name in q.lower_bound for q in snap.queues.values()) else ""
 
 
 def _qs(value: str) -> str:
@@ -221,7 +234,8 @@ def _qs(value: str) -> str:
 def _cell(q: monitoring.QueueStats, name: str, url: str, *, alert: bool = False) -> dict[str, Any]:
     return {
         "value": f"{getattr(q, name):,}",
-        "estimated": name in q.estimated,
+        "estimated": name in q.estimated and name not in q.lower_bound,
+        "lower_bound": name in q.lower_bound,
         "url": url,
         "alert": alert,
         "name": name,

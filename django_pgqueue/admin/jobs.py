@@ -8,7 +8,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -17,7 +17,15 @@ from django.utils.html import format_html
 
 from ..models import LIVE_STATUSES, Job
 from ..monitoring import queue_summary
-from .base import BREADCRUMBS_AS_LIST, actor, admin_database, human_duration, log_change
+from .base import (
+    BREADCRUMBS_AS_LIST,
+    actor,
+    admin_database,
+    human_duration,
+    job_id,
+    log_change,
+    timestamp,
+)
 from .filters import BackendFilter, QueueFilter, TaskFilter
 from .read_only_jobs import ReadOnlyJobAdmin
 
@@ -33,11 +41,12 @@ class JobAdmin(ReadOnlyJobAdmin):
     """Every job, read-only, with a summary of the queue's health above the list."""
 
     change_list_template = "admin/django_pgqueue/job/change_list.html"
+    change_form_template = "admin/django_pgqueue/job/change_form.html"
     list_display = (
         "id",
         "task",
         "queue",
-        "status",
+        "status_column",
         "attempts_display",
         "run_at",
         "worker_link",
@@ -57,9 +66,28 @@ class JobAdmin(ReadOnlyJobAdmin):
         for name, opts in ReadOnlyJobAdmin.fieldsets
     )
 
+    @admin.display(description="status", ordering="status")
+    def status_column(self, obj: Job) -> str:
+        """The status; a running job asked to stop says so (it stays running until its
+        task returns or its worker is told)."""
+        if obj.status == Job.Status.RUNNING and obj.cancel_requested_at is not None:
+            return format_html(
+                '{} <span class="pgqueue-cancel-requested" title="{}">(cancel requested)</span>',
+                obj.get_status_display(),
+                f"cancellation requested at {timestamp(obj.cancel_requested_at)}",
+            )
+        return obj.get_status_display()
+
     @admin.display(description="status")
     def status_display(self, obj: Job) -> str:
-        """A dead job's status links to its dead-letter page, where it can be requeued."""
+        """A dead job's status links to its dead-letter page, where it can be requeued;
+        a running job asked to stop says since when."""
+        if obj.status == Job.Status.RUNNING and obj.cancel_requested_at is not None:
+            return format_html(
+                "Running, asked to stop at {}: its task is told (current_job()."
+                "cancel_requested) and the job ends cancelled when it returns",
+                timestamp(obj.cancel_requested_at),
+            )
         if obj.status != Job.Status.DEAD:
             return obj.get_status_display()
         url = reverse(
@@ -88,6 +116,34 @@ class JobAdmin(ReadOnlyJobAdmin):
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CANCEL_PERMISSION)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The job page, with a *Cancel this job* button for a live job not yet asked
+        to stop, to whoever may cancel: it posts the list's *Cancel selected jobs*
+        action for this job, so the same confirmation page, statement and log follow."""
+        extra_context = dict(extra_context or {})
+        pk = job_id(unquote(object_id))
+        if pk is not None and self.has_cancel_permission(request):
+            cancellable = (
+                Job.objects.using(admin_database(request))
+                .filter(pk=pk, status__in=LIVE_STATUSES, cancel_requested_at__isnull=True)
+                .exists()
+            )
+            if cancellable:
+                extra_context["pgqueue_cancel"] = {
+                    "url": reverse(
+                        "admin:django_pgqueue_job_changelist", current_app=self.admin_site.name
+                    ),
+                    "id": pk,
+                    "checkbox": helpers.ACTION_CHECKBOX_NAME,
+                }
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.action(permissions=["cancel"], description="Cancel selected jobs")
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
@@ -185,7 +241,6 @@ class JobAdmin(ReadOnlyJobAdmin):
                 "cap": summary.cap,
                 "capped": bool(summary.capped),
                 "oldest_pending_wait": human_duration(summary.oldest_pending_wait),
-                "wait_is_lower_bound": "pending" in summary.capped,
                 "expired_leases": summary.expired_leases,
                 "dead_letters_url": reverse(
                     "admin:django_pgqueue_deadletter_changelist", current_app=self.admin_site.name

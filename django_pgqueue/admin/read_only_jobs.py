@@ -24,6 +24,7 @@ from .base import (
     error_line,
     job_id,
     pretty_json,
+    timestamp,
 )
 from .paginator import EstimatedCountPaginator
 from .workflow import WORKFLOW, WorkflowDisplay, in_workflow
@@ -34,6 +35,20 @@ if TYPE_CHECKING:
 
 #: The JSON columns a user's data fills (the worker writes ``errors``, bounded).
 PAYLOADS = ("args", "kwargs", "result", "progress")
+
+#: The job's times, each shown to the second with its offset (``timestamp``).
+TIMESTAMPS = ("created_at", "run_at", "started_at", "last_attempted_at", "finished_at")
+
+
+def _timestamp_display(name: str) -> Any:
+    """A read-only field showing column ``name`` to the second (Django's own display
+    stops at the minute, and a job's times are seconds apart)."""
+
+    def show(self: Any, obj: Job) -> str:
+        return timestamp(getattr(obj, name))
+
+    show.__name__ = f"{name}_display"
+    return admin.display(description=name.replace("_", " "))(show)
 
 
 class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
@@ -56,14 +71,12 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "priority",
         "backend",
         "idempotency_key",
+        "concurrency_key_display",
         "attempts_display",
         "last_worker",
-        "lease_expires_at",
-        "created_at",
-        "run_at",
-        "started_at",
-        "last_attempted_at",
-        "finished_at",
+        "lease_expires_at_display",
+        "cancel_requested_display",
+        *(f"{name}_display" for name in TIMESTAMPS),
         "args_pretty",
         "kwargs_pretty",
         "errors_pretty",
@@ -75,23 +88,33 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "dependants_display",
     )
     fieldsets: ClassVar[_FieldsetSpec] = (
-        (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
         (
-            "Attempts",
-            {"fields": ("attempts_display", "snoozes", "last_worker", "lease_expires_at")},
-        ),
-        (
-            "Timestamps",
+            None,
             {
                 "fields": (
-                    "created_at",
-                    "run_at",
-                    "started_at",
-                    "last_attempted_at",
-                    "finished_at",
+                    "id",
+                    "task",
+                    "status",
+                    "queue",
+                    "priority",
+                    "concurrency_key_display",
+                    "backend",
                 )
             },
         ),
+        (
+            "Attempts",
+            {
+                "fields": (
+                    "attempts_display",
+                    "snoozes",
+                    "last_worker",
+                    "lease_expires_at_display",
+                    "cancel_requested_display",
+                )
+            },
+        ),
+        ("Timestamps", {"fields": tuple(f"{name}_display" for name in TIMESTAMPS)}),
         ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
         (WORKFLOW, {"fields": ("workflow_display", "parents_display", "dependants_display")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
@@ -179,6 +202,22 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
             ),
             False,
         )
+
+    created_at_display = _timestamp_display("created_at")
+    run_at_display = _timestamp_display("run_at")
+    started_at_display = _timestamp_display("started_at")
+    last_attempted_at_display = _timestamp_display("last_attempted_at")
+    finished_at_display = _timestamp_display("finished_at")
+    lease_expires_at_display = _timestamp_display("lease_expires_at")
+
+    @admin.display(description="concurrency key")
+    def concurrency_key_display(self, obj: Job) -> str:
+        return obj.concurrency_key or "—"
+
+    @admin.display(description="cancellation requested")
+    def cancel_requested_display(self, obj: Job) -> str:
+        """When ``Job.objects.cancel()`` asked this job (running then) to stop."""
+        return timestamp(obj.cancel_requested_at)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj: Job) -> str:

@@ -112,6 +112,18 @@ ORDER BY 1, 2, 3
 )
 
 
+JOB_COUNT_ENDED = """
+-- name: JOB_COUNT_ENDED
+-- Dead and cancelled jobs for the admin's summary, each counted up to cap through its
+-- small partial index (pgqueue_job_dead_idx, pgqueue_job_cancelled_idx).
+SELECT (SELECT count(*)
+        FROM (SELECT 1 FROM pgqueue_job WHERE status = 'dead' LIMIT %(cap)s) AS d) AS dead,
+       (SELECT count(*)
+        FROM (SELECT 1 FROM pgqueue_job WHERE status = 'cancelled' LIMIT %(cap)s) AS c)
+           AS cancelled
+"""
+
+
 JOB_COUNT_LIVE_BY_QUEUE = """
 -- name: JOB_COUNT_LIVE_BY_QUEUE
 -- Live jobs per status and queue for the admin, at most cap rows of each status, each
@@ -146,35 +158,30 @@ ORDER BY status, queue
 
 JOB_COUNT_SAMPLE_BY_QUEUE = """
 -- name: JOB_COUNT_SAMPLE_BY_QUEUE
--- Status figures per queue, at most cap rows of each status from its own partial index,
--- with the oldest pending run_at.
+-- Status figures per queue but pending (JOB_GET_QUEUE_BACKLOG counts it per queue), at
+-- most cap rows of each status from its own partial index.
 WITH sample AS (
-    (SELECT 'pending'::text AS status, queue, run_at
-     FROM pgqueue_job
-     WHERE status = 'pending'
-     LIMIT %(cap)s)
-    UNION ALL
-    (SELECT 'scheduled'::text, queue, NULL::timestamptz
+    (SELECT 'scheduled'::text AS status, queue
      FROM pgqueue_job
      WHERE status = 'scheduled'
      LIMIT %(cap)s)
     UNION ALL
-    (SELECT 'running'::text, queue, NULL::timestamptz
+    (SELECT 'running'::text, queue
      FROM pgqueue_job
      WHERE status = 'running'
      LIMIT %(cap)s)
     UNION ALL
-    (SELECT 'dead'::text, queue, NULL::timestamptz
+    (SELECT 'dead'::text, queue
      FROM pgqueue_job
      WHERE status = 'dead'
      LIMIT %(cap)s)
     UNION ALL
-    (SELECT 'waiting'::text, queue, NULL::timestamptz
+    (SELECT 'waiting'::text, queue
      FROM pgqueue_job
      WHERE status = 'waiting'
      LIMIT %(cap)s)
 )
-SELECT status, queue, count(*) AS jobs, min(run_at) AS oldest_run_at
+SELECT status, queue, count(*) AS jobs
 FROM sample
 GROUP BY status, queue
 ORDER BY status, queue
@@ -202,33 +209,29 @@ WHERE c.oid = 'pgqueue_job'::regclass
 
 JOB_GET_HEALTH = """
 -- name: JOB_GET_HEALTH
--- The longest wait of a pending job and the count of expired leases, each from a
--- bounded range of its index.
-WITH RECURSIVE head AS (
-    (SELECT priority, run_at
+-- The longest wait of a pending job (each queue's oldest: a loose scan of
+-- pgqueue_job_pending_age_idx) and the count of expired leases, capped.
+WITH RECURSIVE head(queue, run_at) AS (
+    (SELECT queue, run_at
      FROM pgqueue_job
      WHERE status = 'pending'
-     ORDER BY priority DESC, id
+     ORDER BY queue, run_at
      LIMIT 1)
     UNION ALL
-    SELECT nxt.priority, nxt.run_at
-    FROM head,
-         LATERAL (SELECT priority, run_at
-                  FROM pgqueue_job
-                  WHERE status = 'pending'
-                    AND priority < head.priority
-                  ORDER BY priority DESC, id
-                  LIMIT 1) AS nxt
+    SELECT n.queue, n.run_at
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, run_at
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue, run_at
+        LIMIT 1) AS n
 ), clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 )
-SELECT greatest(clock.now - least(
-           (SELECT min(run_at) FROM head),
-           (SELECT min(run_at)
-            FROM (SELECT run_at
-                  FROM pgqueue_job
-                  WHERE status = 'pending'
-                  LIMIT %(cap)s) AS sample)), interval '0') AS oldest_pending_wait,
+SELECT greatest(clock.now - (SELECT min(run_at)
+                             FROM (SELECT run_at FROM head LIMIT %(queues)s) AS h),
+                interval '0') AS oldest_pending_wait,
        (SELECT count(*)
         FROM (SELECT 1
               FROM pgqueue_job
@@ -242,32 +245,44 @@ FROM clock
 
 JOB_GET_HISTORY = """
 -- name: JOB_GET_HISTORY
--- The dashboard's per-minute history: up to cap done jobs a minute
--- (pgqueue_job_done_idx) and the newest dead letters.
+-- The dashboard's per-minute history: done jobs a minute counted up to count_cap and
+-- their wait from the first cap (pgqueue_job_done_idx), and the newest cap dead
+-- letters (a minute they may not cover whole is marked dead_capped).
 WITH clock AS (
     SELECT date_trunc('minute', coalesce(%(now)s::timestamptz, clock_timestamp())) AS minute
 ), minutes AS (
-    SELECT generate_series(clock.minute - make_interval(mins => %(minutes)s - 1),
-                           clock.minute, interval '1 minute') AS start
-    FROM clock
+    SELECT clock.minute - make_interval(mins => n) AS start
+    FROM clock, generate_series(0, %(minutes)s - 1) AS n
+), dead_sample AS (
+    SELECT finished_at
+    FROM pgqueue_job
+    WHERE status = 'dead'
+    ORDER BY id DESC
+    LIMIT %(cap)s
 ), dead AS (
     SELECT date_trunc('minute', d.finished_at) AS start, count(*) AS jobs
-    FROM (SELECT finished_at
-          FROM pgqueue_job
-          WHERE status = 'dead'
-          ORDER BY id DESC
-          LIMIT %(cap)s) AS d, clock
+    FROM dead_sample AS d, clock
     WHERE d.finished_at >= clock.minute - make_interval(mins => %(minutes)s - 1)
     GROUP BY 1
 )
-SELECT m.start, done.jobs, done.first_at, done.last_at, done.wait_avg, done.wait_max,
-       coalesce(dead.jobs, 0) AS dead
+SELECT m.start, counted.jobs, done.wait_avg, done.wait_max,
+       coalesce(dead.jobs, 0) AS dead,
+       (SELECT count(*) >= %(cap)s AND m.start <= min(finished_at)
+        FROM dead_sample) AS dead_capped
 FROM minutes AS m
 CROSS JOIN LATERAL (
-    SELECT count(*) AS jobs, min(s.finished_at) AS first_at, max(s.finished_at) AS last_at,
-           avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
+    SELECT count(*) AS jobs
+    FROM (SELECT 1
+          FROM pgqueue_job
+          WHERE status = 'done'
+            AND finished_at >= m.start
+            AND finished_at < m.start + interval '1 minute'
+          LIMIT %(count_cap)s) AS c
+) AS counted
+CROSS JOIN LATERAL (
+    SELECT avg(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_avg,
            max(date_part('epoch', s.last_attempted_at - s.run_at)) AS wait_max
-    FROM (SELECT finished_at, last_attempted_at, run_at
+    FROM (SELECT last_attempted_at, run_at
           FROM pgqueue_job
           WHERE status = 'done'
             AND finished_at >= m.start
@@ -280,29 +295,83 @@ ORDER BY m.start
 """
 
 
-JOB_GET_PENDING_HEADS = """
--- name: JOB_GET_PENDING_HEADS
--- The head of each priority's line of pending jobs: a loose index scan of
--- pgqueue_job_claim_idx.
-WITH RECURSIVE head AS (
-    (SELECT priority, queue, run_at
+JOB_GET_LIVE_VALUES = """
+-- name: JOB_GET_LIVE_VALUES
+-- The queues and tasks that hold live jobs, for the admin's filters: every queue with
+-- pending jobs (a loose scan), the tasks of its first per_queue, and of cap jobs of
+-- each other live status.
+WITH RECURSIVE head(queue) AS (
+    (SELECT queue
      FROM pgqueue_job
      WHERE status = 'pending'
-     ORDER BY priority DESC, id
+     ORDER BY queue
      LIMIT 1)
     UNION ALL
-    SELECT nxt.priority, nxt.queue, nxt.run_at
-    FROM head,
-         LATERAL (SELECT priority, queue, run_at
-                  FROM pgqueue_job
-                  WHERE status = 'pending'
-                    AND priority < head.priority
-                  ORDER BY priority DESC, id
-                  LIMIT 1) AS nxt
+    SELECT n.queue
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue
+        LIMIT 1) AS n
+), live AS (
+    SELECT p.queue, p.task
+    FROM (SELECT queue FROM head LIMIT %(queues)s) AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, task
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = h.queue
+        LIMIT %(per_queue)s) AS p
+    UNION ALL
+    (SELECT queue, task
+     FROM pgqueue_job
+     WHERE status = 'scheduled'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT queue, task
+     FROM pgqueue_job
+     WHERE status = 'running'
+     LIMIT %(cap)s)
+    UNION ALL
+    (SELECT queue, task
+     FROM pgqueue_job
+     WHERE status = 'waiting'
+     LIMIT %(cap)s)
 )
-SELECT queue, min(run_at)
-FROM head
-GROUP BY queue
+SELECT DISTINCT queue, task
+FROM live
+"""
+
+
+JOB_GET_QUEUE_BACKLOG = """
+-- name: JOB_GET_QUEUE_BACKLOG
+-- Each queue with pending jobs, its oldest run_at and its pending count up to cap: a
+-- loose scan of pgqueue_job_pending_age_idx, one seek and one capped range per queue.
+WITH RECURSIVE head(queue, run_at) AS (
+    (SELECT queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY queue, run_at
+     LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.run_at
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, run_at
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue, run_at
+        LIMIT 1) AS n
+)
+SELECT h.queue, h.run_at,
+       (SELECT count(*)
+        FROM (SELECT 1
+              FROM pgqueue_job
+              WHERE status = 'pending' AND queue = h.queue
+              LIMIT %(cap)s) AS x) AS jobs
+FROM head AS h
+LIMIT %(queues)s
 """
 
 

@@ -472,7 +472,9 @@ class JobRunner(WorkerPart):
         if begun.held.cancel.is_set():
             # Cancelled, and the task returned (a cooperative stop): written now rather
             # than in a batch, so the log and the signal say "cancelled", not "done".
-            self._record_cancelled(job, task, value, elapsed, task_result)
+            self._record_cancelled(
+                job, task, value, elapsed, task_result, heeded=begun.held.cancel.heeded
+            )
             return False
         # Recorded in a batch by the completer thread, which logs it and sends
         # task_finished once the fenced write succeeded; the job stays held (its lease
@@ -535,9 +537,13 @@ class JobRunner(WorkerPart):
         value: object,
         elapsed: float,
         task_result: TaskResult | None,
+        *,
+        heeded: bool,
     ) -> None:
         """Write the outcome of a task that returned after its job's cancellation was
-        requested: the fenced completion ends it ``cancelled`` (result kept)."""
+        requested: the fenced completion ends it ``cancelled`` (result kept). The line
+        says whether the task stopped (``heeded``: it read the request, or its
+        coroutine was cancelled) or ran to its end regardless."""
         self._mark_recording(job)
         try:
             written, status = self.write_retrying(
@@ -558,11 +564,15 @@ class JobRunner(WorkerPart):
             return
         self.state.stats.count("cancelled" if status == Status.CANCELLED else "done")
         logger.info(
-            "job %s %s %s after %.3fs (the task stopped)",
+            "job %s %s %s after %.3fs (%s)",
             job.id,
             job.task,
             status,
             elapsed,
+            "the task stopped"
+            if heeded
+            else "its cancellation was requested while it ran; the task ran to its end "
+            "without reading it, and its result is kept",
             extra={"action": "cancel", "job_id": job.id, "worker_id": self.worker_id},
         )
         self.reporter.finished_failed(job, task, task_result)

@@ -54,6 +54,8 @@ def render_table(snap: Snapshot) -> str:
     def num(q: monitoring.QueueStats, name: str) -> str:
         value = getattr(q, name)
         text = f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
+        if name in q.lower_bound:
+            return "≥ " + text
         return ("~" if name in q.estimated else "") + text
 
     header = (
@@ -91,8 +93,10 @@ def render_table(snap: Snapshot) -> str:
             )
         )
     lines = _columns(rows) if snap.queues else ["No queues: no jobs and no live workers."]
-    if any(q.estimated for q in snap.queues.values()):
+    if any(q.estimated - q.lower_bound for q in snap.queues.values()):
         lines.append(f"~ estimated (a status over {snap.cap:,} rows, or a busy window)")
+    if any(q.lower_bound for q in snap.queues.values()):
+        lines.append(f"≥ at least: counting stopped at {snap.cap:,}")
     if snap.budgets:
         lines.append("")
         lines.append("Limits:")
