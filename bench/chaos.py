@@ -6,8 +6,9 @@ One command (``python -m bench.chaos`` or ``make bench NAME=chaos``):
    ``.pgdata/`` server) and migrates it;
 2. enqueues ``--jobs`` jobs: half ordinary, half transactional tasks that each write
    one ``Execution`` ledger row per execution (a third of them with a concurrency key
-   ``chaos:N`` under the run's limit, ``bench/chaos_settings.py``), plus ``--poison``
-   pills that SIGKILL
+   ``chaos:N`` under the run's limit, ``bench/chaos_settings.py``), every fourth run of
+   ``COROUTINE_RUN`` of them (the first included) coroutine tasks instead, which run on
+   the workers' event loops, plus ``--poison`` pills that SIGKILL
    their own worker and ``--leaks`` tasks that leave their connection dirty (each way
    ``fault_tasks.LEAK_KINDS`` knows: raw BEGIN, autocommit off, SET ROLE, advisory
    locks ...), and remembers every job's id and kind;
@@ -25,7 +26,8 @@ One command (``python -m bench.chaos`` or ``make bench NAME=chaos``):
    in transaction mode between the fleet and the server;
 4. samples invariants every ~0.5 s meanwhile (``testkit/oracle.py``: no lease left
    expired far longer than the sweeper allows, none finished and leased, attempts
-   within the limit, no ``chaos:N`` key with more jobs running than its limit);
+   within the limit, no ``chaos:N`` key with more jobs running than its limit, no
+   worker holding more jobs leased but not started than its free room allows);
 5. lets the fleet drain, stops it with SIGTERM, judges every job by identity against
    what it enqueued (``testkit/oracle.py``) and prints one summary line, e.g.
    ``jobs=20000 done=19990 dead=29 lost=0 dup_jobs=0 stuck=0 dup_tx=0 ...``.
@@ -62,6 +64,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench import chaos_hoard
 from testkit import oracle, procs
 from testkit.private_bouncer import PrivateBouncer, pgbouncer_binary
 from testkit.private_server import PrivateServer
@@ -151,6 +154,8 @@ class Fleet:
             "0.2",
             "--grace-seconds",
             str(a.lease_seconds * 5),
+            "--async-concurrency",
+            str(a.async_concurrency),
             "-v",
             "1",
         ]  # fmt: skip
@@ -403,8 +408,11 @@ def enqueue(args: argparse.Namespace, rng: random.Random) -> dict[int, str]:
                     expected[job.id] = "leak"
                 else:
                     work = rng.uniform(0.5, 1.5) * args.work_ms
-                    tx = n % 2 == 1
+                    coroutine = args.coroutines and (n // COROUTINE_RUN) % 4 == 0
+                    tx = n % 2 == 1 and not coroutine
                     task = fault_tasks.ledger_tx if tx else fault_tasks.ledger_plain
+                    if coroutine:
+                        task = fault_tasks.ledger_async  # judged as plain: at-least-once
                     # A third of them under the run's limit, one key in turn.
                     key = f"{oracle.KEY_PREFIX}{n % oracle.KEYS}" if n % 3 == 0 else None
                     job = Job.objects.enqueue(
@@ -601,6 +609,8 @@ def run(args: argparse.Namespace) -> int:
             for name, cron in crons.items()
         }  # fmt: skip
         env.update({"DATABASE_URL": fleet_url, procs.MARKER: token})
+        if "hoard" in args.plant:
+            env[chaos_hoard.ENV] = "1"  # the old claim sizing (bench/chaos_hoard.py)
         env["PGQUEUE_PERIODIC"] = json.dumps(entries)
         if args.bouncer:
             env["DATABASE_POOLED"] = "1"
@@ -655,7 +665,9 @@ def run(args: argparse.Namespace) -> int:
         clock = monitor.query(oracle.CLOCK)
         assert clock, "the monitor cannot read the database's clock"
         db_origin = (clock[0][0], time.monotonic())  # monotonic -> database time
-        sampler = oracle.Sampler(lateness)
+        sampler = oracle.Sampler(
+            lateness, threads=args.concurrency, loop_slots=args.async_concurrency
+        )
         fault_began = time.monotonic()
         chaos(args, rng, fleet, server, monitor, sampler, planter, canceller, orphans)
         fault_seconds = time.monotonic() - fault_began
@@ -674,6 +686,7 @@ def run(args: argparse.Namespace) -> int:
             ended_pids=fleet.counters.ended_pids,
         )
         cancelled = {i for (i,) in monitor.query(CANCELLED_IDS) or []}
+        coroutine_done = (monitor.query(COROUTINE_DONE, {"task": COROUTINE_TASK}) or [(0,)])[0][0]
     finally:
         if planter is not None:
             planter.close_holder()
@@ -726,6 +739,7 @@ def run(args: argparse.Namespace) -> int:
         **{k: result[k] for k in ("i1", "i2", "i4", "i5", "dead_unexpected")},
         **sampler.worst,
         "samples": sampler.samples,
+        "coroutine_done": coroutine_done,
         "limit_peak": sampler.key_peak,
         "crashes": c.crashes,
         "unclean_exits": c.unclean_exits,
@@ -796,6 +810,11 @@ SELECT max(created_at) FROM pgqueue_schedule
 # The jobs that ended cancelled, for the check of the workers' logs.
 CANCELLED_IDS = """
 SELECT id FROM pgqueue_job WHERE status = 'cancelled'
+"""
+
+# The coroutine jobs that ended done (the run did mix them in).
+COROUTINE_DONE = """
+SELECT count(*) FROM pgqueue_job WHERE status = 'done' AND task = %(task)s
 """
 
 # Running jobs of the ledger tasks, for cancellation while they run.
@@ -995,14 +1014,23 @@ def drain(
 
 PLANTS = (
     "lost", "dup_job", "dup_effect", "stuck", "crash", "oom", "run_after_cancel",
-    "cancelled_as_done", "dup_tick", "orphan", "over_limit",
+    "cancelled_as_done", "dup_tick", "orphan", "over_limit", "hoard",
 )  # fmt: skip
+#: The coroutine jobs come in runs of this many (one run in four, from the first): a
+#: worker that claimed only coroutine jobs then meets plain ones (issue 28).
+COROUTINE_RUN = 50
+#: The coroutine task of the run (``oracle.SAMPLE``'s ``hoarded`` tells it apart).
+COROUTINE_TASK = "testproject.demo.fault_tasks.ledger_async"
 
 
 def sample_params(sampler: oracle.Sampler) -> dict[str, object]:
-    """The parameters of ``oracle.SAMPLE``: the lateness and the run's limit."""
+    """The parameters of ``oracle.SAMPLE``: the lateness, the run's limit and the
+    workers' room."""
     return {
         "lateness": sampler.lateness,
+        "threads": sampler.threads,
+        "loop_slots": sampler.loop_slots,
+        "coroutine_task": COROUTINE_TASK,
         "key_prefix": oracle.KEY_PREFIX,
         "key_concurrency": oracle.KEY_CONCURRENCY,
     }
@@ -1028,6 +1056,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sweepers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=4, help="threads per worker")
+    parser.add_argument(
+        "--async-concurrency", type=int, default=100, help="event loop slots per worker"
+    )
+    parser.add_argument(
+        "--no-coroutines",
+        dest="coroutines",
+        action="store_false",
+        help="no coroutine jobs (by default a quarter of the jobs, in runs of 50)",
+    )
     parser.add_argument("--lease-seconds", type=float, default=2.0)
     parser.add_argument("--kill-every", type=float, default=2.0)
     parser.add_argument("--terminate-every", type=float, default=1.5)

@@ -7,6 +7,8 @@ a concurrency key ``chaos:0`` .. ``chaos:7``, each limited to ``oracle.KEY_CONCU
 running at once: the oracle samples that no key ever runs more (``over_limit``).
 """
 
+import os
+
 from testkit.oracle import KEY_CONCURRENCY, KEY_PREFIX
 from testproject import settings as _base
 
@@ -18,3 +20,8 @@ PGQUEUE_MAX_ATTEMPTS = 12
 
 # The run's flow control: every chaos:N key is a budget of its own (testkit/oracle.py).
 PGQUEUE_LIMITS = {f"{KEY_PREFIX}*": {"concurrency": KEY_CONCURRENCY}}
+
+# The planted fault "hoard" (bench.chaos --plant hoard only): the old claim sizing,
+# planted once the apps are ready (bench/chaos_hoard.py).
+if os.environ.get("PGQUEUE_CHAOS_PLANT_HOARD"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "bench.chaos_hoard.HoardPlant"]  # noqa: F821

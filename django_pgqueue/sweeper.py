@@ -210,9 +210,15 @@ def sweep(*, using: str | None = None, now: dt.datetime | None = None) -> SweepR
 
 class Sweeper:
     """Sweeps every ``interval`` seconds the jobs database of ``TASKS[backend]`` (None:
-    the default alias). ``now`` pins the database clock the passes use (for tests, like
-    ``%(now)s`` in the SQL); with ``now_step`` each pass after the first moves the
-    pinned clock that many seconds forward."""
+    the default alias). ``now`` pins the clock of the periodic part of each pass (for
+    testing schedules, like ``%(now)s`` in the SQL); with ``now_step`` each pass after
+    the first moves the pinned clock that many seconds forward.
+
+    The maintenance passes (recovery, promotion, pruning, lost workers) always use the
+    database's clock: at a pinned time in the future they would delete finished jobs
+    and live workers' rows, run scheduled jobs early and take back leases that are
+    running (the job then runs twice) on a database where real workers run (issue 28).
+    ``sweep(now=...)`` pins them too, for tests that need it."""
 
     def __init__(
         self,
@@ -237,7 +243,8 @@ class Sweeper:
 
     def run_once(self) -> SweepResult:
         """One pass; logs at info level only when something changed."""
-        result = sweep(using=self.alias, now=self.now)
+        result = sweep(using=self.alias)  # the database's clock: see the class
+
         # Each sweeper enqueues the PGQUEUE_PERIODIC entries whose backend's jobs live
         # in its database (an entry's "backend", default "default").
         ticks = periodic.enqueue_due(

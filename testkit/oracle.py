@@ -28,7 +28,10 @@ execution of a chaos task) it counts, each of which must be 0 unless said otherw
 :data:`SAMPLE` is run about every 0.5 s while the faults run (see ``bench/chaos.py``):
 no job ``running`` past its lease by more than the allowed lateness, none both
 finished and still leased, attempts never above the limit, and no concurrency key
-with more jobs running than its limit in ``PGQUEUE_LIMITS`` (``over_limit``).
+with more jobs running than its limit in ``PGQUEUE_LIMITS`` (``over_limit``), and no
+worker holding more jobs leased but not started than its free room allows
+(``hoarded``: plain jobs beyond its threads plus one, coroutine jobs beyond its loop
+slots plus one).
 """
 
 from __future__ import annotations
@@ -137,7 +140,11 @@ SELECT id FROM pgqueue_job WHERE id = %(id)s FOR UPDATE
 # of the run's limit (``PGQUEUE_LIMITS`` of bench/chaos_settings.py: %(key_prefix)s...,
 # %(key_concurrency)s each) with more jobs running than it allows (``over_limit``: the
 # most by which any key exceeds it; ``key_peak``, not a fault: the most any key ran,
-# which shows the limit was reached). Sequential scan.
+# which shows the limit was reached). ``hoarded`` (issue 28): the most by which a worker
+# holds more ledger jobs leased but not started (no ledger row of their attempt yet; a
+# transactional job's row commits only with it) than its free room allows: plain and
+# transactional ones beyond its %(threads)s threads plus one, coroutine ones
+# (%(coroutine_task)s) beyond its %(loop_slots)s loop slots plus one. Sequential scan.
 SAMPLE = """
 SELECT
     count(*) FILTER (WHERE status = 'running'
@@ -152,6 +159,18 @@ SELECT
            FROM pgqueue_job
            WHERE status = 'running' AND starts_with(concurrency_key, %(key_prefix)s)
            GROUP BY concurrency_key) AS k) AS over_limit,
+    (SELECT coalesce(max(greatest(h.plain - %(threads)s - 1,
+                                  h.coroutine - %(loop_slots)s - 1, 0)), 0)
+     FROM (SELECT j.lease_owner,
+                  count(*) FILTER (WHERE j.task <> %(coroutine_task)s) AS plain,
+                  count(*) FILTER (WHERE j.task = %(coroutine_task)s) AS coroutine
+           FROM pgqueue_job AS j
+           WHERE j.status = 'running'
+             AND starts_with(j.task, 'testproject.demo.fault_tasks.ledger_')
+             AND j.lease_owner <> 'planted'
+             AND NOT EXISTS (SELECT 1 FROM demo_execution AS e
+                             WHERE e.job_id = j.id AND e.attempt = j.attempts)
+           GROUP BY j.lease_owner) AS h) AS hoarded,
     (SELECT coalesce(max(k.running), 0)
      FROM (SELECT count(*) AS running
            FROM pgqueue_job
@@ -332,10 +351,13 @@ class Sampler:
     count seen for each invariant (a sample that cannot run, e.g. during a restart,
     is skipped and counted)."""
 
-    NAMES = ("late_leases", "finished_leased", "over_attempts", "over_limit")
+    NAMES = ("late_leases", "finished_leased", "over_attempts", "over_limit", "hoarded")
 
-    def __init__(self, lateness: float) -> None:
+    def __init__(self, lateness: float, *, threads: int = 4, loop_slots: int = 100) -> None:
         self.lateness = lateness
+        #: Each worker's ``--concurrency`` and ``--async-concurrency`` (``hoarded``).
+        self.threads = threads
+        self.loop_slots = loop_slots
         self.worst = dict.fromkeys(self.NAMES, 0)
         #: The most jobs any key of the run's limit was seen running (it should reach
         #: the limit, or the limit was never put to the test).

@@ -548,3 +548,15 @@ async def async_whoami() -> dict[str, object]:
     assert job is not None, "only a worker runs this task"
     await job.aset_progress({"async": True})
     return {"id": job.id, "deliveries": await Delivery.objects.acount()}
+
+
+@task()
+def marked_sleep(seconds: float) -> float:
+    """Plain work that says when it starts and when its body ends (``demo_execution``
+    rows of kinds ``start`` and ``end``, the database's clock), sleeping between: a
+    test can count the jobs a worker leased but has not started, apart from those
+    whose body has returned (held a little longer for their batched completion)."""
+    _mark("start")
+    time.sleep(seconds)
+    _mark("end")
+    return seconds

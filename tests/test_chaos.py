@@ -60,6 +60,7 @@ def test_chaos__nothing_lost_stuck_or_duplicated_transactionally() -> None:
     assert int(summary["kills"]) > 0
     assert int(summary["terminated"]) > 0
     assert int(summary["samples"]) > 20  # the invariants were watched during the faults
+    assert int(summary["coroutine_done"]) > 0, line  # coroutine jobs ran beside the others
     # Keys of the run's limit did run at their limit while over_limit (above) stayed 0.
     assert int(summary["limit_peak"]) == oracle.KEY_CONCURRENCY, line
     # The new surfaces were exercised: cancels, sweepers and supervisors killed.
@@ -103,7 +104,8 @@ def test_chaos__each_planted_fault_fails_the_run() -> None:
     with more jobs running than its limit. Each is named in the verdict."""
     code, summary, line, stderr = chaos(
         "--jobs", "200", "--duration", "8", "--calm", "--poison", "0", "--leaks", "0",
-        "--work-ms", "5", "--drain-seconds", "40", "--plant", ",".join(chaos_bench.PLANTS),
+        "--work-ms", "5", "--drain-seconds", "40",
+        "--plant", ",".join(p for p in chaos_bench.PLANTS if p != "hoard"),  # (its own test)
     )  # fmt: skip
     assert code == 1, line
     failed = re.search(r"FAILED: ([\w, ]+);", stderr)
@@ -233,9 +235,73 @@ def test_oracle__sample_sees_a_late_lease_and_a_finished_job_still_leased() -> N
         "finished_leased": 1,
         "over_attempts": 0,
         "over_limit": 1,
+        "hoarded": 0,  # four jobs leased to "w": its four threads' worth
     }
     assert sampler.key_peak == oracle.KEY_CONCURRENCY + 1
     assert (sampler.samples, sampler.skipped) == (1, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_oracle__sample_sees_a_worker_holding_more_than_its_room() -> None:
+    """``hoarded``: per worker, ledger jobs leased whose attempt has no ledger row yet
+    (not started): plain ones beyond its threads plus one, coroutine ones beyond its
+    loop slots plus one; a started job (its row written) does not count."""
+    import psycopg
+
+    from django_pgqueue.models import Job
+    from testproject.demo.models import Execution
+
+    from .conftest import test_database_url
+
+    def lease(task: str, owner: str, count: int) -> list[int]:
+        ids = [
+            Job.objects.enqueue(f"testproject.demo.fault_tasks.{task}").id for _ in range(count)
+        ]
+        Job.objects.filter(pk__in=ids).update(
+            status="running",
+            lease_owner=owner,
+            attempts=1,
+            lease_expires_at=timezone.now() + timezone.timedelta(seconds=30),
+        )
+        return ids
+
+    def worst(threads: int, loop_slots: int) -> int:
+        sampler = oracle.Sampler(lateness=10, threads=threads, loop_slots=loop_slots)
+        with psycopg.connect(test_database_url(), autocommit=True) as conn:
+            sampler.sample(
+                conn.execute(oracle.SAMPLE, chaos_bench.sample_params(sampler)).fetchall()
+            )
+        return sampler.worst["hoarded"]
+
+    started = lease("ledger_plain", "a", 3)
+    lease("ledger_tx", "a", 4)  # (a transactional job's row commits with it)
+    lease("ledger_async", "b", 5)
+    lease("ledger_plain", "planted", 9)  # the over_limit plant's: not a worker
+    for job_id in started:
+        Execution.objects.create(job_id=job_id, attempt=1, kind="plain", worker_id="a")
+    assert worst(threads=4, loop_slots=100) == 0  # a: 4 waiting <= 4 + 1
+    assert worst(threads=2, loop_slots=100) == 1  # a: 4 > 2 + 1
+    assert worst(threads=4, loop_slots=3) == 1  # b: 5 > 3 + 1
+    Execution.objects.filter(job_id__in=started).update(attempt=0)  # an earlier attempt's
+    assert worst(threads=4, loop_slots=100) == 2  # a: 7 > 4 + 1
+
+
+@pytest.mark.slow
+def test_chaos__a_worker_that_hoards_fails_the_run() -> None:
+    """The planted fault ``hoard``: the claim sizing of before issue 28 (bench/
+    chaos_hoard.py) in every worker of a calm run whose jobs start with a run of
+    coroutine jobs. The first claims set the share of coroutine jobs to 1, and the next
+    ones lease plain jobs for the loop's room: the sampled ``hoarded`` catches it (the
+    runs of tests above, without the plant, keep it at 0)."""
+    code, summary, line, stderr = chaos(
+        "--jobs", "400", "--duration", "8", "--calm", "--poison", "0", "--leaks", "0",
+        "--work-ms", "100", "--drain-seconds", "40", "--plant", "hoard",
+    )  # fmt: skip
+    assert code == 1, line
+    failed = re.search(r"FAILED: ([\w, ]+);", stderr)
+    assert failed and failed.group(1) == "hoarded", stderr[-4000:]
+    assert int(summary["hoarded"]) > 1, line
+    assert int(summary["coroutine_done"]) > 0, line
 
 
 @pytest.mark.django_db(transaction=True)

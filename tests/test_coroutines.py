@@ -277,9 +277,10 @@ def test_loop__coroutine_jobs_overlap_only_on_the_loop(job_factory, run_worker, 
 
 
 def test_loop__jobs_over_its_slots_wait_and_are_released_at_stop(job_factory, settings):
-    """More coroutine jobs claimed than the loop has slots (the claim guessed the mix
-    wrong) wait, leased, for a slot; at stop they are released, attempt not charged,
-    while the running ones finish."""
+    """A coroutine job claimed over the loop's slots (the one a full loop may take
+    while plain jobs were claimed lately) waits, leased, for a slot; at stop it is
+    released, attempt not charged, while the running ones finish; the fourth job is
+    never claimed."""
     from django_pgqueue.worker import Worker
 
     settings.PGQUEUE_COMPLETION_FLUSH_INTERVAL = 0.0
@@ -287,12 +288,12 @@ def test_loop__jobs_over_its_slots_wait_and_are_released_at_stop(job_factory, se
         job_factory(task=tasks.async_nap, args=[0.5], kwargs={"query": True}) for _ in range(4)
     ]
     worker = Worker(concurrency=1, async_concurrency=2, batch_size=4, poll_interval=0.1)
-    worker._share = 0.0  # as if only thread jobs had been claimed: one claim takes all four
+    worker._sizer.claimed(plain=1, coroutine=0)  # as if a thread job had been claimed
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
         wait_for(lambda: len(ledger("nap")) == 2, timeout=20)
-        assert Job.objects.filter(status="running").count() == 4  # two wait, leased
+        wait_for(lambda: Job.objects.filter(status="running").count() == 3, timeout=20)
     finally:
         worker.stop()
         thread.join(20)
@@ -300,22 +301,19 @@ def test_loop__jobs_over_its_slots_wait_and_are_released_at_stop(job_factory, se
     rows = sorted(fresh(j).status for j in jobs)
     assert rows == ["done", "done", "pending", "pending"]
     assert {fresh(j).attempts for j in jobs if fresh(j).status == "pending"} == {0}
-    assert worker.stats.released == 2 and len(ledger("nap")) == 2
+    assert worker.stats.released == 1 and len(ledger("nap")) == 2
 
 
-def test_worker__claim_is_sized_by_the_mix_of_kinds():
+def test_worker__claim_is_sized_for_both_sides():
+    """The worker asks its ClaimSizer (tests/test_claimer.py has the policy)."""
     from django_pgqueue.worker import Worker
 
     worker = Worker(concurrency=2, async_concurrency=100)
-    assert worker._claim_total(2, 100) == 2  # nothing known yet: as a thread worker
-    worker._share = 1.0  # only coroutine jobs lately: the loop's room
-    assert worker._claim_total(0, 100) == 100
-    assert worker._claim_total(2, 10) == 10  # the loop is empty: whatever room it has
-    worker._coroutines._started = 90  # (as if 90 ran)
-    assert worker._claim_total(2, 10) == 0  # under a quarter of the loop free: wait
-    worker._share = 0.5  # half and half, threads busy: one may wait for a thread
-    assert worker._claim_total(0, 100) == 2
-    assert worker._claim_total(2, 100) == 6  # (2 + 1) / 0.5
-    worker._share = 0.0
-    assert worker._claim_total(2, 100) == 2
+    assert worker._claim_total(2, 100) == 2  # as a thread worker
+    assert worker._claim_total(2, 1) == 1  # never more than the loop has room for
+    assert worker._claim_total(0, 100) == 0  # nor than the threads have
+    worker._sizer.claimed(plain=0, coroutine=1)
+    assert worker._claim_total(0, 100) == 1  # one plain job may wait for a thread
+    worker._jobs.put(Job(id=1))
+    assert worker._claim_total(0, 100) == 0  # one does
     assert Worker(concurrency=2, async_concurrency=0)._claim_total(2, 0) == 2

@@ -12,7 +12,7 @@ Threads of one worker process, each on its own database connection:
   ``async_concurrency`` side by side, with its lane threads for their blocking calls
   and a watchdog thread that reports a blocked loop; the claim loop routes each
   claimed job to a thread slot or to the loop by its task's kind, and sizes its claims
-  by the free slots of both and the mix of kinds it has been claiming;
+  so that either kind fits the free slots of its side (``claimer.py``);
 * a completer thread (``completer.py``) records the runners' successful ordinary jobs
   in batches, one fenced statement per batch;
 * a heartbeat thread (``heartbeat.py``) extends the leases of jobs this worker holds
@@ -51,6 +51,7 @@ from ..signals import Abort
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
 from .catalog import Catalog, Known
+from .claimer import ClaimSizer
 from .completer import Completer
 from .connections import bounded, recycle_connections
 from .coroutines import EventLoop
@@ -62,10 +63,6 @@ from .runner import JobRunner
 from .state import WorkerState, WorkerStats
 
 logger = logging.getLogger(__name__)
-
-#: How much of the estimated share of coroutine jobs each claimed job keeps: the
-#: estimate moves halfway to a new mix in about 35 jobs.
-SHARE_KEEP = 0.98
 
 
 def describe_database(alias: str) -> str:
@@ -107,8 +104,12 @@ class Worker:
             settings.ASYNC_CONCURRENCY if async_concurrency is None else async_concurrency
         )
         self.batch_size = batch_size or concurrency
-        #: Most jobs one claim takes: the batch size if given, else every slot.
-        self._claim_limit = batch_size or concurrency + self.async_concurrency
+        #: How many jobs each claim takes (see claimer.py).
+        self._sizer = ClaimSizer(
+            concurrency=concurrency,
+            batch_size=self.batch_size,
+            async_concurrency=self.async_concurrency,
+        )
         self.lease_seconds = float(lease_seconds or settings.LEASE_SECONDS)
         self.burst = burst
         self.max_jobs = max_jobs
@@ -139,8 +140,13 @@ class Worker:
         # Claimed jobs for the runner threads: SimpleQueue, C code with no Condition,
         # costs a fraction of Queue's put and get (one of each per job).
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        # Each part is built once, here, from the parts it uses (no cycle).
-        # Signals are sent by the backend class, as its enqueue() sends task_enqueued.
+        self._build_parts(state, served)
+        self._build_claiming(state)
+        self._build_threads()
+
+    def _build_parts(self, state: WorkerState, served: object) -> None:
+        """The parts that run jobs, each built once from the parts it uses (no cycle).
+        Signals are sent by the backend class, as its enqueue() sends task_enqueued."""
         reporter = Reporter(sender=type(served), worker_id=self.worker_id)
         self._completer = Completer(
             state,
@@ -163,8 +169,9 @@ class Worker:
             if self.async_concurrency
             else None
         )
-        #: The share of coroutine jobs among those claimed lately (None: none claimed).
-        self._share: float | None = None
+
+    def _build_claiming(self, state: WorkerState) -> None:
+        """What the claim loop reads: flow control, wake-ups, claim positions."""
         #: Flow control in force (limits, paused and fair queues): loaded on the claim
         #: thread about once a second, and at once when the listener hears of a change.
         self._flow = flow.FlowState(self.alias)
@@ -191,7 +198,9 @@ class Worker:
         self._flow_position = ClaimPosition(float(settings.CLAIM_RESCAN_SECONDS))
         #: Whether the last claim under limits walked the keys (the next starts so).
         self._flow_walk = False
-        # Their threads, held by handle (started by run()).
+
+    def _build_threads(self) -> None:
+        """The threads of the parts, held by handle (started by run())."""
         self._heartbeat_thread = self._thread(self._heartbeat.run, "heartbeat")
         self._listener_thread = (
             None if self._listener is None else self._thread(self._listener.run, "listener")
@@ -313,49 +322,19 @@ class Worker:
         )
 
     def _claim_size(self, free: int) -> int:
-        """How many to claim now for ``free`` thread slots (0: wait). Whole batches
-        while claimed jobs still wait locally: a claim costs a round trip and a commit
-        whatever its size, so a few freed slots wait for more unless the runners are
-        about to run dry."""
-        if free <= 0:
-            return 0
-        if free < self.batch_size and self._jobs.qsize() > 0:
-            return 0
-        return min(free, self.batch_size)
+        """How many to claim now for ``free`` thread slots (0: wait); see
+        :meth:`ClaimSizer.thread_claim`."""
+        return self._sizer.thread_claim(free, self._jobs.qsize())
 
     def _claim_total(self, thread_free: int, loop_free: int) -> int:
         """How many to claim now for ``thread_free`` thread slots and ``loop_free``
-        event loop slots. A claim cannot choose the kind of the jobs it takes, so it is
-        sized by the share ``s`` of coroutine jobs among those claimed lately: enough
-        to fill one side's room when the other side can take its expected part, with
-        at most one job over on the thread side (it waits there, leased, as a
-        prefetched job does) and up to the loop's capacity over on the loop side
-        (waiting coroutine jobs hold no thread and no connection). With no coroutine
-        job claimed yet, as a worker without a loop; the loop's room counts once a
-        quarter of it (or of a claim) is free, or the loop is empty."""
-        threads = self._claim_size(thread_free)
-        loop = self._coroutines
-        if loop is None:
-            return threads
-        capacity = self.async_concurrency
-        room = max(0, loop_free)
-        if room < max(1, min(self._claim_limit, capacity) // 4) and loop.in_flight:
-            room = 0
-        share = self._share or 0.0
-        if share <= 0.0:
-            wanted = threads
-        elif share >= 1.0:
-            wanted = room
-        else:
-            fill_threads = min(threads / (1 - share), (room + capacity) / share)
-            fill_loop = min(room / share, (threads + 1) / (1 - share))
-            wanted = int(max(fill_threads, fill_loop))
-        return max(0, min(wanted, self._claim_limit))
+        event loop slots (``claimer.py`` says how and why)."""
+        return self._sizer.size(thread_free, loop_free, waiting=self._jobs.qsize())
 
     def _route(self, jobs: list[Job]) -> None:
         """Hold claimed jobs and hand each to its side: a coroutine task's (not
         transactional) to the event loop, any other to the runner threads (which also
-        record a task that fails to import). Update the share of coroutine jobs."""
+        record a task that fails to import). Count the kinds for the claim sizer."""
         to_loop: list[tuple[Job, Known]] = []
         for job in jobs:
             known = self._loop_task(job)
@@ -368,12 +347,7 @@ class Worker:
         if self._coroutines is None or not jobs:
             return
         self._coroutines.submit(to_loop)
-        share = len(to_loop) / len(jobs)
-        if self._share is None:
-            self._share = share
-        else:  # decays by half every 35 jobs or so
-            weight = 1 - SHARE_KEEP ** len(jobs)
-            self._share += weight * (share - self._share)
+        self._sizer.claimed(plain=len(jobs) - len(to_loop), coroutine=len(to_loop))
 
     def _loop_task(self, job: Job) -> Known | None:
         """``job``'s task if its jobs run on the event loop (imported here, once)."""
@@ -424,58 +398,15 @@ class Worker:
             recycle_connections()
             if not self._heartbeat_alive():
                 break
-            thread_free, loop_free = self._free()
-            free = self._claim_total(thread_free + self._ahead, loop_free)
-            if self.max_jobs is not None:
-                free = min(free, self.max_jobs - self.stats.claimed)
-                if free <= 0 and not self._state.held:
-                    break  # max_jobs reached and all finished
+            free = self._wanted()
+            if free is None:
+                break  # max_jobs reached and all finished
             if free <= 0 or not self._heartbeat.healthy():
                 self._wait(self.poll_interval)
                 continue
             try:
-                # A claim or promote that hangs on a lock would stall the worker;
-                # bound them (they use SKIP LOCKED, so this is a backstop).
-                with bounded(
-                    self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)
-                ):
-                    view = self._flow.current()
-                    if self._state.released.is_set():
-                        self._state.released.clear()
-                        self._position.rescan()  # released dependants are behind it
-                        self._flow_position.rescan()
-                    flow_after = None
-                    if view.in_force(self.queues):
-                        after = None
-                        if self.queues is None:  # (--queue workers read each queue from its head)
-                            flow_after = self._flow_position.start()
-                        flowed = self._state.jobs.claim_flow(
-                            self.worker_id,
-                            limit=free,
-                            view=view,
-                            queues=self.queues,
-                            lease_seconds=self.lease_seconds,
-                            cursors=self._cursors,
-                            after=flow_after,
-                            walk=self._flow_walk,
-                        )
-                        self._flow_walk = flowed.walked
-                        if self.queues is None:
-                            self._flow_position.resumed(flow_after, flowed.resume)
-                        self._cursors, jobs = flowed.cursors, flowed.jobs
-                    else:
-                        flowed = None
-                        after = self._position.start()
-                        jobs = self._state.jobs.claim(
-                            self.worker_id,
-                            limit=free,
-                            queues=self.queues,
-                            lease_seconds=self.lease_seconds,
-                            after=after,
-                            flow_view=view,
-                        )
-                self._position.claimed(after, jobs)
-                if not jobs and (after or flow_after) is not None and self.burst:
+                jobs, flowed, resumed = self._claim(free)
+                if not jobs and resumed and self.burst:
                     self._position.rescan()  # look from the head before exiting idle
                     self._flow_position.rescan()
                     continue
@@ -490,39 +421,8 @@ class Worker:
                     ):
                         promoted = sweeper.promote_due(self.alias, batch_size=100)
             except DatabaseError as exc:
-                if isinstance(exc, NotMigrated):
-                    # No retry cures a missing table: stop, and say how to fix it.
-                    self.fatal = str(exc)
-                    logger.error(
-                        "worker %s: %s",
-                        self.worker_id,
-                        exc,
-                        extra={"action": "fatal", "worker_id": self.worker_id},
-                    )
+                if self._claim_failed(exc, retry):
                     break
-                delay = retry.failed()
-                close_connection(self.alias)
-                if retry.expired():
-                    self.fatal = (
-                        f"database {describe_database(self.alias)} still failing after "
-                        f"{retry.deadline:g}s of retries ({first_line(exc)}); giving up "
-                        "(--burst: PGQUEUE_BURST_CONNECT_TIMEOUT)"
-                    )
-                    logger.error(
-                        "worker %s: %s",
-                        self.worker_id,
-                        self.fatal,
-                        extra={"action": "fatal", "worker_id": self.worker_id},
-                    )
-                    break
-                logger.warning(
-                    "worker %s: database error while claiming (%s); retrying in %.1fs",
-                    self.worker_id,
-                    first_line(exc),
-                    delay,
-                    extra={"action": "db_error", "worker_id": self.worker_id},
-                )
-                retry.wait()
                 continue
             retry.succeeded()
             self._route(jobs)
@@ -553,6 +453,98 @@ class Worker:
                 last_promote = 0.0
                 continue
             self._wait(self.poll_interval, idle=not always_wake)
+
+    def _wanted(self) -> int | None:
+        """How many jobs to claim now (0: wait); None: ``max_jobs`` reached and every
+        job finished (the worker exits)."""
+        thread_free, loop_free = self._free()
+        free = self._claim_total(thread_free + self._ahead, loop_free)
+        if self.max_jobs is not None:
+            free = min(free, self.max_jobs - self.stats.claimed)
+            if free <= 0 and not self._state.held:
+                return None
+        return free
+
+    def _claim(self, free: int) -> tuple[list[Job], flow.FlowClaim | None, bool]:
+        """Claim up to ``free`` jobs, under flow control if any is in force: the jobs,
+        the flow claim's outcome (None without flow control), and whether the claim
+        resumed after an earlier one (not from the head of the line)."""
+        # A claim that hangs on a lock would stall the worker; bound it (it uses SKIP
+        # LOCKED, so this is a backstop).
+        with bounded(self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)):
+            view = self._flow.current()
+            if self._state.released.is_set():
+                self._state.released.clear()
+                self._position.rescan()  # released dependants are behind it
+                self._flow_position.rescan()
+            if not view.in_force(self.queues):
+                after = self._position.start()
+                jobs = self._state.jobs.claim(
+                    self.worker_id,
+                    limit=free,
+                    queues=self.queues,
+                    lease_seconds=self.lease_seconds,
+                    after=after,
+                    flow_view=view,
+                )
+                self._position.claimed(after, jobs)
+                return jobs, None, after is not None
+            # (--queue workers read each queue from its head)
+            flow_after = None if self.queues is not None else self._flow_position.start()
+            flowed = self._state.jobs.claim_flow(
+                self.worker_id,
+                limit=free,
+                view=view,
+                queues=self.queues,
+                lease_seconds=self.lease_seconds,
+                cursors=self._cursors,
+                after=flow_after,
+                walk=self._flow_walk,
+            )
+        self._flow_walk = flowed.walked
+        if self.queues is None:
+            self._flow_position.resumed(flow_after, flowed.resume)
+        self._cursors = flowed.cursors
+        self._position.claimed(None, flowed.jobs)
+        return flowed.jobs, flowed, flow_after is not None
+
+    def _claim_failed(self, exc: DatabaseError, retry: Retry) -> bool:
+        """Log a claim's database error and wait before the next try; True when the
+        worker must stop (not migrated, or a burst run out of retries)."""
+        if isinstance(exc, NotMigrated):
+            # No retry cures a missing table: stop, and say how to fix it.
+            self.fatal = str(exc)
+            logger.error(
+                "worker %s: %s",
+                self.worker_id,
+                exc,
+                extra={"action": "fatal", "worker_id": self.worker_id},
+            )
+            return True
+        delay = retry.failed()
+        close_connection(self.alias)
+        if retry.expired():
+            self.fatal = (
+                f"database {describe_database(self.alias)} still failing after "
+                f"{retry.deadline:g}s of retries ({first_line(exc)}); giving up "
+                "(--burst: PGQUEUE_BURST_CONNECT_TIMEOUT)"
+            )
+            logger.error(
+                "worker %s: %s",
+                self.worker_id,
+                self.fatal,
+                extra={"action": "fatal", "worker_id": self.worker_id},
+            )
+            return True
+        logger.warning(
+            "worker %s: database error while claiming (%s); retrying in %.1fs",
+            self.worker_id,
+            first_line(exc),
+            delay,
+            extra={"action": "db_error", "worker_id": self.worker_id},
+        )
+        retry.wait()
+        return False
 
     def _wait(self, timeout: float, *, idle: bool = False) -> None:
         """Wait for a wake-up (a NOTIFY, a freed slot, a stop) or ``timeout``. ``idle``:

@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import connection, transaction
 
 from django_pgqueue.models import ClockTimestamp
@@ -41,6 +42,15 @@ def ledger_plain(n: int = 0, work_ms: float = 0.0) -> int:
     """An ordinary task: its effect commits at once (at-least-once)."""
     record("plain")
     time.sleep(work_ms / 1000)
+    return n
+
+
+@task()
+async def ledger_async(n: int = 0, work_ms: float = 0.0) -> int:
+    """A coroutine task (it runs on the worker's event loop): its effect, a ``plain``
+    row, commits at once from its lane thread (at-least-once), as ``ledger_plain``'s."""
+    await sync_to_async(record)("plain")
+    await asyncio.sleep(work_ms / 1000)
     return n
 
 

@@ -53,8 +53,9 @@ class Command(PgQueueCommand):
             "--now",
             type=aware_datetime,
             default=None,
-            help="For tests: pin the clock the passes use to this ISO 8601 time instead "
-            "of the database's (default: %(default)r)",
+            help="For testing schedules: pin the clock of the periodic part of each pass "
+            "to this ISO 8601 time instead of the database's; recovery, promotion and "
+            "pruning keep the database's clock (default: %(default)r)",
         )
         parser.add_argument(
             "--now-step",

@@ -70,8 +70,9 @@ class Command(PgQueueCommand):
             type=bounds.BATCH_SIZE.parse,
             default=None,
             help="Most jobs claimed per statement: "
-            f"{bounds.BATCH_SIZE.describe()} (default: the concurrency plus the async "
-            "concurrency)",
+            f"{bounds.BATCH_SIZE.describe()}; above the concurrency it prefetches for the "
+            "threads, and lets a worker of coroutine tasks claim that many at once "
+            "(default: the concurrency)",
         )
         parser.add_argument(
             "--lease-seconds",

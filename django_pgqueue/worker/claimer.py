@@ -1,0 +1,86 @@
+"""How many jobs a worker's next claim takes: the claim-sizing policy, apart from the
+claim loop so that it can be read and tested on its own.
+
+A claim cannot choose the kind of the jobs it takes (a job's task is known once it is
+claimed), so with an event loop beside the thread slots any job of a claim may turn out
+to be a plain one (it needs a thread) or a coroutine one (it needs a loop slot). A claim
+sized by a guess of the mix hoards jobs whenever the guess is wrong: a worker that had
+claimed one coroutine job alone once took 32 plain jobs for its 4 threads, and they
+waited, leased, while other workers idled (issue 28). So each claim is sized for the
+worst case of both kinds, whatever ran before:
+
+* no more jobs than the thread slots have room for (were all of them plain), and no more
+  than the loop has room for (were all of them coroutine jobs);
+* one over, so that the other side's work is still found when a side is full: at most
+  one plain job waits for a thread (only when a coroutine job was claimed lately and no
+  plain job waits already), at most one coroutine job waits for a loop slot (only when
+  a plain job was claimed lately and the loop is exactly full).
+
+A worker that claims only plain jobs claims as a worker without a loop. One that claims
+coroutine jobs takes at most its free threads plus one per claim: ``--batch-size``
+widens the thread side's window (a worker of a coroutine-only queue may set it to its
+``--async-concurrency``).
+"""
+
+from __future__ import annotations
+
+#: A kind of job counts as "claimed lately" for this many claimed jobs after its last one.
+LATELY = 100
+
+
+class ClaimSizer:
+    """The claim-sizing policy of one worker: :meth:`size` before each claim,
+    :meth:`claimed` after it with the kinds the claim turned out to hold."""
+
+    def __init__(self, *, concurrency: int, batch_size: int, async_concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.async_concurrency = async_concurrency
+        #: Jobs claimed since the last one of each kind (None: none of it ever).
+        self._since_plain: int | None = None
+        self._since_coroutine: int | None = None
+
+    def thread_claim(self, free: int, waiting: int) -> int:
+        """How many to claim for ``free`` thread slots (including a prefetch window)
+        while ``waiting`` claimed plain jobs wait for a thread (0: wait). Whole batches
+        while claimed jobs still wait locally: a claim costs a round trip and a commit
+        whatever its size, so a few freed slots wait for more unless the runners are
+        about to run dry."""
+        if free <= 0:
+            return 0
+        if free < self.batch_size and waiting > 0:
+            return 0
+        return min(free, self.batch_size)
+
+    def size(self, thread_free: int, loop_free: int, *, waiting: int) -> int:
+        """How many to claim now. ``thread_free``: room of the thread slots' window
+        (negative: that many plain jobs over it); ``loop_free``: free loop slots
+        (negative: that many coroutine jobs wait for one); ``waiting``: claimed plain
+        jobs not started yet."""
+        threads = self.thread_claim(thread_free, waiting)
+        if not self.async_concurrency:
+            return threads
+        if waiting == 0 and thread_free >= 0 and self.lately(coroutine=True):
+            # One plain job may wait: the claim takes one coroutine job more, and still
+            # finds coroutine jobs while every thread is busy.
+            threads = min(threads, thread_free) + 1
+        loop = max(0, loop_free)
+        if loop_free == 0 and self.lately(coroutine=False):
+            loop = 1  # one coroutine job may wait, so plain jobs are still found
+        return max(0, min(threads, loop))
+
+    def lately(self, *, coroutine: bool) -> bool:
+        """Whether a job of that kind was among the last ``LATELY`` claimed."""
+        since = self._since_coroutine if coroutine else self._since_plain
+        return since is not None and since < LATELY
+
+    def claimed(self, plain: int, coroutine: int) -> None:
+        """Count a claim's jobs of each kind."""
+        if plain:
+            self._since_plain = 0
+        elif self._since_plain is not None:
+            self._since_plain += coroutine
+        if coroutine:
+            self._since_coroutine = 0
+        elif self._since_coroutine is not None:
+            self._since_coroutine += plain
