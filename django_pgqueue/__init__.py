@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .bulk import BulkResult, enqueue_many
     from .exceptions import (
         InvalidJob,
+        InvalidStep,
         LeaseLost,
         PgQueueError,
         Retry,
@@ -43,6 +44,7 @@ _EXPORTS = {
     "BulkResult": "bulk",
     "enqueue_many": "bulk",
     "InvalidJob": "exceptions",
+    "InvalidStep": "exceptions",
     "LeaseLost": "exceptions",
     "PgQueueError": "exceptions",
     "Retry": "exceptions",
@@ -66,6 +68,7 @@ __all__ = [
     "CurrentJob",
     "Group",
     "InvalidJob",
+    "InvalidStep",
     "LeaseLost",
     "PgQueueError",
     "PgQueueTask",

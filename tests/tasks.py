@@ -4,6 +4,8 @@ repository on sys.path), so a test can see from outside when a task has started.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from collections import defaultdict
@@ -16,7 +18,7 @@ from django_pgqueue.exceptions import JobCancelled, Retry, Snooze
 from django_pgqueue.models import Job
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
-from testproject.demo.models import Delivery
+from testproject.demo.models import Delivery, Execution
 
 #: For in-process workers: attempt N of ``gated(name)`` sets ``STARTED[name, N]``, then
 #: waits (at most 30 s) until the test sets ``GATES[name, N]``.
@@ -498,3 +500,105 @@ async def async_whoami() -> dict[str, object]:
     assert job is not None, "only a worker runs this task"
     await job.aset_progress({"async": True})
     return {"id": job.id, "deliveries": await Delivery.objects.acount()}
+
+
+# --- durable steps (test_steps_process.py) ------------------------------------------
+
+
+def _note(path: str, line: str) -> str:
+    """Append ``line`` to the file ``path``: a ledger that survives a SIGKILL."""
+    with Path(path).open("a") as file:
+        file.write(line + "\n")
+    return line
+
+
+def _kill_once(marker: str) -> None:
+    """SIGKILL this worker process the first time (``marker`` not there yet)."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _step_two(ledger: str, marker: str, job_id: int, attempt: int) -> int:
+    """Step two: noted, its ledger row written, then (once) the worker killed."""
+    _note(ledger, "two")
+    Execution.objects.create(job_id=job_id, attempt=attempt, kind="two", worker_id="-")
+    _kill_once(marker)
+    return 2
+
+
+@task()
+def three_steps(ledger: str, marker: str, transactional: bool) -> list[object]:
+    """Three durable steps; the second kills its worker once, after its database write."""
+    job = current_job()
+    assert job is not None
+    one = job.run_step("one", _note, ledger, "one")
+    two = job.run_step(
+        "two", _step_two, ledger, marker, job.id, job.attempt, transactional=transactional
+    )
+    three = job.run_step("three", _note, ledger, "three")
+    return [one, two, three]
+
+
+async def _anote(path: str, line: str) -> str:
+    await asyncio.sleep(0)
+    return _note(path, line)
+
+
+async def _astep_two(ledger: str, marker: str, job_id: int, attempt: int) -> int:
+    _note(ledger, "two")
+    await Execution.objects.acreate(job_id=job_id, attempt=attempt, kind="two", worker_id="-")
+    _kill_once(marker)
+    return 2
+
+
+@task()
+async def async_three_steps(ledger: str, marker: str, transactional: bool) -> list[object]:
+    """``three_steps`` as a coroutine task (a transactional step takes a plain function)."""
+    job = current_job()
+    assert job is not None
+    one = await job.arun_step("one", _anote, ledger, "one")
+    two_fn = _step_two if transactional else _astep_two
+    two = await job.arun_step(
+        "two", two_fn, ledger, marker, job.id, job.attempt, transactional=transactional
+    )
+    three = await job.arun_step("three", _anote, ledger, "three")
+    return [one, two, three]
+
+
+def _chunk(job_id: int, items: range, cur: object) -> None:
+    """One chunk of the cursor loop: a ledger row per item, the cursor saved after."""
+    Execution.objects.bulk_create(
+        Execution(job_id=job_id, attempt=item, kind="item", worker_id="-") for item in items
+    )
+    cur.save(items.stop)  # type: ignore[attr-defined]
+
+
+@task()
+def cursor_loop(total: int, chunk: int, kill_at: list[int], marker: str) -> int:
+    """Process items 0..total-1 in chunks, each chunk's rows and the cursor's save in one
+    transaction; SIGKILL the worker once at each position of ``kill_at``, right after
+    that chunk committed (``marker``.<position> remembers it)."""
+    job = current_job()
+    assert job is not None
+    cur = job.cursor("items")
+    start = cur.value or 0
+    for low in range(start, total, chunk):
+        items = range(low, min(low + chunk, total))
+        with transaction.atomic():
+            _chunk(job.id, items, cur)
+        if items.stop in kill_at:
+            _kill_once(f"{marker}.{items.stop}")
+    return cur.value
+
+
+@task()
+def sleep_between(ledger: str, seconds: float) -> str:
+    """A step, a durable sleep, another step: the first step runs once."""
+    job = current_job()
+    assert job is not None
+    job.run_step("before", _note, ledger, "before")
+    _note(ledger, f"run {job.attempt} {job.snoozes}")
+    job.sleep(seconds)
+    return job.run_step("after", _note, ledger, "after")
