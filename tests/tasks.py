@@ -520,11 +520,16 @@ def _kill_once(marker: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _step_two(ledger: str, marker: str, job_id: int, attempt: int) -> int:
-    """Step two: noted, its ledger row written, then (once) the worker killed."""
+def _step_two(ledger: str, marker: str, job_id: int, attempt: int, tx: bool = False) -> int:
+    """Step two: noted, its ledger row written, then the worker killed: the first time
+    here; in a transactional step also the second time, right after its transaction
+    commits (``on_commit``: after the step's record, if the record is in it)."""
     _note(ledger, "two")
     Execution.objects.create(job_id=job_id, attempt=attempt, kind="two", worker_id="-")
-    _kill_once(marker)
+    if not Path(marker).exists():
+        _kill_once(marker)
+    elif tx:
+        transaction.on_commit(lambda: _kill_once(marker + ".commit"))
     return 2
 
 
@@ -535,7 +540,14 @@ def three_steps(ledger: str, marker: str, transactional: bool) -> list[object]:
     assert job is not None
     one = job.run_step("one", _note, ledger, "one")
     two = job.run_step(
-        "two", _step_two, ledger, marker, job.id, job.attempt, transactional=transactional
+        "two",
+        _step_two,
+        ledger,
+        marker,
+        job.id,
+        job.attempt,
+        transactional,
+        transactional=transactional,
     )
     three = job.run_step("three", _note, ledger, "three")
     return [one, two, three]
@@ -559,10 +571,12 @@ async def async_three_steps(ledger: str, marker: str, transactional: bool) -> li
     job = current_job()
     assert job is not None
     one = await job.arun_step("one", _anote, ledger, "one")
-    two_fn = _step_two if transactional else _astep_two
-    two = await job.arun_step(
-        "two", two_fn, ledger, marker, job.id, job.attempt, transactional=transactional
-    )
+    if transactional:
+        two = await job.arun_step(
+            "two", _step_two, ledger, marker, job.id, job.attempt, True, transactional=True
+        )
+    else:
+        two = await job.arun_step("two", _astep_two, ledger, marker, job.id, job.attempt)
     three = await job.arun_step("three", _anote, ledger, "three")
     return [one, two, three]
 
