@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
+import re
+from io import StringIO
 from typing import Any
 
 import psycopg
 import pytest
 from asgiref.sync import sync_to_async
+from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.test import override_settings
+from django.urls import reverse
 
 from django_pgqueue import InvalidStep, LeaseLost, Snooze
 from django_pgqueue.models import Job, JobStep
+from django_pgqueue.sweeper import sweep
 from django_pgqueue.tasks import CancelFlag, CurrentJob, RunningJob
 from testproject.demo.models import Execution
 
@@ -339,3 +345,76 @@ def test_steps__sleep_until_and_bad_sleeps(job_factory):
     other = claim(job_factory())
     with pytest.raises(LeaseLost, match="'sleep 1' not recorded"):
         run_of(other, worker_id="w9").sleep(1)
+
+
+# --- seen, kept, removed -------------------------------------------------------------
+
+
+def with_steps(job_factory: Any) -> Job:
+    job = claim(job_factory())
+    run = run_of(job)
+    run.run_step("fetch", lambda: [1, 2, 3])
+    run.cursor("rows").save(3)
+    return job
+
+
+def test_steps__status_json_and_the_admin_show_a_running_jobs_steps(job_factory, admin_client):
+    job = with_steps(job_factory)
+    out = StringIO()
+    call_command("pgqueue_status", "--json", stdout=out)
+    (running,) = json.loads(out.getvalue())["running"]
+    assert (running["id"], running["steps"]) == (job.id, 2)
+    assert (running["last_step"]["kind"], running["last_step"]["name"]) == ("cursor", "rows")
+    [(name, size)] = [(s.name, s.size) for s in job.steps.filter(kind="step")]
+    assert (name, size) == ("fetch", len("[1,2,3]"))
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.id]))
+    text = page.content.decode()
+    assert "Durable steps" in text
+    assert re.search(r"<td>step</td><td>fetch</td><td>1</td><td>7</td>", text), text[:3000]
+    other = claim(job_factory())
+    call_command("pgqueue_status", "--json", stdout=(out := StringIO()))
+    by_id = {r["id"]: r for r in json.loads(out.getvalue())["running"]}
+    assert (by_id[other.id]["steps"], by_id[other.id]["last_step"]) == (0, None)
+
+
+def test_steps__deleting_or_pruning_a_job_removes_its_steps(job_factory, settings):
+    doomed = with_steps(job_factory)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM pgqueue_job WHERE id = %s", [doomed.id])
+    assert not JobStep.objects.filter(job_id=doomed.id).exists()
+    pruned = with_steps(job_factory)
+    Job.objects.complete(pruned, "w1", result=None)
+    settings.PGQUEUE_RETENTION_SECONDS = 0
+    assert sweep(now=db_now() + dt.timedelta(seconds=1)).pruned == 1
+    assert not JobStep.objects.filter(job_id=pruned.id).exists()
+
+
+def dead(job: Job) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE pgqueue_job SET status = 'dead', lease_owner = NULL, "
+            "finished_at = clock_timestamp() WHERE id = %s",
+            [job.id],
+        )
+
+
+def test_steps__a_requeued_dead_letter_keeps_its_steps_unless_from_the_start(
+    job_factory, admin_client
+):
+    other = with_steps(job_factory)  # not dead: the guarded requeue leaves it, and its steps
+    job = with_steps(job_factory)
+    dead(job)
+    assert Job.objects.requeue_dead([job.id]) == [job.id]
+    assert JobStep.objects.filter(job_id=job.id).count() == 2
+    resumed = run_of(claim(job))
+    assert resumed.run_step("fetch", lambda: pytest.fail("ran again")) == [1, 2, 3]
+    dead(job)
+    response = admin_client.post(
+        reverse("admin:django_pgqueue_deadletter_changelist"),
+        {"action": "requeue_from_start", "_selected_action": [str(job.id)], "index": "0"},
+    )
+    assert response.status_code == 302
+    assert Job.objects.get(pk=job.pk).status == "pending"
+    assert not JobStep.objects.filter(job_id=job.id).exists()
+    assert Job.objects.requeue_dead([other.id], from_start=True) == []
+    assert JobStep.objects.filter(job_id=other.id).count() == 2
