@@ -107,7 +107,7 @@ def fill(rows: int, refill: bool) -> None:
             if have and not refill and not ours:
                 raise SystemExit(f"pgqueue_job holds {have:,} rows; --refill replaces them")
             started = time.perf_counter()
-            cursor.execute("TRUNCATE pgqueue_job RESTART IDENTITY")
+            cursor.execute("TRUNCATE pgqueue_job, pgqueue_step RESTART IDENTITY")
             cursor.execute(FILL, {"rows": rows})
             print(f"filled {rows:,} rows in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()

@@ -76,7 +76,7 @@ def worker(
     """An idle worker process, warmed up (it ran one job of each kind)."""
     from django_pgqueue.models import Job
 
-    sql_one("TRUNCATE pgqueue_job")
+    sql_one("TRUNCATE pgqueue_job, pgqueue_step")
     command = [sys.executable, str(MANAGE), "pgqueue_worker", "-v", "0"]
     command += ["--concurrency", str(concurrency), "--async-concurrency", str(async_concurrency)]
     command += ["--worker-id", "bench-async"]

@@ -65,7 +65,7 @@ def run(count: int, *, receiver: bool) -> tuple[float, int]:
         seen.append(int(task_result.id))
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job")
+        cursor.execute("TRUNCATE pgqueue_job, pgqueue_step")
     if receiver:
         task_enqueued.connect(count_it, weak=False)
     try:

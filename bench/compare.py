@@ -268,7 +268,7 @@ class PgQueueSide(Side):
         return total
 
     def truncate(self) -> None:
-        sql_one("TRUNCATE pgqueue_job")
+        sql_one("TRUNCATE pgqueue_job, pgqueue_step")
 
     def enqueue_one(self) -> None:
         from django_pgqueue.models import Job
@@ -416,7 +416,7 @@ class Floor:
                             ).fetchall()
                         break
 
-        sql_one("TRUNCATE pgqueue_job")
+        sql_one("TRUNCATE pgqueue_job, pgqueue_step")
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
         ready.wait(30)

@@ -65,7 +65,7 @@ def measure(processes: int, concurrency: int, pooled: bool) -> collections.Count
     from django_pgqueue.models import Job
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job")
+        cursor.execute("TRUNCATE pgqueue_job, pgqueue_step")
     slots = processes * concurrency
     Job.objects.bulk_enqueue(
         {"task": "testproject.demo.tasks.slow", "kwargs": {"seconds": 3.0}}

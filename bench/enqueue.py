@@ -94,7 +94,7 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job RESTART IDENTITY")
+        cursor.execute("TRUNCATE pgqueue_job, pgqueue_step RESTART IDENTITY")
 
 
 def run_child(

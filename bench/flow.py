@@ -93,7 +93,7 @@ def workers(args: argparse.Namespace, tree: Path, env: dict[str, str]) -> Iterat
     """``--processes`` worker processes of ``tree``, each warmed up by a job."""
     from django_pgqueue.models import Job
 
-    sql_one("TRUNCATE pgqueue_job")
+    sql_one("TRUNCATE pgqueue_job, pgqueue_step")
     quiet = args.config == "quiet"
     command = [
         sys.executable, str(tree / "testproject" / "manage.py"), "pgqueue_worker",
@@ -199,7 +199,7 @@ def claim_times(
     from django_pgqueue.models import Job
     from django_pgqueue.worker.connections import configure_claim_session
 
-    sql_one("TRUNCATE pgqueue_job")
+    sql_one("TRUNCATE pgqueue_job, pgqueue_step")
     step = 100_000
     for start in range(0, pending, step):
         with transaction.atomic():

@@ -49,7 +49,7 @@ def prepare_database(truncate_existing: bool) -> None:
             "of its own (unset DATABASE_URL) or pass --truncate-existing"
         )
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_schedule, pgqueue_job RESTART IDENTITY")
+        cursor.execute("TRUNCATE pgqueue_schedule, pgqueue_job, pgqueue_step RESTART IDENTITY")
 
 
 def main() -> None:

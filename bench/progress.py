@@ -50,7 +50,7 @@ def prepare_database(truncate_existing: bool) -> None:
             "its own (unset DATABASE_URL) or pass --truncate-existing"
         )
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job, pgqueue_job_key RESTART IDENTITY")
+        cursor.execute("TRUNCATE pgqueue_job, pgqueue_step, pgqueue_job_key RESTART IDENTITY")
 
 
 def hot_updates() -> tuple[int, int]:

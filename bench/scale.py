@@ -243,7 +243,7 @@ def run(args: argparse.Namespace, skip: set[str]) -> None:
     prepare()
     from django.db import connection
 
-    execute("TRUNCATE pgqueue_job")
+    execute("TRUNCATE pgqueue_job, pgqueue_step")
     execute("VACUUM ANALYZE pgqueue_job")
     command = [
         sys.executable, str(MANAGE), "pgqueue_worker", "-v", "0",

@@ -50,7 +50,7 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job")
+        cursor.execute("TRUNCATE pgqueue_job, pgqueue_step")
 
 
 def start_workers(args: argparse.Namespace) -> list[subprocess.Popen[bytes]]:

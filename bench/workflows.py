@@ -73,7 +73,9 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job, pgqueue_job_dependency, demo_execution")
+        cursor.execute(
+            "TRUNCATE pgqueue_job, pgqueue_step, pgqueue_job_dependency, demo_execution"
+        )
 
 
 def scalar(query: str, params: Any = None) -> Any:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .bulk import BulkResult, enqueue_many
     from .exceptions import (
         InvalidJob,
+        InvalidStep,
         JobCancelled,
         LeaseLost,
         PgQueueError,
@@ -44,6 +45,7 @@ _EXPORTS = {
     "BulkResult": "bulk",
     "enqueue_many": "bulk",
     "InvalidJob": "exceptions",
+    "InvalidStep": "exceptions",
     "JobCancelled": "exceptions",
     "LeaseLost": "exceptions",
     "PgQueueError": "exceptions",
@@ -68,6 +70,7 @@ __all__ = [
     "CurrentJob",
     "Group",
     "InvalidJob",
+    "InvalidStep",
     "JobCancelled",
     "LeaseLost",
     "PgQueueError",

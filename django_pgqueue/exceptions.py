@@ -24,6 +24,12 @@ class InvalidResult(InvalidJob):
     fails and the job is dead at once, not retried: the task would return the same."""
 
 
+class InvalidStep(InvalidJob):
+    """A durable step, cursor or sleep that cannot be recorded (``current_job().run_step``
+    and friends): a bad name, a name used twice in one run, a value JSON cannot hold or
+    one too large. The message names the step; nothing was recorded."""
+
+
 class LeaseLost(PgQueueError):  # noqa: N818 - it names the event, like Django's DoesNotExist
     """The worker no longer owns the job: its lease expired and the job moved on.
 

@@ -34,9 +34,21 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import models, transaction
 
-from . import bulk, claim, defaults, enqueue, finish, flow, lifecycle, operate, sweeper, workflows
+from . import (
+    bulk,
+    claim,
+    defaults,
+    enqueue,
+    finish,
+    flow,
+    lifecycle,
+    operate,
+    steps,
+    sweeper,
+    workflows,
+)
 from .databases import default_database
 from .exceptions import InvalidJob
 
@@ -387,14 +399,28 @@ class JobManager(models.Manager["Job"]):
         queue: str | None = None,
         priority: int | None = None,
         now: dt.datetime | None = None,
+        from_start: bool = False,
     ) -> list[int]:
         """Put dead jobs back to pending (attempts reset, due now, errors kept), in
         ``queue``/with ``priority`` if given; wake workers at commit. Return the ids
         that changed: ids no longer dead (requeued or discarded meanwhile) and ids whose
         idempotency key a live job holds are left alone. One guarded statement per
         ``SWEEP_BATCH_SIZE`` ids. What a job's death cancelled (its dependants, theirs)
-        waits again, unless another of their parents is dead or cancelled too."""
-        return operate.requeue_dead(self.db_alias, ids, queue=queue, priority=priority, now=now)
+        waits again, unless another of their parents is dead or cancelled too.
+
+        A requeued job keeps its durable steps and resumes after the last one it
+        recorded; ``from_start=True`` deletes them in the same transaction, so every
+        step runs again."""
+        if not from_start:
+            return operate.requeue_dead(
+                self.db_alias, ids, queue=queue, priority=priority, now=now
+            )
+        with transaction.atomic(using=self.db_alias):
+            requeued = operate.requeue_dead(
+                self.db_alias, ids, queue=queue, priority=priority, now=now
+            )
+            steps.clear(self.db_alias, requeued)
+        return requeued
 
     def discard_dead(self, ids: Iterable[int]) -> list[int]:
         """Delete dead jobs by id; return the ids deleted (never a job that stopped

@@ -388,6 +388,52 @@ class JobDependency(models.Model):
         return f"JobDependency {self.job_id} <- {self.parent_id} (#{self.position})"
 
 
+class JobStep(models.Model):
+    """A durable step of a job (``current_job().run_step``), a cursor
+    (``current_job().cursor``) or a durable sleep (``current_job().sleep``): what a
+    later run of the job reads instead of doing the work again (see steps.py).
+
+    Written only by the fenced statements of ``sql/steps.py``. The foreign key to the
+    job is the database's, ``ON DELETE CASCADE`` (migration 0020): retention, or any
+    delete of a job, removes its steps in the same statement; Django does nothing
+    itself (``DO_NOTHING``). Unique per (job, kind, name), which is also the index a
+    cascade and a job's read of its steps use."""
+
+    class Kind(models.TextChoices):
+        STEP = "step", "step"
+        CURSOR = "cursor", "cursor"
+        SLEEP = "sleep", "sleep"
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # created by migration 0020, with ON DELETE CASCADE
+        db_index=False,  # the unique constraint below leads with job_id
+        related_name="steps",
+    )
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    name = models.CharField(max_length=200)
+    #: The attempt that wrote it (a cursor: its last save).
+    attempt = models.IntegerField()
+    value = models.JSONField(null=True, blank=True)
+    #: The size of ``value`` as JSON text, in bytes (characters), when written.
+    size = models.IntegerField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "pgqueue_step"  # the SQL hard-codes this name too
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "kind", "name"], name="pgqueue_step_job_name_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name!r} of job {self.job_id}"
+
+
 class DeadLetter(Job):
     """Proxy over dead jobs, so the admin can list dead letters on their own page."""
 

@@ -383,7 +383,9 @@ def _recent(using: str | None, cap: int, now: dt.datetime | None) -> _Recent:
 
 def running(using: str | None, limit: int | None = None) -> list[dict[str, Any]]:
     """Running jobs (at most ``limit``, default RUNNING_LIMIT) with what they last said
-    of their progress, as JSON-ready dicts, the lease expiring soonest first."""
+    of their progress and how many durable steps they recorded (``steps``; the last,
+    ``last_step``: kind, name and when, or None), as JSON-ready dicts, the lease
+    expiring soonest first."""
     rows = _rows(using, sql.JOB_GET_RUNNING, {"limit": limit or RUNNING_LIMIT})
     return [
         {
@@ -394,8 +396,24 @@ def running(using: str | None, limit: int | None = None) -> list[dict[str, Any]]
             "attempt": attempt,
             "claimed_at": None if claimed is None else claimed.isoformat(),
             "progress": None if progress is None else json.loads(progress),
+            "steps": steps or 0,
+            "last_step": None
+            if kind is None
+            else {"kind": kind, "name": name, "finished_at": finished_at.isoformat()},
         }
-        for job_id, queue, task, worker, attempt, claimed, progress in rows
+        for (
+            job_id,
+            queue,
+            task,
+            worker,
+            attempt,
+            claimed,
+            progress,
+            steps,
+            kind,
+            name,
+            finished_at,
+        ) in rows
     ]
 
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import contextvars
 import datetime as dt
+import inspect
+import json
 import math
 import threading
 from collections.abc import Callable
@@ -44,7 +46,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from . import lifecycle, validation
+from . import lifecycle, steps, validation
 from .exceptions import InvalidJob
 from .taskapi import InvalidTask, Task
 
@@ -179,6 +181,8 @@ class CurrentJob:
     """When this attempt was claimed: with ``attempt``, the fence of its writes."""
     alias: str | None = field(default=None, repr=False)
     """The jobs database the worker runs this job from."""
+    step_state: steps.StepState = field(default_factory=steps.StepState, repr=False, compare=False)
+    """What this run knows of the job's durable steps (steps.py)."""
 
     def set_progress(self, value: Any) -> None:
         """Store ``value`` (JSON, at most ``PGQUEUE_MAX_PROGRESS_BYTES``) as the job's
@@ -217,6 +221,120 @@ class CurrentJob:
     async def aparents(self) -> list[lifecycle.ParentOutcome]:
         """``parents()`` from a coroutine task."""
         return await sync_to_async(self.parents, thread_sensitive=True)()
+
+    # --- durable steps (steps.py) ---------------------------------------------------
+
+    def _owner(self, what: str) -> steps.Owner:
+        if self.alias is None:
+            raise RuntimeError(f"{what} needs a job run by a worker")
+        return steps.Owner(self.alias, self.id, self.worker_id, self.attempt, self.claimed_at)
+
+    def _not_transactional(self, what: str) -> None:
+        if self.transactional:
+            raise RuntimeError(
+                f"{what} is not available in a transactional task: the task is one "
+                "transaction, so nothing it records survives a crash anyway (use "
+                "run_step(..., transactional=True) in an ordinary task instead)"
+            )
+
+    def run_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name`` of this job: the
+        first run of the job that gets here calls it and records its return value
+        (JSON, at most ``PGQUEUE_MAX_RESULT_BYTES``), fenced; every later run (a retry,
+        a rescue after a crash, a snooze, a requeued dead letter) returns the recorded
+        value (as JSON gives it back) without calling ``fn``. An exception in ``fn``
+        propagates and records nothing. A plain step runs at least once; with
+        ``transactional=True``, ``fn`` and the record share one transaction on the jobs
+        database, so its database writes commit exactly once (``LeaseLost`` rolls them
+        back if the job was taken from this worker). Raises ``InvalidStep`` for a bad
+        or repeated name or a value JSON cannot hold. In a ``@task(transactional=True)``
+        task, ``fn`` is simply called: the whole task commits once."""
+        name = steps.begin(self.step_state, name)
+        if self.transactional:
+            return json.loads(steps.value_json(steps.STEP, name, fn(*args, **kwargs)))
+        owner = self._owner("run_step()")
+        return steps.run_step(
+            self.step_state, owner, name, fn, args, kwargs, transactional=transactional
+        )
+
+    async def arun_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        transactional: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """``run_step`` from a coroutine task: ``fn`` may be a coroutine function (awaited
+        here) or a plain one (run on the job's thread for sync calls). A transactional
+        step takes a plain function: it runs, with its record, in one transaction on
+        that thread."""
+        name = steps.begin(self.step_state, name)
+        owner = self._owner("arun_step()")
+        state = self.step_state
+        on_thread = sync_to_async(steps.run_step, thread_sensitive=True)
+        if transactional:
+            if inspect.iscoroutinefunction(fn):
+                raise steps.InvalidStep(
+                    f"step {name!r}: a transactional step takes a plain function (its "
+                    "database writes and the record run in one transaction on one "
+                    "thread), not a coroutine function"
+                )
+            return await on_thread(state, owner, name, fn, args, kwargs, transactional=True)
+        if not inspect.iscoroutinefunction(fn):
+            return await on_thread(state, owner, name, fn, args, kwargs, transactional=False)
+        found, value = await sync_to_async(steps.recorded_step, thread_sensitive=True)(
+            state, owner, name
+        )
+        if found:
+            return value
+        value = await fn(*args, **kwargs)
+        return await sync_to_async(steps.finish_step, thread_sensitive=True)(
+            state, owner, name, value
+        )
+
+    def cursor(self, name: str) -> steps.Cursor:
+        """The cursor ``name`` of this job: ``.value`` is what any run of it last saved
+        (None at first), ``.save(value)`` stores a new one, fenced (inside a
+        transactional step, in its transaction). A resumed loop starts after the last
+        saved position."""
+        self._not_transactional("cursor()")
+        return steps.cursor(self.step_state, self._owner("cursor()"), name)
+
+    async def acursor(self, name: str) -> steps.Cursor:
+        """``cursor`` from a coroutine task (save with ``await cur.asave(value)``)."""
+        return await sync_to_async(self.cursor, thread_sensitive=True)(name)
+
+    def sleep(self, seconds: float | dt.timedelta) -> None:
+        """A durable sleep: the job goes back to ``scheduled`` for ``seconds`` (by the
+        database's clock), spending no attempt (a snooze, counted against
+        ``PGQUEUE_MAX_SNOOZES``); when it runs again, this sleep and every step before
+        it are passed. It raises ``Snooze``: do not catch it."""
+        self._not_transactional("sleep()")
+        seconds = steps.sleep_seconds(seconds)
+        steps.sleep(self.step_state, self._owner("sleep()"), seconds, None)
+
+    def sleep_until(self, when: dt.datetime) -> None:
+        """``sleep`` until the aware datetime ``when`` (at once if it is past)."""
+        self._not_transactional("sleep_until()")
+        steps.sleep(self.step_state, self._owner("sleep_until()"), None, steps.sleep_until(when))
+
+    async def asleep(self, seconds: float | dt.timedelta) -> None:
+        """``sleep`` from a coroutine task."""
+        await sync_to_async(self.sleep, thread_sensitive=True)(seconds)
+
+    async def asleep_until(self, when: dt.datetime) -> None:
+        """``sleep_until`` from a coroutine task."""
+        await sync_to_async(self.sleep_until, thread_sensitive=True)(when)
 
     @property
     def cancel_requested(self) -> bool:

@@ -4,6 +4,8 @@ repository on sys.path), so a test can see from outside when a task has started.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import threading
 import time
@@ -17,7 +19,7 @@ from django_pgqueue.exceptions import JobCancelled, Retry, Snooze
 from django_pgqueue.models import Job
 from django_pgqueue.taskapi import task
 from django_pgqueue.tasks import current_job
-from testproject.demo.models import Delivery
+from testproject.demo.models import Delivery, Execution
 
 #: For in-process workers: attempt N of ``gated(name)`` sets ``STARTED[name, N]``, then
 #: waits (at most 30 s) until the test sets ``GATES[name, N]``.
@@ -560,3 +562,119 @@ def marked_sleep(seconds: float) -> float:
     time.sleep(seconds)
     _mark("end")
     return seconds
+
+
+# --- durable steps (test_steps_process.py) ------------------------------------------
+
+
+def _note(path: str, line: str) -> str:
+    """Append ``line`` to the file ``path``: a ledger that survives a SIGKILL."""
+    with Path(path).open("a") as file:
+        file.write(line + "\n")
+    return line
+
+
+def _kill_once(marker: str) -> None:
+    """SIGKILL this worker process the first time (``marker`` not there yet)."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _step_two(ledger: str, marker: str, job_id: int, attempt: int, tx: bool = False) -> int:
+    """Step two: noted, its ledger row written, then the worker killed: the first time
+    here; in a transactional step also the second time, right after its transaction
+    commits (``on_commit``: after the step's record, if the record is in it)."""
+    _note(ledger, "two")
+    Execution.objects.create(job_id=job_id, attempt=attempt, kind="two", worker_id="-")
+    if not Path(marker).exists():
+        _kill_once(marker)
+    elif tx:
+        transaction.on_commit(lambda: _kill_once(marker + ".commit"))
+    return 2
+
+
+@task()
+def three_steps(ledger: str, marker: str, transactional: bool) -> list[object]:
+    """Three durable steps; the second kills its worker once, after its database write."""
+    job = current_job()
+    assert job is not None
+    one = job.run_step("one", _note, ledger, "one")
+    two = job.run_step(
+        "two",
+        _step_two,
+        ledger,
+        marker,
+        job.id,
+        job.attempt,
+        transactional,
+        transactional=transactional,
+    )
+    three = job.run_step("three", _note, ledger, "three")
+    return [one, two, three]
+
+
+async def _anote(path: str, line: str) -> str:
+    await asyncio.sleep(0)
+    return _note(path, line)
+
+
+async def _astep_two(ledger: str, marker: str, job_id: int, attempt: int) -> int:
+    _note(ledger, "two")
+    await Execution.objects.acreate(job_id=job_id, attempt=attempt, kind="two", worker_id="-")
+    _kill_once(marker)
+    return 2
+
+
+@task()
+async def async_three_steps(ledger: str, marker: str, transactional: bool) -> list[object]:
+    """``three_steps`` as a coroutine task (a transactional step takes a plain function)."""
+    job = current_job()
+    assert job is not None
+    one = await job.arun_step("one", _anote, ledger, "one")
+    if transactional:
+        two = await job.arun_step(
+            "two", _step_two, ledger, marker, job.id, job.attempt, True, transactional=True
+        )
+    else:
+        two = await job.arun_step("two", _astep_two, ledger, marker, job.id, job.attempt)
+    three = await job.arun_step("three", _anote, ledger, "three")
+    return [one, two, three]
+
+
+def _chunk(job_id: int, items: range, cur: object) -> None:
+    """One chunk of the cursor loop: a ledger row per item, the cursor saved after."""
+    Execution.objects.bulk_create(
+        Execution(job_id=job_id, attempt=item, kind="item", worker_id="-") for item in items
+    )
+    cur.save(items.stop)  # type: ignore[attr-defined]
+
+
+@task()
+def cursor_loop(total: int, chunk: int, kill_at: list[int], marker: str) -> int:
+    """Process items 0..total-1 in chunks, each chunk's rows and the cursor's save in one
+    transaction; SIGKILL the worker once at each position of ``kill_at``, right after
+    that chunk committed (``marker``.<position> remembers it)."""
+    job = current_job()
+    assert job is not None
+    cur = job.cursor("items")
+    start = cur.value or 0
+    for low in range(start, total, chunk):
+        items = range(low, min(low + chunk, total))
+        with transaction.atomic():
+            _chunk(job.id, items, cur)
+        if items.stop in kill_at:
+            _kill_once(f"{marker}.{items.stop}")
+    return cur.value
+
+
+@task()
+def sleep_between(ledger: str, seconds: float) -> str:
+    """A step, a durable sleep, another step: the first step runs once."""
+    job = current_job()
+    assert job is not None
+    job.run_step("before", _note, ledger, "before")
+    _note(ledger, f"run {job.attempt} {job.snoozes}")
+    job.sleep(seconds)
+    return job.run_step("after", _note, ledger, "after")

@@ -48,7 +48,7 @@ def private_db(server: tuple[PrivateServer, str]) -> tuple[PrivateServer, str]:
     if not private.is_running():
         private.start()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE pgqueue_job, demo_execution")
+        conn.execute("TRUNCATE pgqueue_job, pgqueue_step, demo_execution")
     return private, url
 
 

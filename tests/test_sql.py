@@ -14,7 +14,7 @@ from django.db import connection
 
 from django_pgqueue import sql
 from django_pgqueue.flow import QUEUE_HEAD
-from django_pgqueue.models import Job, JobDependency, JobKey, RateWindow
+from django_pgqueue.models import Job, JobDependency, JobKey, JobStep, RateWindow
 from django_pgqueue.sql.common import FENCE, LEASE
 from tests.conftest import connect_test_db
 
@@ -130,6 +130,8 @@ def test_sql__table_name_matches_model(name):
         # Flow claims read (the limited ones write) the rate windows of limited budgets
         # (their reads after the budgets' locks go through pgqueue_flow_usage).
         assert tables == {Job._meta.db_table, RateWindow._meta.db_table}
+    elif name == "JOB_GET_RUNNING":  # with each running job's durable steps
+        assert tables == {Job._meta.db_table, JobStep._meta.db_table}
     elif name == "JOB_BULK_COPY_EDGES":  # a workflow's edges (workflows.py)
         assert tables == {JobDependency._meta.db_table}
     elif name in WORKFLOW_STATEMENTS:

@@ -86,7 +86,7 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
     )
     list_filter = (BackendFilter, DeadTaskFilter, DeadQueueFilter, ("finished_at", DiedFilter))
     action_form = RequeueActionForm
-    actions = ("requeue", "delete_selected")
+    actions = ("requeue", "requeue_from_start", "delete_selected")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).filter(status=Job.Status.DEAD)
@@ -106,12 +106,28 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         **ACTION_LOCATIONS,
     )
     def requeue(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-        """Back to pending, attempts reset, errors kept: one guarded statement."""
+        """Back to pending, attempts reset, errors and durable steps kept (the job
+        resumes after its last recorded step): one guarded statement."""
+        return self._requeue(request, queryset, from_start=False)
+
+    @admin.action(
+        permissions=["requeue"],
+        description="Requeue selected dead letters from the start (clear their steps)",
+        **ACTION_LOCATIONS,
+    )
+    def requeue_from_start(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """``requeue``, and the jobs' durable steps deleted in the same transaction: every
+        step runs again."""
+        return self._requeue(request, queryset, from_start=True)
+
+    def _requeue(
+        self, request: HttpRequest, queryset: QuerySet, *, from_start: bool
+    ) -> HttpResponse | None:
         try:
             queue, priority = requeue_options(request)
             ids = self.selected_ids(request, queryset)
             requeued = Job.objects.db_manager(admin_database(request)).requeue_dead(
-                ids, queue=queue, priority=priority
+                ids, queue=queue, priority=priority, from_start=from_start
             )
         except InvalidJob as exc:
             self.message_user(request, f"Nothing requeued: {exc}", messages.ERROR)
@@ -138,7 +154,8 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
             request,
             requeued,
             f"Requeued from dead letters (queue={queue or 'same'}, "
-            f"priority={'same' if priority is None else priority}).",
+            f"priority={'same' if priority is None else priority}"
+            f"{', steps cleared' if from_start else ''}).",
         )
         self.report(request, "Requeued", requeued, ids, "requeued")
         if len(ids) == 1 and requeued and self.from_change_form(request):

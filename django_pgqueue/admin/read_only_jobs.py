@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: The JSON columns a user's data fills (the worker writes ``errors``, bounded).
 PAYLOADS = ("args", "kwargs", "result", "progress")
+#: The durable steps a job's page lists at most.
+STEPS_SHOWN = 200
 
 #: The job's times, each shown to the second with its offset (``timestamp``).
 TIMESTAMPS = ("created_at", "run_at", "started_at", "last_attempted_at", "finished_at")
@@ -83,6 +85,7 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "result_pretty",
         "snoozes",
         "progress_pretty",
+        "steps_display",
         "workflow_display",
         "parents_display",
         "dependants_display",
@@ -119,6 +122,7 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         (WORKFLOW, {"fields": ("workflow_display", "parents_display", "dependants_display")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
         ("Progress", {"fields": ("progress_pretty",)}),
+        ("Durable steps", {"fields": ("steps_display",)}),
         ("Result", {"fields": ("result_pretty",)}),
     )
 
@@ -251,6 +255,32 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         if obj.progress is None:
             return "—"
         return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.progress))
+
+    @admin.display(description="steps")
+    def steps_display(self, obj: Job) -> str:
+        """The job's recorded steps, cursors and sleeps in order (``current_job().
+        run_step`` and kin): what a later run of it skips. The first STEPS_SHOWN only."""
+        rows = list(
+            obj.steps.order_by("id").values_list("kind", "name", "attempt", "size", "finished_at")[
+                : STEPS_SHOWN + 1
+            ]
+        )
+        if not rows:
+            return "—"
+        more = len(rows) > STEPS_SHOWN
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            rows[:STEPS_SHOWN],
+        )
+        tail = format_html("<p>… and more (first {} shown)</p>", STEPS_SHOWN) if more else ""
+        return format_html(
+            '<table class="pgqueue-steps"><thead><tr><th>kind</th><th>name</th>'
+            "<th>attempt</th><th>bytes</th><th>recorded</th></tr></thead>"
+            "<tbody>{}</tbody></table>{}",
+            body,
+            tail,
+        )
 
     @admin.display(description="result")
     def result_pretty(self, obj: Job) -> str:

@@ -59,6 +59,7 @@ RUNNERS: dict[str, str] = {
     "deadline": "django_pgqueue.deadline",
     "presence": "django_pgqueue.worker.presence",
     "migration": "django_pgqueue.migration_ops",
+    "steps": "django_pgqueue.steps",
 }
 
 #: The modules of fragments shared by several families (no statement of their own).

@@ -377,13 +377,24 @@ LIMIT %(queues)s
 
 JOB_GET_RUNNING = """
 -- name: JOB_GET_RUNNING
--- The running jobs with their progress, soonest lease expiry first: a bounded range of
--- pgqueue_job_lease_idx.
-SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress
-FROM pgqueue_job
-WHERE status = 'running'
-ORDER BY lease_expires_at
-LIMIT %(limit)s
+-- The running jobs with their progress and durable steps (how many, the last), soonest
+-- lease expiry first: a bounded range of pgqueue_job_lease_idx.
+SELECT j.id, j.queue, j.task, j.lease_owner, j.attempts, j.last_attempted_at, j.progress,
+       s.count, s.kind, s.name, s.finished_at
+FROM (SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress,
+             lease_expires_at
+      FROM pgqueue_job
+      WHERE status = 'running'
+      ORDER BY lease_expires_at
+      LIMIT %(limit)s) AS j
+LEFT JOIN LATERAL (
+    SELECT count(*) OVER () AS count, kind, name, finished_at
+    FROM pgqueue_step
+    WHERE job_id = j.id
+    ORDER BY id DESC
+    LIMIT 1
+) AS s ON true
+ORDER BY j.lease_expires_at
 """
 
 

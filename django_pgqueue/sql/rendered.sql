@@ -4021,13 +4021,24 @@ FROM head AS h
 LIMIT %(queues)s;
 
 -- name: JOB_GET_RUNNING
--- The running jobs with their progress, soonest lease expiry first: a bounded range of
--- pgqueue_job_lease_idx.
-SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress
-FROM pgqueue_job
-WHERE status = 'running'
-ORDER BY lease_expires_at
-LIMIT %(limit)s;
+-- The running jobs with their progress and durable steps (how many, the last), soonest
+-- lease expiry first: a bounded range of pgqueue_job_lease_idx.
+SELECT j.id, j.queue, j.task, j.lease_owner, j.attempts, j.last_attempted_at, j.progress,
+       s.count, s.kind, s.name, s.finished_at
+FROM (SELECT id, queue, task, lease_owner, attempts, last_attempted_at, progress,
+             lease_expires_at
+      FROM pgqueue_job
+      WHERE status = 'running'
+      ORDER BY lease_expires_at
+      LIMIT %(limit)s) AS j
+LEFT JOIN LATERAL (
+    SELECT count(*) OVER () AS count, kind, name, finished_at
+    FROM pgqueue_step
+    WHERE job_id = j.id
+    ORDER BY id DESC
+    LIMIT 1
+) AS s ON true
+ORDER BY j.lease_expires_at;
 
 -- name: JOB_SAMPLE_FINISHED
 -- Jobs finished in the last window_seconds per outcome and queue, at most cap of each,
@@ -4257,3 +4268,72 @@ WITH previous AS MATERIALIZED (
 )
 SELECT previous.value, set_config('lock_timeout', %(lock_timeout)s, true)
 FROM previous;
+
+-- =============================================================================
+-- family steps: run by django_pgqueue.steps
+
+-- name: STEP_CLEAR
+-- Forget the steps of jobs (a requeue "from the start"): they run again from the top.
+DELETE FROM pgqueue_step WHERE job_id = ANY (%(ids)s::bigint[]);
+
+-- name: STEP_LIST
+-- Every step, cursor and sleep a job recorded, read once per run (the first step
+-- asked for), with the database's now (a sleep compares its end with it).
+SELECT kind, name, value, clock_timestamp()
+FROM pgqueue_step
+WHERE job_id = %(id)s
+ORDER BY id;
+
+-- name: STEP_RECORD
+-- Record a step's value (a cursor's: replace it), fenced; no row back if the lease
+-- was lost, or for a step recorded already.
+WITH owner AS (
+    SELECT j.id, clock_timestamp() AS now
+    FROM pgqueue_job AS j, (VALUES (%(id)s::bigint, %(attempt)s::int, %(claimed_at)s::timestamp))
+     AS owned(id, attempt, claimed_at)
+    WHERE j.id = owned.id
+  AND (j.status = 'running') IS TRUE
+  AND j.lease_owner = %(worker_id)s
+  AND (owned.attempt IS NULL
+       OR (j.attempts = owned.attempt
+           AND j.last_attempted_at::timestamp = owned.claimed_at))
+    FOR SHARE OF j
+)
+INSERT INTO pgqueue_step AS s (job_id, kind, name, attempt, value, size, finished_at)
+SELECT owner.id, %(kind)s, %(name)s, %(attempt)s, %(value)s::jsonb, %(size)s, owner.now
+FROM owner
+ON CONFLICT (job_id, kind, name) DO UPDATE
+SET value = excluded.value, attempt = excluded.attempt, size = excluded.size,
+    finished_at = excluded.finished_at
+WHERE %(replace)s::boolean
+RETURNING s.id;
+
+-- name: STEP_SLEEP
+-- Record a durable sleep's end (now + seconds, or the given time), fenced; the
+-- seconds left until then, by the database's clock (none back if the lease was lost).
+WITH owner AS (
+    SELECT j.id, clock_timestamp() AS now
+    FROM pgqueue_job AS j, (VALUES (%(id)s::bigint, %(attempt)s::int, %(claimed_at)s::timestamp))
+     AS owned(id, attempt, claimed_at)
+    WHERE j.id = owned.id
+  AND (j.status = 'running') IS TRUE
+  AND j.lease_owner = %(worker_id)s
+  AND (owned.attempt IS NULL
+       OR (j.attempts = owned.attempt
+           AND j.last_attempted_at::timestamp = owned.claimed_at))
+    FOR SHARE OF j
+), ending AS (
+    SELECT owner.id, owner.now,
+           coalesce(%(until)s::timestamptz,
+                    owner.now + make_interval(secs => %(seconds)s::float8)) AS until
+    FROM owner
+), recorded AS (
+INSERT INTO pgqueue_step AS s (job_id, kind, name, attempt, value, size, finished_at)
+SELECT ending.id, 'sleep', %(name)s, %(attempt)s,
+       jsonb_build_object('until', ending.until), 0, ending.now
+FROM ending
+ON CONFLICT (job_id, kind, name) DO NOTHING
+RETURNING s.id
+)
+SELECT greatest(extract(epoch FROM ending.until - ending.now)::float8, 0)
+FROM ending, recorded;
