@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     )
     from .taskapi import task
     from .tasks import CurrentJob, PgQueueTask, current_job
+    from .waiting import await_for, awatch, wait_for, watch
     from .workflows import Chain, Group, Step, chain, group, step
 
     __version__: str
@@ -52,6 +53,10 @@ _EXPORTS = {
     "CurrentJob": "tasks",
     "PgQueueTask": "tasks",
     "current_job": "tasks",
+    "await_for": "waiting",
+    "awatch": "waiting",
+    "wait_for": "waiting",
+    "watch": "waiting",
     "Chain": "workflows",
     "Group": "workflows",
     "Step": "workflows",
@@ -73,12 +78,16 @@ __all__ = [
     "Snooze",
     "SnoozeLimitExceeded",
     "Step",
+    "await_for",
+    "awatch",
     "chain",
     "current_job",
     "enqueue_many",
     "group",
     "step",
     "task",
+    "wait_for",
+    "watch",
 ]
 
 

@@ -100,6 +100,10 @@ class Job(models.Model):
     #: later keeps False: its completion finds them (``sql.JOB_COMPLETE``'s
     #: ``dependants``) and resolves them right after.
     has_dependants = models.BooleanField(default=False, db_default=False)
+    #: Someone waits on it (``django_pgqueue.wait_for``, ``watch``): its end and its
+    #: progress are announced on the channel ``pgqueue_waited`` (``sql/wait.py``'s
+    #: trigger). False for every job nobody waits on, which the trigger skips.
+    waited = models.BooleanField(default=False, db_default=False)
 
     objects = JobManager()
 

@@ -58,6 +58,7 @@ RUNNERS: dict[str, str] = {
     "session": "django_pgqueue.worker.connections",
     "deadline": "django_pgqueue.deadline",
     "presence": "django_pgqueue.worker.presence",
+    "wait": "django_pgqueue.hub",
 }
 
 #: The modules of fragments shared by several families (no statement of their own).

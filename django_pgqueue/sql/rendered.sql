@@ -4040,3 +4040,52 @@ SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_done = %(jobs_done)s,
     jobs_failed = %(jobs_failed)s
 WHERE id = %(id)s;
+
+-- =============================================================================
+-- family wait: run by django_pgqueue.hub
+
+-- name: JOB_WAIT_FLAG
+-- Flag jobs as waited on (their completion and progress then NOTIFY) and say where each
+-- stands; run after LISTEN, so no completion falls between the check and the listen.
+UPDATE pgqueue_job
+SET waited = true
+WHERE id = ANY (%(ids)s::bigint[])
+RETURNING id, status, progress::text;
+
+-- name: JOB_WAIT_READ
+-- Where notified (or, after the listening connection was lost, all) waited jobs stand.
+SELECT id, status, progress::text
+FROM pgqueue_job
+WHERE id = ANY (%(ids)s::bigint[]);
+
+-- name: WAITED_NOTIFY_FUNCTION
+-- Announce a waited job's end or progress on pgqueue_waited: "<id> <status>". Called by
+-- the trigger pgqueue_job_waited only; installed by migration 0021.
+CREATE OR REPLACE FUNCTION pgqueue_job_waited_notify()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $body$
+BEGIN
+    PERFORM pg_notify('pgqueue_waited', NEW.id::text || ' ' || NEW.status);
+    RETURN NULL;
+END
+$body$;
+
+-- name: WAITED_TRIGGER
+-- Call WAITED_NOTIFY_FUNCTION for a waited job that finished or stored progress; other
+-- rows pay the WHEN test only. Installed by migration 0021.
+CREATE TRIGGER pgqueue_job_waited
+AFTER UPDATE OF status, progress ON pgqueue_job
+FOR EACH ROW
+WHEN (NEW.waited AND (
+    (NEW.status IN ('done', 'dead', 'cancelled') AND NEW.status IS DISTINCT FROM OLD.status)
+    OR NEW.progress IS DISTINCT FROM OLD.progress))
+EXECUTE FUNCTION pgqueue_job_waited_notify();
+
+-- name: WAIT_LISTEN
+-- Subscribe a waiting process's hub connection to the channel of waited jobs.
+LISTEN pgqueue_waited;
+
+-- name: WAIT_PING
+-- Prove a hub's idle LISTEN connection is still alive (a socket can die silently).
+SELECT 1;
