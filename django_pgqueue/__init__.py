@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         Retry,
         Snooze,
         SnoozeLimitExceeded,
+        SoftTimeLimitExceeded,
     )
     from .taskapi import task
     from .tasks import CurrentJob, PgQueueTask, current_job
@@ -49,6 +50,7 @@ _EXPORTS = {
     "Retry": "exceptions",
     "Snooze": "exceptions",
     "SnoozeLimitExceeded": "exceptions",
+    "SoftTimeLimitExceeded": "exceptions",
     "task": "taskapi",
     "CurrentJob": "tasks",
     "PgQueueTask": "tasks",
@@ -77,6 +79,7 @@ __all__ = [
     "Retry",
     "Snooze",
     "SnoozeLimitExceeded",
+    "SoftTimeLimitExceeded",
     "Step",
     "await_for",
     "awatch",

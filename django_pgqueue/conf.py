@@ -76,6 +76,11 @@ class Settings:
     """Stop extending a running job's lease after this long (None: never). The sweeper
     then recovers a hung task and its late completion is fenced out."""
 
+    SOFT_TIME_LIMIT: float | None = None
+    """Seconds a job may run before ``SoftTimeLimitExceeded`` is raised inside its task
+    (None: no limit); ``@task(soft_time_limit=...)`` and ``Job.objects.enqueue(...,
+    soft_time_limit=...)`` override it."""
+
     SHUTDOWN_GRACE_SECONDS: float | None = None
     """After the first SIGTERM, how long running tasks may take before the worker
     gives up on them (None: wait for them)."""

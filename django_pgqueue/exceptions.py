@@ -76,6 +76,19 @@ class JobTimeout(PgQueueError):  # noqa: N818 - names the event, like LeaseExpir
     longer extended instead, and the sweeper takes the job back."""
 
 
+class SoftTimeLimitExceeded(PgQueueError):  # noqa: N818 - Celery's name, the issue's contract
+    """Raised inside a task that ran past its soft time limit (``@task(soft_time_limit=
+    ...)``, ``Job.objects.enqueue(..., soft_time_limit=...)``, ``PGQUEUE_SOFT_TIME_LIMIT``):
+    in a sync task's thread as an asynchronous exception (it lands at the next Python
+    bytecode, not inside a C call such as ``time.sleep``), in a coroutine task as its
+    cancellation. The task may catch it to clean up; if it escapes, the attempt fails
+    with it and is retried like any failure."""
+
+    def __init__(self, *args: object) -> None:
+        # Raised as a class by the asynchronous exception: a message of its own.
+        super().__init__(*(args or ("the task ran past its soft time limit",)))
+
+
 class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
     """A probe's statements did not finish within its time limit (``deadline.within``):
     the database is overloaded, unreachable in time, or a table they read is locked

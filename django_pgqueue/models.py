@@ -104,6 +104,9 @@ class Job(models.Model):
     #: progress are announced on the channel ``pgqueue_waited`` (``sql/wait.py``'s
     #: trigger). False for every job nobody waits on, which the trigger skips.
     waited = models.BooleanField(default=False, db_default=False)
+    #: Seconds it may run before ``SoftTimeLimitExceeded`` is raised inside its task,
+    #: given at enqueue; None: the task's ``soft_time_limit``, else the setting's.
+    soft_time_limit = models.FloatField(null=True, blank=True)
 
     objects = JobManager()
 

@@ -57,6 +57,7 @@ from .connections import (
     thread_connections,
     watch_session,
 )
+from .limits import SoftLimit, soft_limit
 from .outcomes import Reporter
 from .state import DataRefused, Held, WorkerPart, WorkerState, refused_data
 
@@ -313,7 +314,12 @@ class JobRunner(WorkerPart):
         if known.coroutine:
             value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
+            limit = soft_limit(job, known.soft_time_limit)
+            if limit is None:
+                value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
+            else:
+                with SoftLimit(limit):
+                    value = task.func(*args, **job.kwargs)
         return validation.returned(value)  # a bad value fails the job here
 
     def _run(self, job: Job, begun: Begun) -> bool:
