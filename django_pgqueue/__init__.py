@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         Snooze,
         SnoozeLimitExceeded,
         SoftTimeLimitExceeded,
+        TimeLimitExceeded,
     )
     from .taskapi import task
     from .tasks import CurrentJob, PgQueueTask, current_job
@@ -51,6 +52,7 @@ _EXPORTS = {
     "Snooze": "exceptions",
     "SnoozeLimitExceeded": "exceptions",
     "SoftTimeLimitExceeded": "exceptions",
+    "TimeLimitExceeded": "exceptions",
     "task": "taskapi",
     "CurrentJob": "tasks",
     "PgQueueTask": "tasks",
@@ -81,6 +83,7 @@ __all__ = [
     "SnoozeLimitExceeded",
     "SoftTimeLimitExceeded",
     "Step",
+    "TimeLimitExceeded",
     "await_for",
     "awatch",
     "chain",

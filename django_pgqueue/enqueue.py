@@ -89,6 +89,7 @@ def _enqueued(
         "snoozes": 0,
         "concurrency_key": params["concurrency_key"],
         "soft_time_limit": params.get("soft_time_limit"),
+        "time_limit": params.get("time_limit"),
         "has_dependants": False,
         "waited": False,
         "created_at": created_at,

@@ -89,6 +89,13 @@ class SoftTimeLimitExceeded(PgQueueError):  # noqa: N818 - Celery's name, the is
         super().__init__(*(args or ("the task ran past its soft time limit",)))
 
 
+class TimeLimitExceeded(PgQueueError):  # noqa: N818 - Celery's name, beside the soft one
+    """Recorded for a job still running at its hard time limit (``@task(time_limit=...)``,
+    ``Job.objects.enqueue(..., time_limit=...)``, ``PGQUEUE_TIME_LIMIT``): a task stuck
+    in a C call, or one that swallowed ``SoftTimeLimitExceeded``. The attempt fails
+    with it (retried like any failure); the worker process holding it is replaced."""
+
+
 class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
     """A probe's statements did not finish within its time limit (``deadline.within``):
     the database is overloaded, unreachable in time, or a table they read is locked

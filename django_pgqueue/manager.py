@@ -120,6 +120,7 @@ class JobManager(models.Manager["Job"]):
         depends_on: Iterable[Job | int] | None = None,
         on_parent_failure: str | None = None,
         soft_time_limit: float | None = None,
+        time_limit: float | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -133,6 +134,8 @@ class JobManager(models.Manager["Job"]):
         turns); by default the task's ``@task(concurrency_key=...)``, or none.
         ``soft_time_limit``: seconds this job may run before ``SoftTimeLimitExceeded``
         is raised inside its task (default: the task's option, else the setting).
+        ``time_limit``: seconds after which it is failed with ``TimeLimitExceeded`` if
+        still running, and its worker process replaced (the same defaults).
 
         ``depends_on``: jobs (or their ids) of this jobs database that must finish
         first; the job waits (status ``waiting``) and is released by the statement that
@@ -146,10 +149,10 @@ class JobManager(models.Manager["Job"]):
         failure = workflows.on_parent_failure_option(on_parent_failure)
         if parents and (unique_for is not None or debounce is not None):
             raise InvalidJob("depends_on cannot be combined with unique_for or debounce")
-        if parents and soft_time_limit is not None:
+        if parents and (soft_time_limit is not None or time_limit is not None):
             raise InvalidJob(
-                "soft_time_limit cannot be given with depends_on: give it to the task "
-                "(@task(soft_time_limit=...)) or set PGQUEUE_SOFT_TIME_LIMIT"
+                "soft_time_limit and time_limit cannot be given with depends_on: give "
+                "them to the task (@task(time_limit=...)) or set PGQUEUE_TIME_LIMIT"
             )
         if failure is not None and not parents:
             raise InvalidJob("on_parent_failure needs depends_on: the jobs it applies to")
@@ -166,6 +169,7 @@ class JobManager(models.Manager["Job"]):
             concurrency_key=concurrency_key,
             now=now,
             soft_time_limit=soft_time_limit,
+            time_limit=time_limit,
         )
         if parents:
             return workflows.enqueue_dependant(

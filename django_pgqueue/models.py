@@ -107,6 +107,9 @@ class Job(models.Model):
     #: Seconds it may run before ``SoftTimeLimitExceeded`` is raised inside its task,
     #: given at enqueue; None: the task's ``soft_time_limit``, else the setting's.
     soft_time_limit = models.FloatField(null=True, blank=True)
+    #: Seconds after which, still running, it is failed with ``TimeLimitExceeded`` and
+    #: its worker process replaced; None: the task's ``time_limit``, else the setting's.
+    time_limit = models.FloatField(null=True, blank=True)
 
     objects = JobManager()
 

@@ -23,6 +23,10 @@ Django's ``@task(...)`` passes unknown keyword arguments to the backend's ``task
     Seconds a job may run before :class:`~django_pgqueue.SoftTimeLimitExceeded` is
     raised inside the task (see the time limits how-to). Overrides
     ``PGQUEUE_SOFT_TIME_LIMIT``; ``Job.objects.enqueue(soft_time_limit=...)`` overrides it.
+``time_limit``
+    Seconds after which a job still running is failed with
+    :class:`~django_pgqueue.TimeLimitExceeded` and its worker process replaced.
+    Overrides ``PGQUEUE_TIME_LIMIT``; ``Job.objects.enqueue(time_limit=...)`` overrides it.
 ``concurrency_key``
     The budget this task's jobs are counted in by ``PGQUEUE_LIMITS`` and fair turns: a
     str, or a callable of the call's args and kwargs (``lambda tenant_id, **_:
@@ -68,6 +72,11 @@ class PgQueueTask(Task):
     (None: ``PGQUEUE_SOFT_TIME_LIMIT``); ``Job.objects.enqueue(soft_time_limit=)``
     overrides it per job."""
 
+    time_limit: float | None = None
+    """Seconds after which a job still running is failed with ``TimeLimitExceeded`` and
+    its worker process replaced (None: ``PGQUEUE_TIME_LIMIT``);
+    ``Job.objects.enqueue(time_limit=)`` overrides it per job."""
+
     backoff: Callable[[BaseException, Any], float | dt.timedelta | None] | None = None
     """``backoff(exception, task_result)``: seconds (or a timedelta) before the retry of
     a failed attempt (``task_result.attempts`` is the attempt that failed); None, or
@@ -90,6 +99,11 @@ class PgQueueTask(Task):
         if self.soft_time_limit is not None:
             try:
                 validation.time_limit(self.soft_time_limit, "soft_time_limit")
+            except InvalidJob as exc:
+                raise InvalidTask(str(exc)) from None
+        if self.time_limit is not None:
+            try:
+                validation.time_limit(self.time_limit, "time_limit")
             except InvalidJob as exc:
                 raise InvalidTask(str(exc)) from None
         if self.max_attempts is not None and (

@@ -528,3 +528,10 @@ def cleans_up_on_soft_limit(marker: str) -> str:
     except SoftTimeLimitExceeded:
         Path(marker).write_text("cleaned up")
         raise
+
+
+@task(time_limit=2, max_attempts=1)
+def sleeps_in_c(seconds: float = 60.0) -> str:
+    """``time.sleep`` (a C call no soft limit interrupts): a hard time limit ends it."""
+    time.sleep(seconds)
+    return "not interrupted"

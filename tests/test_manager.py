@@ -207,6 +207,7 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "idempotency_key": key,
         "concurrency_key": "",
         "soft_time_limit": None,
+        "time_limit": None,
         "channel": "pgqueue_job",
         "now": None,
         "args": "[1, 2]",

@@ -105,3 +105,30 @@ def test_soft_limit__bad_values_are_named():
     assert not Job.objects.exists()
     with pytest.raises(InvalidTask, match="soft_time_limit must be a number of seconds"):
         task(soft_time_limit=0)(lambda: None)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manage, processes):
+    """time.sleep(60) with time_limit=2: recorded failed with TimeLimitExceeded within
+    4 s of its claim, the worker process replaced (supervisor's child restarted, or
+    the one process re-executed with the same pid), and a job enqueued after runs."""
+    args = [*WORKER, "--concurrency", "1"] + (
+        ["--processes", str(processes)] if processes > 1 else []
+    )
+    worker = manage(*args)
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: ended(hung), timeout=30)
+    row = fresh(hung)
+    assert row.status == "dead"
+    assert row.errors[-1]["exception_class_path"] == (
+        "django_pgqueue.exceptions.TimeLimitExceeded"
+    ), row.errors
+    assert (row.finished_at - row.last_attempted_at).total_seconds() < 4.0
+    after = Job.objects.enqueue(add, [1, 2])
+    wait_for(lambda: ended(after), timeout=30)
+    assert fresh(after).status == "done"
+    expected = "replaced: a job passed its time limit" if processes > 1 else "time limit of 2s"
+    wait_for(lambda: expected in worker.output(), timeout=5)
+    assert worker.popen.poll() is None  # (the one process: execv keeps its pid)
+    # A new process started: the one process's second start-up line, or a new child.
+    assert worker.output().count(" starting: database=") == processes + 1, worker.output()

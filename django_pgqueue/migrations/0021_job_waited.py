@@ -45,6 +45,11 @@ class Migration(migrations.Migration):
             name="soft_time_limit",
             field=models.FloatField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name="job",
+            name="time_limit",
+            field=models.FloatField(blank=True, null=True),
+        ),
         migrations.RunSQL(FUNCTION, reverse_sql="DROP FUNCTION pgqueue_job_waited_notify()"),
         migrations.RunSQL(TRIGGER, reverse_sql="DROP TRIGGER pgqueue_job_waited ON pgqueue_job"),
     ]

@@ -32,6 +32,8 @@ class Known:
     timeout: float | None
     #: The task's own ``soft_time_limit`` option, in seconds (None: the setting's).
     soft_time_limit: float | None = None
+    #: The task's own ``time_limit`` option, in seconds (None: the setting's).
+    time_limit: float | None = None
 
     @property
     def on_loop(self) -> bool:
@@ -54,12 +56,14 @@ class Catalog:
             task = load_task(path)
             timeout = task_option(task, "timeout")
             soft = task_option(task, "soft_time_limit")
+            hard = task_option(task, "time_limit")
             known = Known(
                 task=task,
                 coroutine=iscoroutinefunction(task.func),
                 transactional=bool(task_option(task, "transactional")),
                 timeout=float(timeout) if isinstance(timeout, int | float) else None,
                 soft_time_limit=float(soft) if isinstance(soft, int | float) else None,
+                time_limit=float(hard) if isinstance(hard, int | float) else None,
             )
             with self._lock:
                 known = self._known.setdefault(path, known)

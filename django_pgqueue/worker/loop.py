@@ -55,6 +55,7 @@ from .completer import Completer
 from .connections import bounded, recycle_connections
 from .coroutines import EventLoop
 from .heartbeat import Heartbeat
+from .limits import HardLimits
 from .listener import Listener
 from .outcomes import Reporter
 from .position import ClaimPosition
@@ -98,6 +99,7 @@ class Worker:
         grace_seconds: float | None = None,
         backend: str | None = None,
         async_concurrency: int | None = None,
+        on_time_limit: str = "stop",
     ) -> None:
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
@@ -153,6 +155,9 @@ class Worker:
             state, reporter=reporter, completer=self._completer, catalog=self._catalog
         )
         self._heartbeat = Heartbeat(state)
+        #: Enforces the hard time limits; ``on_time_limit`` says how the process is
+        #: replaced once one is passed (``limits.REPLACE_MODES``).
+        self._hard_limits = HardLimits(state, replace=on_time_limit, stop=self.stop)
         self._coroutines = (
             EventLoop(
                 state,
@@ -197,6 +202,7 @@ class Worker:
             None if self._listener is None else self._thread(self._listener.run, "listener")
         )
         self._completer_thread = self._thread(self._completer.run, "completer")
+        self._limits_thread = self._thread(self._hard_limits.run, "time-limits")
         self._runner_threads = [
             self._thread(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)
         ]
@@ -606,6 +612,7 @@ class Worker:
         threads = [
             self._heartbeat_thread,
             self._completer_thread,
+            self._limits_thread,
             *self._runner_threads,
             *self._loop_threads,
         ]

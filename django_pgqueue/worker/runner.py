@@ -57,7 +57,7 @@ from .connections import (
     thread_connections,
     watch_session,
 )
-from .limits import SoftLimit, soft_limit
+from .limits import SoftLimit, hard_limit, soft_limit
 from .outcomes import Reporter
 from .state import DataRefused, Held, WorkerPart, WorkerState, refused_data
 
@@ -220,6 +220,7 @@ class JobRunner(WorkerPart):
             if held is not None and not held.lost:
                 held.started = time.monotonic()
                 held.timeout = None if known is None else known.timeout
+                held.time_limit = hard_limit(job, None if known is None else known.time_limit)
         if held is None or held.lost:
             return Refusal(Refusal.LOST)
         if held.cancel.is_set():
