@@ -132,3 +132,19 @@ def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manag
     assert worker.popen.poll() is None  # (the one process: execv keeps its pid)
     # A new process started: the one process's second start-up line, or a new child.
     assert worker.output().count(" starting: database=") == processes + 1, worker.output()
+
+
+def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, tmp_path):
+    """A job running beside the one past its limit is given back unrun-charged (its
+    attempt not counted) and then runs to completion in the replacement."""
+    worker = manage(*WORKER, "--concurrency", "2")
+    marker = tmp_path / "started"
+    beside = Job.objects.enqueue(tasks.sleep_after_marking, [str(marker), 3], max_attempts=1)
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(marker.exists, timeout=20)
+    wait_for(lambda: ended(hung), timeout=30)
+    assert fresh(hung).status == "dead"
+    # max_attempts=1: only an uncharged release lets it run again and succeed.
+    wait_for(lambda: ended(beside), timeout=30)
+    row = fresh(beside)
+    assert (row.status, row.attempts) == ("done", 1), (row.status, row.errors, worker.output())
