@@ -33,9 +33,12 @@ if TYPE_CHECKING:
         Retry,
         Snooze,
         SnoozeLimitExceeded,
+        SoftTimeLimitExceeded,
+        TimeLimitExceeded,
     )
     from .taskapi import task
     from .tasks import CurrentJob, PgQueueTask, current_job
+    from .waiting import await_for, awatch, wait_for, watch
     from .workflows import Chain, Group, Step, chain, group, step
 
     __version__: str
@@ -52,10 +55,16 @@ _EXPORTS = {
     "Retry": "exceptions",
     "Snooze": "exceptions",
     "SnoozeLimitExceeded": "exceptions",
+    "SoftTimeLimitExceeded": "exceptions",
+    "TimeLimitExceeded": "exceptions",
     "task": "taskapi",
     "CurrentJob": "tasks",
     "PgQueueTask": "tasks",
     "current_job": "tasks",
+    "await_for": "waiting",
+    "awatch": "waiting",
+    "wait_for": "waiting",
+    "watch": "waiting",
     "Chain": "workflows",
     "Group": "workflows",
     "Step": "workflows",
@@ -78,13 +87,19 @@ __all__ = [
     "Retry",
     "Snooze",
     "SnoozeLimitExceeded",
+    "SoftTimeLimitExceeded",
     "Step",
+    "TimeLimitExceeded",
+    "await_for",
+    "awatch",
     "chain",
     "current_job",
     "enqueue_many",
     "group",
     "step",
     "task",
+    "wait_for",
+    "watch",
 ]
 
 

@@ -129,6 +129,8 @@ SETTINGS: dict[str, tuple[Bounds, bool, str]] = {
         "pgqueue.E028",
     ),
     "JOB_TIMEOUT_SECONDS": (Bounds(0.1, 30 * DAY, unit="seconds"), True, "pgqueue.E019"),
+    "SOFT_TIME_LIMIT": (Bounds(0.1, 30 * DAY, unit="seconds"), True, "pgqueue.E070"),
+    "TIME_LIMIT": (Bounds(0.1, 30 * DAY, unit="seconds"), True, "pgqueue.E071"),
     "SHUTDOWN_GRACE_SECONDS": (GRACE_SECONDS, True, "pgqueue.E020"),
     "SUPERVISOR_STOP_SECONDS": (STOP_SECONDS, False, "pgqueue.E026"),
     "BURST_CONNECT_TIMEOUT": (Bounds(0, DAY, unit="seconds"), False, "pgqueue.E027"),

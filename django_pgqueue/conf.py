@@ -78,6 +78,16 @@ class Settings:
     sweeper recovers a hung task), and its return after the limit fails the attempt
     with JobTimeout (retried), never done."""
 
+    SOFT_TIME_LIMIT: float | None = None
+    """Seconds a job may run before ``SoftTimeLimitExceeded`` is raised inside its task
+    (None: no limit); ``@task(soft_time_limit=...)`` and ``Job.objects.enqueue(...,
+    soft_time_limit=...)`` override it."""
+
+    TIME_LIMIT: float | None = None
+    """Seconds after which a job still running is recorded failed with
+    ``TimeLimitExceeded`` and its worker process replaced (None: no limit);
+    ``@task(time_limit=...)`` and ``Job.objects.enqueue(..., time_limit=...)`` override it."""
+
     SHUTDOWN_GRACE_SECONDS: float | None = None
     """After the first SIGTERM, how long running tasks may take before the worker
     gives up on them (None: wait for them)."""

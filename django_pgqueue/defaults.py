@@ -146,6 +146,8 @@ def prepare(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     now: dt.datetime | None = None,
+    soft_time_limit: float | None = None,
+    time_limit: float | None = None,
 ) -> dict[str, Any]:
     """The statement parameters of one new job (``sql.JOB_ENQUEUE`` and its keyed and
     dependent forms): its defaults (:func:`resolve`), its key, payload and concurrency
@@ -172,6 +174,8 @@ def prepare(
         "max_attempts": resolved.max_attempts,
         "idempotency_key": key,
         "concurrency_key": made_key,
+        "soft_time_limit": validation.time_limit(soft_time_limit, "soft_time_limit"),
+        "time_limit": validation.time_limit(time_limit, "time_limit"),
         "channel": settings.NOTIFY_CHANNEL,
         "now": now,
         "trace_context": None if context is None else json.dumps(context),

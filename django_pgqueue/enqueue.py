@@ -88,7 +88,10 @@ def _enqueued(
         "errors": [],
         "snoozes": 0,
         "concurrency_key": params["concurrency_key"],
+        "soft_time_limit": params.get("soft_time_limit"),
+        "time_limit": params.get("time_limit"),
         "has_dependants": False,
+        "waited": False,
         "created_at": created_at,
         "trace_context": None if trace_context is None else json.loads(trace_context),
     }

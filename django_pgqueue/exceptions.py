@@ -84,6 +84,26 @@ class JobTimeout(PgQueueError):  # noqa: N818 - names the event, like LeaseExpir
     fails with this error, its value discarded, rather than being done."""
 
 
+class SoftTimeLimitExceeded(PgQueueError):  # noqa: N818 - Celery's name, the issue's contract
+    """Raised inside a task that ran past its soft time limit (``@task(soft_time_limit=
+    ...)``, ``Job.objects.enqueue(..., soft_time_limit=...)``, ``PGQUEUE_SOFT_TIME_LIMIT``):
+    in a sync task's thread as an asynchronous exception (it lands at the next Python
+    bytecode, not inside a C call such as ``time.sleep``), in a coroutine task as its
+    cancellation. The task may catch it to clean up; if it escapes, the attempt fails
+    with it and is retried like any failure."""
+
+    def __init__(self, *args: object) -> None:
+        # Raised as a class by the asynchronous exception: a message of its own.
+        super().__init__(*(args or ("the task ran past its soft time limit",)))
+
+
+class TimeLimitExceeded(PgQueueError):  # noqa: N818 - Celery's name, beside the soft one
+    """Recorded for a job still running at its hard time limit (``@task(time_limit=...)``,
+    ``Job.objects.enqueue(..., time_limit=...)``, ``PGQUEUE_TIME_LIMIT``): a task stuck
+    in a C call, or one that swallowed ``SoftTimeLimitExceeded``. The attempt fails
+    with it (retried like any failure); the worker process holding it is replaced."""
+
+
 class DeadlineExceeded(PgQueueError):  # noqa: N818 - names the event
     """A probe's statements did not finish within its time limit (``deadline.within``):
     the database is overloaded, unreachable in time, or a table they read is locked

@@ -131,6 +131,8 @@ class JobManager(models.Manager["Job"]):
         concurrency_key: str | None = None,
         depends_on: Iterable[Job | int] | None = None,
         on_parent_failure: str | None = None,
+        soft_time_limit: float | None = None,
+        time_limit: float | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -142,6 +144,10 @@ class JobManager(models.Manager["Job"]):
         ``unique_for`` and ``debounce`` give the key a period (see ``enqueue.py``).
         ``concurrency_key`` puts the job in that budget of ``PGQUEUE_LIMITS`` (and fair
         turns); by default the task's ``@task(concurrency_key=...)``, or none.
+        ``soft_time_limit``: seconds this job may run before ``SoftTimeLimitExceeded``
+        is raised inside its task (default: the task's option, else the setting).
+        ``time_limit``: seconds after which it is failed with ``TimeLimitExceeded`` if
+        still running, and its worker process replaced (the same defaults).
 
         ``depends_on``: jobs (or their ids) of this jobs database that must finish
         first; the job waits (status ``waiting``) and is released by the statement that
@@ -155,6 +161,11 @@ class JobManager(models.Manager["Job"]):
         failure = workflows.on_parent_failure_option(on_parent_failure)
         if parents and (unique_for is not None or debounce is not None):
             raise InvalidJob("depends_on cannot be combined with unique_for or debounce")
+        if parents and (soft_time_limit is not None or time_limit is not None):
+            raise InvalidJob(
+                "soft_time_limit and time_limit cannot be given with depends_on: give "
+                "them to the task (@task(time_limit=...)) or set PGQUEUE_TIME_LIMIT"
+            )
         if failure is not None and not parents:
             raise InvalidJob("on_parent_failure needs depends_on: the jobs it applies to")
         params = defaults.prepare(
@@ -169,6 +180,8 @@ class JobManager(models.Manager["Job"]):
             idempotency_key=idempotency_key,
             concurrency_key=concurrency_key,
             now=now,
+            soft_time_limit=soft_time_limit,
+            time_limit=time_limit,
         )
         if parents:
             return workflows.enqueue_dependant(

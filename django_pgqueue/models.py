@@ -100,6 +100,16 @@ class Job(models.Model):
     #: later keeps False: its completion finds them (``sql.JOB_COMPLETE``'s
     #: ``dependants``) and resolves them right after.
     has_dependants = models.BooleanField(default=False, db_default=False)
+    #: Someone waits on it (``django_pgqueue.wait_for``, ``watch``): its end and its
+    #: progress are announced on the channel ``pgqueue_waited`` (``sql/wait.py``'s
+    #: trigger). False for every job nobody waits on, which the trigger skips.
+    waited = models.BooleanField(default=False, db_default=False)
+    #: Seconds it may run before ``SoftTimeLimitExceeded`` is raised inside its task,
+    #: given at enqueue; None: the task's ``soft_time_limit``, else the setting's.
+    soft_time_limit = models.FloatField(null=True, blank=True)
+    #: Seconds after which, still running, it is failed with ``TimeLimitExceeded`` and
+    #: its worker process replaced; None: the task's ``time_limit``, else the setting's.
+    time_limit = models.FloatField(null=True, blank=True)
 
     objects = JobManager()
 

@@ -22,6 +22,14 @@ Django's ``@task(...)`` passes unknown keyword arguments to the backend's ``task
     out once the lease is gone. Overrides ``PGQUEUE_JOB_TIMEOUT_SECONDS``.
 ``max_attempts``
     Attempt limit for jobs of this task (default ``PGQUEUE_MAX_ATTEMPTS``).
+``soft_time_limit``
+    Seconds a job may run before :class:`~django_pgqueue.SoftTimeLimitExceeded` is
+    raised inside the task (see the time limits how-to). Overrides
+    ``PGQUEUE_SOFT_TIME_LIMIT``; ``Job.objects.enqueue(soft_time_limit=...)`` overrides it.
+``time_limit``
+    Seconds after which a job still running is failed with
+    :class:`~django_pgqueue.TimeLimitExceeded` and its worker process replaced.
+    Overrides ``PGQUEUE_TIME_LIMIT``; ``Job.objects.enqueue(time_limit=...)`` overrides it.
 ``concurrency_key``
     The budget this task's jobs are counted in by ``PGQUEUE_LIMITS`` and fair turns: a
     str, or a callable of the call's args and kwargs (``lambda tenant_id, **_:
@@ -64,6 +72,16 @@ class PgQueueTask(Task):
     max_attempts: int | None = None
     """Attempt limit of this task's jobs (None: ``PGQUEUE_MAX_ATTEMPTS``)."""
 
+    soft_time_limit: float | None = None
+    """Seconds a job may run before ``SoftTimeLimitExceeded`` is raised inside the task
+    (None: ``PGQUEUE_SOFT_TIME_LIMIT``); ``Job.objects.enqueue(soft_time_limit=)``
+    overrides it per job."""
+
+    time_limit: float | None = None
+    """Seconds after which a job still running is failed with ``TimeLimitExceeded`` and
+    its worker process replaced (None: ``PGQUEUE_TIME_LIMIT``);
+    ``Job.objects.enqueue(time_limit=)`` overrides it per job."""
+
     backoff: Callable[[BaseException, Any], float | dt.timedelta | None] | None = None
     """``backoff(exception, task_result)``: seconds (or a timedelta) before the retry of
     a failed attempt (``task_result.attempts`` is the attempt that failed); None, or
@@ -83,6 +101,16 @@ class PgQueueTask(Task):
             or self.timeout <= 0
         ):
             raise InvalidTask(f"timeout must be a positive number of seconds: {self.timeout!r}")
+        if self.soft_time_limit is not None:
+            try:
+                validation.time_limit(self.soft_time_limit, "soft_time_limit")
+            except InvalidJob as exc:
+                raise InvalidTask(str(exc)) from None
+        if self.time_limit is not None:
+            try:
+                validation.time_limit(self.time_limit, "time_limit")
+            except InvalidJob as exc:
+                raise InvalidTask(str(exc)) from None
         if self.max_attempts is not None and (
             isinstance(self.max_attempts, bool)
             or not isinstance(self.max_attempts, int)

@@ -201,6 +201,27 @@ def idempotency_key(value: Any) -> str | None:
     return value
 
 
+#: The longest time limit accepted (30 days, as PGQUEUE_JOB_TIMEOUT_SECONDS).
+MAX_TIME_LIMIT = 30 * 86400.0
+
+
+def time_limit(value: Any, name: str) -> float | None:
+    """A job's time limit in seconds, checked (None: none): a finite number from 0.1
+    to 30 days."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0.1 <= value <= MAX_TIME_LIMIT
+    ):
+        raise InvalidJob(
+            f"{name} must be a number of seconds from 0.1 to {MAX_TIME_LIMIT:g}, not {show(value)}"
+        )
+    return float(value)
+
+
 def concurrency_key(value: Any, *, source: str = "concurrency_key") -> str:
     """A job's concurrency key, checked ("" for None: no key). ``source`` names where it
     came from in the error (the argument, or the callable that made it)."""

@@ -511,7 +511,12 @@ def _job(alias: str, row: tuple[Any, ...]) -> Job:
     values: dict[str, Any] = dict.fromkeys(_field_names(model))
     values.update(zip(_COLUMNS, row, strict=True))
     values.update(
-        args=json.loads(row[4]), kwargs=json.loads(row[5]), errors=[], attempts=0, snoozes=0
+        args=json.loads(row[4]),
+        kwargs=json.loads(row[5]),
+        errors=[],
+        attempts=0,
+        snoozes=0,
+        waited=False,
     )
     return _instance(model, alias, values)
 

@@ -678,3 +678,40 @@ def sleep_between(ledger: str, seconds: float) -> str:
     _note(ledger, f"run {job.attempt} {job.snoozes}")
     job.sleep(seconds)
     return job.run_step("after", _note, ledger, "after")
+
+
+@task(soft_time_limit=1, max_attempts=1)
+def busy_loop(seconds: float = 30.0) -> str:
+    """Pure-Python work for ``seconds``: a soft time limit interrupts it."""
+    deadline = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+    return "not interrupted"
+
+
+@task(soft_time_limit=1, max_attempts=1)
+async def async_busy_wait(seconds: float = 30.0) -> str:
+    """A coroutine waiting ``seconds``: a soft time limit cancels it."""
+    await asyncio.sleep(seconds)
+    return "not interrupted"
+
+
+@task(max_attempts=1)
+def cleans_up_on_soft_limit(marker: str) -> str:
+    """Catches SoftTimeLimitExceeded to clean up (writes ``marker``), then re-raises."""
+    from django_pgqueue.exceptions import SoftTimeLimitExceeded
+
+    try:
+        while True:
+            time.sleep(0.01)
+    except SoftTimeLimitExceeded:
+        Path(marker).write_text("cleaned up")
+        raise
+
+
+@task(time_limit=2, max_attempts=1)
+def sleeps_in_c(seconds: float = 60.0) -> str:
+    """``time.sleep`` (a C call no soft limit interrupts): a hard time limit ends it."""
+    time.sleep(seconds)
+    return "not interrupted"

@@ -145,6 +145,7 @@ def test_layers__the_check_sees_a_planted_circle(tmp_path, monkeypatch):
 OWN_EXECUTE = {
     "django_pgqueue.bulk",
     "django_pgqueue.deadline",
+    "django_pgqueue.hub",
     "django_pgqueue.worker.connections",
 }
 

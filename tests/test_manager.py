@@ -206,6 +206,8 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "max_attempts": 5,
         "idempotency_key": key,
         "concurrency_key": "",
+        "soft_time_limit": None,
+        "time_limit": None,
         "channel": "pgqueue_job",
         "now": None,
         "args": "[1, 2]",

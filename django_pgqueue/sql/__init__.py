@@ -60,6 +60,7 @@ RUNNERS: dict[str, str] = {
     "presence": "django_pgqueue.worker.presence",
     "migration": "django_pgqueue.migration_ops",
     "steps": "django_pgqueue.steps",
+    "wait": "django_pgqueue.hub",
 }
 
 #: The modules of fragments shared by several families (no statement of their own).

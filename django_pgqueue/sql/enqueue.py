@@ -10,13 +10,15 @@ from .common import UNIQUE_WINDOW, WAITING
 # key row ("held") was given this statement's new id; {key} is its idempotency_key.
 _KEYED_INSERT = """INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
+        soft_time_limit, time_limit
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), {key},
-           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+           %(soft_time_limit)s::float8, %(time_limit)s::float8
     FROM held, clock
     WHERE held.fresh"""
 
@@ -43,13 +45,15 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
+    soft_time_limit, time_limit
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+       %(soft_time_limit)s::float8, %(time_limit)s::float8
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL

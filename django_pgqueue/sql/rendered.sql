@@ -21,13 +21,15 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
+    soft_time_limit, time_limit
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+       %(soft_time_limit)s::float8, %(time_limit)s::float8
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -75,13 +77,15 @@ WITH clock AS (
 ), inserted AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
+        soft_time_limit, time_limit
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), NULL,
-           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+           %(soft_time_limit)s::float8, %(time_limit)s::float8
     FROM held, clock
     WHERE held.fresh
     RETURNING j.id
@@ -114,13 +118,15 @@ WITH clock AS (
 ), inserted AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
+        soft_time_limit, time_limit
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+           %(soft_time_limit)s::float8, %(time_limit)s::float8
     FROM held, clock
     WHERE held.fresh
     ON CONFLICT (queue, idempotency_key)
@@ -4337,3 +4343,52 @@ RETURNING s.id
 )
 SELECT greatest(extract(epoch FROM ending.until - ending.now)::float8, 0)
 FROM ending, recorded;
+
+-- =============================================================================
+-- family wait: run by django_pgqueue.hub
+
+-- name: JOB_WAIT_FLAG
+-- Flag jobs as waited on (their completion and progress then NOTIFY) and say where each
+-- stands; run after LISTEN, so no completion falls between the check and the listen.
+UPDATE pgqueue_job
+SET waited = true
+WHERE id = ANY (%(ids)s::bigint[])
+RETURNING id, status, progress::text;
+
+-- name: JOB_WAIT_READ
+-- Where notified (or, after the listening connection was lost, all) waited jobs stand.
+SELECT id, status, progress::text
+FROM pgqueue_job
+WHERE id = ANY (%(ids)s::bigint[]);
+
+-- name: WAITED_NOTIFY_FUNCTION
+-- Announce a waited job's end or progress on pgqueue_waited: "<id> <status>". Called by
+-- the trigger pgqueue_job_waited only; installed by migration 0021.
+CREATE OR REPLACE FUNCTION pgqueue_job_waited_notify()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $body$
+BEGIN
+    PERFORM pg_notify('pgqueue_waited', NEW.id::text || ' ' || NEW.status);
+    RETURN NULL;
+END
+$body$;
+
+-- name: WAITED_TRIGGER
+-- Call WAITED_NOTIFY_FUNCTION for a waited job that finished or stored progress; other
+-- rows pay the WHEN test only. Installed by migration 0021.
+CREATE TRIGGER pgqueue_job_waited
+AFTER UPDATE OF status, progress ON pgqueue_job
+FOR EACH ROW
+WHEN (NEW.waited AND (
+    (NEW.status IN ('done', 'dead', 'cancelled') AND NEW.status IS DISTINCT FROM OLD.status)
+    OR NEW.progress IS DISTINCT FROM OLD.progress))
+EXECUTE FUNCTION pgqueue_job_waited_notify();
+
+-- name: WAIT_LISTEN
+-- Subscribe a waiting process's hub connection to the channel of waited jobs.
+LISTEN pgqueue_waited;
+
+-- name: WAIT_PING
+-- Prove a hub's idle LISTEN connection is still alive (a socket can die silently).
+SELECT 1;

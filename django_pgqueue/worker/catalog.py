@@ -30,6 +30,10 @@ class Known:
     transactional: bool
     #: The task's own ``timeout`` option, in seconds (None: the setting's).
     timeout: float | None
+    #: The task's own ``soft_time_limit`` option, in seconds (None: the setting's).
+    soft_time_limit: float | None = None
+    #: The task's own ``time_limit`` option, in seconds (None: the setting's).
+    time_limit: float | None = None
 
     @property
     def on_loop(self) -> bool:
@@ -51,11 +55,15 @@ class Catalog:
         if known is None:
             task = load_task(path)
             timeout = task_option(task, "timeout")
+            soft = task_option(task, "soft_time_limit")
+            hard = task_option(task, "time_limit")
             known = Known(
                 task=task,
                 coroutine=iscoroutinefunction(task.func),
                 transactional=bool(task_option(task, "transactional")),
                 timeout=float(timeout) if isinstance(timeout, int | float) else None,
+                soft_time_limit=float(soft) if isinstance(soft, int | float) else None,
+                time_limit=float(hard) if isinstance(hard, int | float) else None,
             )
             with self._lock:
                 known = self._known.setdefault(path, known)

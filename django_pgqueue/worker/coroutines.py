@@ -67,12 +67,13 @@ from django.db import connections
 
 from .. import tracing, validation
 from ..conf import settings
-from ..exceptions import JobTimeout
+from ..exceptions import JobTimeout, SoftTimeLimitExceeded
 from ..models import Job
 from ..taskapi import task_started
 from ..tasks import _current
 from .catalog import Known
 from .connections import watch_lane
+from .limits import soft_limit
 from .runner import Begun, JobRunner, Refusal, arguments
 from .state import WorkerPart, WorkerState
 
@@ -505,6 +506,19 @@ class EventLoop(WorkerPart):
             limit = begun.known.timeout
             if limit is None:
                 limit = settings.JOB_TIMEOUT_SECONDS
+            soft = soft_limit(job, begun.known.soft_time_limit)
+            if soft is not None and (limit is None or soft < limit):
+                await asyncio.wait({inner}, timeout=soft)
+                if not inner.done():
+                    # Cancelled at its soft limit: it may clean up; if the cancellation
+                    # ends it, the attempt fails with SoftTimeLimitExceeded.
+                    inner.cancel(f"soft time limit of {soft:g}s")
+                    await asyncio.wait({inner}, timeout=None if limit is None else limit - soft)
+                    if inner.cancelled():
+                        raise SoftTimeLimitExceeded(
+                            f"the coroutine ran past its soft time limit of {soft:g}s "
+                            "and was cancelled"
+                        )
             await asyncio.wait({inner}, timeout=limit)
             if not inner.done():
                 assert limit is not None

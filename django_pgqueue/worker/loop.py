@@ -56,6 +56,7 @@ from .completer import Completer
 from .connections import bounded, recycle_connections
 from .coroutines import EventLoop
 from .heartbeat import Heartbeat
+from .limits import HardLimits
 from .listener import Listener
 from .outcomes import Reporter
 from .position import ClaimPosition
@@ -95,6 +96,7 @@ class Worker:
         grace_seconds: float | None = None,
         backend: str | None = None,
         async_concurrency: int | None = None,
+        on_time_limit: str = "stop",
     ) -> None:
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
@@ -118,6 +120,9 @@ class Worker:
         self.grace_seconds = (
             settings.SHUTDOWN_GRACE_SECONDS if grace_seconds is None else grace_seconds
         )
+        #: How the process is replaced once a hard time limit is passed
+        #: (``limits.REPLACE_MODES``).
+        self.on_time_limit = on_time_limit
         #: The ``TASKS`` alias whose jobs database this worker works (None: default).
         self.backend = backend
         self.alias = backend_database(backend)
@@ -159,6 +164,8 @@ class Worker:
             state, reporter=reporter, completer=self._completer, catalog=self._catalog
         )
         self._heartbeat = Heartbeat(state)
+        #: Enforces the hard time limits.
+        self._hard_limits = HardLimits(state, replace=self.on_time_limit, stop=self.stop)
         self._coroutines = (
             EventLoop(
                 state,
@@ -206,6 +213,7 @@ class Worker:
             None if self._listener is None else self._thread(self._listener.run, "listener")
         )
         self._completer_thread = self._thread(self._completer.run, "completer")
+        self._limits_thread = self._thread(self._hard_limits.run, "time-limits")
         self._runner_threads = [
             self._thread(self._runner_thread, f"runner-{i}") for i in range(self.concurrency)
         ]
@@ -598,6 +606,7 @@ class Worker:
         threads = [
             self._heartbeat_thread,
             self._completer_thread,
+            self._limits_thread,
             *self._runner_threads,
             *self._loop_threads,
         ]

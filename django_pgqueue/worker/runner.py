@@ -59,6 +59,7 @@ from .connections import (
     thread_connections,
     watch_session,
 )
+from .limits import SoftLimit, hard_limit, soft_limit
 from .outcomes import Reporter
 from .state import DataRefused, Held, WorkerPart, WorkerState, refused_data
 
@@ -238,6 +239,7 @@ class JobRunner(WorkerPart):
             if held is not None and not held.lost:
                 held.started = time.monotonic()
                 held.timeout = None if known is None else known.timeout
+                held.time_limit = hard_limit(job, None if known is None else known.time_limit)
         if held is None or held.lost:
             return Refusal(Refusal.LOST)
         if held.cancel.is_set():
@@ -332,7 +334,12 @@ class JobRunner(WorkerPart):
         if known.coroutine:
             value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
         else:
-            value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
+            limit = soft_limit(job, known.soft_time_limit)
+            if limit is None:
+                value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
+            else:
+                with SoftLimit(limit):
+                    value = task.func(*args, **job.kwargs)
         return validation.returned(value)  # a bad value fails the job here
 
     def _run(self, job: Job, begun: Begun) -> bool:

@@ -64,6 +64,8 @@ class Held:
     lost: bool = False
     timeout: float | None = None  # the task's own timeout option, once it is loaded
     timed_out: bool = False
+    #: Its hard time limit in seconds (``limits.hard_limit``), once it started.
+    time_limit: float | None = None
     completing: bool = False  # finished; waiting for the completer to record it
     on_loop: bool = False  # a coroutine job, run on the event loop (not a thread slot)
     # Its outcome (fail, release, inline or transactional completion) is being written:

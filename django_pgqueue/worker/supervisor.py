@@ -14,6 +14,8 @@ and looks after them:
   supervisor exits 1;
 * a child that dies (killed, crashed, or stopped on a fatal error) is logged and
   started again, after a backoff that grows while children keep dying young;
+* a child that exits :data:`~.limits.EXIT_TIME_LIMIT` (a job passed its hard time
+  limit, see ``limits.py``) is started again at once;
 * a child that exits 0 on its own (``--burst`` ran out of work, ``--max-jobs`` reached)
   is done and not restarted; the supervisor exits when every child is done. With
   ``--burst`` a child that gave up (exit 3: a database that stayed unreachable) is not
@@ -49,6 +51,7 @@ from django.db import connections
 from ..conf import settings
 from ..reconnect import backoff_delay
 from ..signals import Abort, defer_stop, on_stop, stop_signals, take_deferred
+from .limits import EXIT_TIME_LIMIT
 from .loop import Worker
 
 logger = logging.getLogger(__name__)
@@ -89,6 +92,7 @@ class Slot:
     failures: int = 0  # deaths in a row, each within HEALTHY_SECONDS of its start
     restart_at: float | None = None  # when a dead child's replacement is due
     finished: bool = False  # exited 0 on its own: not restarted
+    restarts: int = 0  # replaced for a hard time limit
 
 
 def describe_exit(code: int) -> str:
@@ -293,6 +297,17 @@ class Supervisor:
                     extra={"action": "child_exit"},
                 )
                 continue
+            if code == EXIT_TIME_LIMIT and not stopping:
+                # Replaced for a job past its hard time limit: started again at once.
+                slot.restart_at = time.monotonic()
+                slot.restarts += 1
+                logger.warning(
+                    "worker process %d (pid %d) replaced: a job passed its time limit",
+                    slot.index,
+                    pid,
+                    extra={"action": "child_replaced"},
+                )
+                continue
             if stopping:
                 level = logging.INFO if code == 0 else logging.WARNING
                 if code != 0:
@@ -453,6 +468,9 @@ def run_worker_process(
     options = dict(worker_options)
     if index is not None and options.get("worker_id"):
         options["worker_id"] = f"{options['worker_id']}:{index}"
+    # A job past its hard time limit replaces the process: a supervisor's child exits
+    # (and is started again), the only process re-executes itself.
+    options.setdefault("on_time_limit", "exec" if index is None else "exit")
     worker = Worker(**options)
     if parent is not None:
         watch_parent(worker.stop, parent)

@@ -1,0 +1,150 @@
+"""Soft time limits (``worker/limits.py``): ``SoftTimeLimitExceeded`` raised inside a
+task that ran too long, through real ``pgqueue_worker`` processes for sync and
+coroutine tasks, and the options' validation."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import override_settings
+
+from django_pgqueue import SoftTimeLimitExceeded
+from django_pgqueue.exceptions import InvalidJob
+from django_pgqueue.models import Job
+from django_pgqueue.taskapi import InvalidTask, task
+from django_pgqueue.worker.limits import SoftLimit, soft_limit
+from testproject.demo.tasks import add
+from tests import tasks
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = ("pgqueue_worker", "--poll-interval", "0.1", "--concurrency", "2")
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def ended(job: Job) -> bool:
+    return fresh(job).status in ("done", "dead", "cancelled")
+
+
+def soft_failure(job: Job) -> dict:
+    row = fresh(job)
+    assert row.status == "dead", row.status
+    assert row.errors[-1]["exception_class_path"] == (
+        "django_pgqueue.exceptions.SoftTimeLimitExceeded"
+    ), row.errors
+    return row.errors[-1]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_soft_limit__a_busy_loop_fails_within_2s_and_the_worker_runs_the_next_job(
+    manage, processes
+):
+    """Sync (thread) and coroutine tasks with soft_time_limit=1: the attempt fails with
+    SoftTimeLimitExceeded within 2 s of its start; the same worker then runs more."""
+    args = [*WORKER] + (["--processes", str(processes)] if processes > 1 else [])
+    manage(*args)
+    busy = Job.objects.enqueue(tasks.busy_loop, [30])
+    waiting = Job.objects.enqueue(tasks.async_busy_wait, [30])
+    wait_for(lambda: ended(busy) and ended(waiting), timeout=30)
+    for job in (busy, waiting):
+        soft_failure(job)
+        row = fresh(job)
+        assert (row.finished_at - row.started_at).total_seconds() < 2.0
+    after = Job.objects.enqueue(add, [1, 2])
+    wait_for(lambda: ended(after), timeout=20)
+    assert fresh(after).status == "done"
+
+
+def test_soft_limit__per_enqueue_override_and_cleanup(manage, tmp_path):
+    """enqueue(soft_time_limit=) applies to a task without the option; the task may
+    catch the exception to clean up, and re-raising it fails the attempt."""
+    manage(*WORKER)
+    marker = tmp_path / "cleaned"
+    job = Job.objects.enqueue(tasks.cleans_up_on_soft_limit, [str(marker)], soft_time_limit=0.5)
+    assert fresh(job).soft_time_limit == 0.5
+    wait_for(lambda: ended(job), timeout=20)
+    soft_failure(job)
+    assert marker.read_text() == "cleaned up"
+
+
+def test_soft_limit__the_setting_is_the_default():
+    job = Job(soft_time_limit=None)
+    assert soft_limit(job, None) is None
+    assert soft_limit(job, 3.0) == 3.0
+    assert soft_limit(Job(soft_time_limit=2.0), 3.0) == 2.0
+    with override_settings(PGQUEUE_SOFT_TIME_LIMIT=7):
+        assert soft_limit(job, None) == 7.0
+
+
+def test_soft_limit__raised_in_the_thread_then_never_after_the_block():
+    """In process: the asynchronous exception lands in the guarded loop; once the block
+    is left nothing more is raised, even with the timer due."""
+    started = time.monotonic()
+    with pytest.raises(SoftTimeLimitExceeded, match="soft time limit"):
+        with SoftLimit(0.2):
+            while True:
+                pass
+    assert 0.2 <= time.monotonic() - started < 1.0
+    with SoftLimit(0.05):
+        pass
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # would raise here if the timer still fired
+        pass
+
+
+def test_soft_limit__bad_values_are_named():
+    with pytest.raises(InvalidJob, match="soft_time_limit must be a number of seconds"):
+        Job.objects.enqueue(add, [1, 2], soft_time_limit=-1)
+    with pytest.raises(InvalidJob, match="soft_time_limit must be a number of seconds"):
+        Job.objects.enqueue(add, [1, 2], soft_time_limit="10")
+    assert not Job.objects.exists()
+    with pytest.raises(InvalidTask, match="soft_time_limit must be a number of seconds"):
+        task(soft_time_limit=0)(lambda: None)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manage, processes):
+    """time.sleep(60) with time_limit=2: recorded failed with TimeLimitExceeded within
+    4 s of its claim, the worker process replaced (supervisor's child restarted, or
+    the one process re-executed with the same pid), and a job enqueued after runs."""
+    args = [*WORKER, "--concurrency", "1"] + (
+        ["--processes", str(processes)] if processes > 1 else []
+    )
+    worker = manage(*args)
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: ended(hung), timeout=30)
+    row = fresh(hung)
+    assert row.status == "dead"
+    assert row.errors[-1]["exception_class_path"] == (
+        "django_pgqueue.exceptions.TimeLimitExceeded"
+    ), row.errors
+    assert (row.finished_at - row.last_attempted_at).total_seconds() < 4.0
+    after = Job.objects.enqueue(add, [1, 2])
+    wait_for(lambda: ended(after), timeout=30)
+    assert fresh(after).status == "done"
+    expected = "replaced: a job passed its time limit" if processes > 1 else "time limit of 2s"
+    wait_for(lambda: expected in worker.output(), timeout=5)
+    assert worker.popen.poll() is None  # (the one process: execv keeps its pid)
+    # A new process started: the one process's second start-up line, or a new child.
+    assert worker.output().count(" starting: database=") == processes + 1, worker.output()
+
+
+def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, tmp_path):
+    """A job running beside the one past its limit is given back unrun-charged (its
+    attempt not counted) and then runs to completion in the replacement."""
+    worker = manage(*WORKER, "--concurrency", "2")
+    marker = tmp_path / "started"
+    beside = Job.objects.enqueue(tasks.sleep_after_marking, [str(marker), 3], max_attempts=1)
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(marker.exists, timeout=20)
+    wait_for(lambda: ended(hung), timeout=30)
+    assert fresh(hung).status == "dead"
+    # max_attempts=1: only an uncharged release lets it run again and succeed.
+    wait_for(lambda: ended(beside), timeout=30)
+    row = fresh(beside)
+    assert (row.status, row.attempts) == ("done", 1), (row.status, row.errors, worker.output())
