@@ -119,6 +119,7 @@ class JobManager(models.Manager["Job"]):
         concurrency_key: str | None = None,
         depends_on: Iterable[Job | int] | None = None,
         on_parent_failure: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -130,6 +131,9 @@ class JobManager(models.Manager["Job"]):
         ``unique_for`` and ``debounce`` give the key a period (see ``enqueue.py``).
         ``concurrency_key`` puts the job in that budget of ``PGQUEUE_LIMITS`` (and fair
         turns); by default the task's ``@task(concurrency_key=...)``, or none.
+        ``tags``: labels to find the job by (``["customer:42", "import"]``), added to
+        the task's ``@task(tags=...)``; at most ``validation.MAX_TAGS``, each at most
+        ``validation.MAX_TAG_LENGTH`` characters of letters, digits and ``_.:/@=+-``.
 
         ``depends_on``: jobs (or their ids) of this jobs database that must finish
         first; the job waits (status ``waiting``) and is released by the statement that
@@ -157,6 +161,7 @@ class JobManager(models.Manager["Job"]):
             idempotency_key=idempotency_key,
             concurrency_key=concurrency_key,
             now=now,
+            tags=tags,
         )
         if parents:
             return workflows.enqueue_dependant(

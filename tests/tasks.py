@@ -498,3 +498,9 @@ async def async_whoami() -> dict[str, object]:
     assert job is not None, "only a worker runs this task"
     await job.aset_progress({"async": True})
     return {"id": job.id, "deliveries": await Delivery.objects.acount()}
+
+
+@task(tags=["billing", "nightly"])
+def tagged(n: int) -> int:
+    """For the tag tests: every job of this task carries its two tags."""
+    return n

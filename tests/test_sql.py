@@ -115,6 +115,8 @@ def test_sql__table_name_matches_model(name):
     elif name == "JOB_BULK_IDS":  # the table's id sequence, no table read
         assert tables == set()
         assert f"pg_get_serial_sequence('{Job._meta.db_table}', 'id')" in getattr(sql, name)
+    elif name == "JOB_GET_COMMON_TAGS":  # the planner's common tags, or the tags themselves
+        assert tables == {"pg_stats", Job._meta.db_table}
     elif name == "JOB_GET_COLUMN_STATS":  # reads the planner's catalogs about our table
         assert tables == {"pg_class", "pg_namespace", "pg_stats"}
         assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)

@@ -20,6 +20,7 @@ from ..monitoring import queue_summary
 from .base import BREADCRUMBS_AS_LIST, actor, admin_database, human_duration, log_change
 from .filters import BackendFilter, QueueFilter, TaskFilter
 from .read_only_jobs import ReadOnlyJobAdmin
+from .tags import TagFilter, TagsColumn
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ CANCEL_SHOWN = 100
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyJobAdmin):
+class JobAdmin(TagsColumn, ReadOnlyJobAdmin):
     """Every job, read-only, with a summary of the queue's health above the list."""
 
     change_list_template = "admin/django_pgqueue/job/change_list.html"
@@ -41,6 +42,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "attempts_display",
         "run_at",
         "worker_link",
+        "tags_display",
         "last_error_line",
     )
     list_filter = (
@@ -48,6 +50,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "status",
         QueueFilter,
         TaskFilter,
+        TagFilter,
         ("created_at", admin.DateFieldListFilter),
     )
     actions = ("cancel_selected",)

@@ -56,6 +56,7 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "priority",
         "backend",
         "idempotency_key",
+        "tags",
         "attempts_display",
         "last_worker",
         "lease_expires_at",
@@ -92,7 +93,7 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
                 )
             },
         ),
-        ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
+        ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key", "tags")}),
         (WORKFLOW, {"fields": ("workflow_display", "parents_display", "dependants_display")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
         ("Progress", {"fields": ("progress_pretty",)}),

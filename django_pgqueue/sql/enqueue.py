@@ -10,13 +10,14 @@ from .common import UNIQUE_WINDOW, WAITING
 # key row ("held") was given this statement's new id; {key} is its idempotency_key.
 _KEYED_INSERT = """INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+        run_at, idempotency_key, errors, created_at, trace_context, concurrency_key, tags
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), {key},
-           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+           '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+           %(tags)s::text[]
     FROM held, clock
     WHERE held.fresh"""
 
@@ -43,13 +44,14 @@ WITH clock AS (
 )
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key
+    run_at, idempotency_key, errors, created_at, trace_context, concurrency_key, tags
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
-       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s
+       '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
+       %(tags)s::text[]
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -89,6 +91,7 @@ WITH clock AS (
     UPDATE pgqueue_job AS j
     SET args = %(args)s::jsonb,
         kwargs = %(kwargs)s::jsonb,
+        tags = %(tags)s::text[],
         run_at = clock.run_at,
         status = CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END
     FROM held, clock
