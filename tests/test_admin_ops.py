@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from django_pgqueue.models import Job
+from django_pgqueue.monitoring import ColumnStats
 
 JOB_LIST = "admin:django_pgqueue_job_changelist"
 DEAD_LIST = "admin:django_pgqueue_deadletter_changelist"
@@ -84,3 +85,109 @@ def test_job_detail__shows_tags(admin_client):
     job = Job.objects.enqueue(ADD, [1], tags=["customer:42"])
     page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.pk]))
     assert "customer:42" in page.content.decode()
+
+
+# --- search -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def searchable():
+    """Jobs that differ in each thing the search box finds."""
+    return {
+        "plain": Job.objects.enqueue(ADD, [1, 2]),
+        "keyed": Job.objects.enqueue(ADD, [3, 4], idempotency_key="order-17"),
+        "tagged": Job.objects.enqueue(ADD, [5, 6], tags=["customer:42"]),
+        "arg": Job.objects.enqueue(ADD, [424242, "eu"]),
+        "kwarg": Job.objects.enqueue(
+            "testproject.demo.tasks.add", [], {"customer_id": 77, "region": "eu-west"}
+        ),
+        "other_task": Job.objects.enqueue("tests.tasks.tagged", [9]),
+    }
+
+
+def found(client: Client, term: str) -> list[int]:
+    page = client.get(reverse(JOB_LIST), {"q": term})
+    assert page.status_code == 200
+    return listed(page)
+
+
+def test_search__finds_by_id_task_key_tag_and_argument_values(admin_client, searchable):
+    j = {name: job.pk for name, job in searchable.items()}
+    assert found(admin_client, str(j["keyed"])) == [j["keyed"]]
+    assert found(admin_client, "order-17") == [j["keyed"]]
+    assert found(admin_client, "customer:42") == [j["tagged"]]
+    assert found(admin_client, "[424242]") == [j["arg"]]  # a positional number
+    assert found(admin_client, "424242") == []  # a bare number is a job id only
+    assert found(admin_client, "eu") == [j["arg"]]  # a positional string
+    assert found(admin_client, "customer_id=77") == [j["kwarg"]]
+    assert found(admin_client, "region=eu-west") == [j["kwarg"]]
+    assert found(admin_client, '{"customer_id": 77}') == [j["kwarg"]]
+    assert found(admin_client, '[424242, "eu"]') == [j["arg"]]
+    assert found(admin_client, "tests.tasks.tagged") == [j["other_task"]]  # whole path
+    assert found(admin_client, "tests.tasks") == [j["other_task"]]  # its beginning
+    assert found(admin_client, "customer_id=78") == []
+
+
+def test_search__part_of_a_path_only_on_a_small_table(admin_client, searchable, monkeypatch):
+    from django_pgqueue.admin import search
+
+    assert found(admin_client, "tasks.tagged") == [searchable["other_task"].pk]
+    big = ColumnStats(total=10**8, bytes=10**12, freqs={})
+    monkeypatch.setattr(search, "column_stats", lambda using, column: big)
+    assert found(admin_client, "tasks.tagged") == []
+    assert found(admin_client, "customer:42") == [searchable["tagged"].pk]  # indexed still
+
+
+def test_search__a_search_out_of_time_lists_nothing_and_says_so(
+    admin_client, searchable, monkeypatch
+):
+    from django_pgqueue.admin import search
+
+    monkeypatch.setattr(search, "SEARCH_SECONDS", 1e-9)
+    page = admin_client.get(reverse(JOB_LIST), {"q": "customer:42"})
+    assert page.status_code == 200
+    assert listed(page) == []
+    assert any("The search was stopped after" in text for text in texts(page))
+
+
+@pytest.mark.parametrize(
+    "term",
+    [
+        "[" * 3000,
+        '{"a": "\\u0000"}',
+        '["\\ud800"]',
+        "x=" + "[" * 1500,
+        "a=\\u0000",
+        "9" * 5000,
+        "=",
+        "a=",
+        '{"a": 1e999}',
+        "[" * 600 + "]" * 600,
+        "'; DROP TABLE pgqueue_job; --",
+    ],
+)
+def test_search__odd_terms_never_500(admin_client, searchable, term):
+    page = admin_client.get(reverse(JOB_LIST), {"q": term})
+    assert page.status_code == 200
+    page = admin_client.get(reverse(DEAD_LIST), {"q": term})
+    assert page.status_code == 200
+
+
+def test_search__uses_the_indexes_no_table_scan(searchable, monkeypatch):
+    from django_pgqueue.admin import search
+
+    big = ColumnStats(total=10**8, bytes=10**12, freqs={})
+    monkeypatch.setattr(search, "column_stats", lambda using, column: big)
+
+    Job.objects.bulk_enqueue({"task": ADD, "args": [i]} for i in range(3000))
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE pgqueue_job")
+        # A plan without a scan of the table exists only if every branch of the OR has
+        # an index (a small table's best plan is a scan: bench/search.py measures a big one).
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    for term in ("customer:42", "[424242]", "customer_id=77", "order-17", "tests.tasks"):
+        query = Job.objects.filter(search.search_q(term, using="default")).order_by("-id")[:50]
+        plan = query.explain()
+        assert "Seq Scan" not in plan, (term, plan)
