@@ -406,6 +406,20 @@ class JobManager(models.Manager["Job"]):
         being dead meanwhile)."""
         return operate.discard_dead(self.db_alias, ids)
 
+    def run_now(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> list[int]:
+        """Scheduled jobs (a failed attempt waiting for its retry, a job for later) to
+        pending, due now, attempts and errors kept; wake workers at commit. Return the
+        ids that changed (not ids no longer scheduled). One guarded statement per
+        ``SWEEP_BATCH_SIZE`` ids."""
+        return operate.run_now(self.db_alias, ids, now=now)
+
+    def delete_finished(self, ids: Iterable[int]) -> list[int]:
+        """Delete finished jobs (done, dead, cancelled) by id, with their own edges;
+        return the ids deleted. A live job is never deleted, nor a parent whose
+        dependant still needs its row (the sweeper resolves that edge first). One
+        guarded statement per ``SWEEP_BATCH_SIZE`` ids."""
+        return operate.delete_finished(self.db_alias, ids)
+
     # --- flow control at run time -------------------------------------------------
 
     def set_limit(

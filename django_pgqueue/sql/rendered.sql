@@ -2537,6 +2537,33 @@ WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()
 )
 SELECT id FROM ended;
 
+-- name: JOB_DELETE_FINISHED
+-- Delete finished jobs by id, locked in id order, with their own edges; a parent whose
+-- edge the sweeper has yet to resolve is kept, as pruning keeps it.
+-- moves: done -> gone
+-- moves: dead -> gone
+-- moves: cancelled -> gone
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job AS j
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('done', 'dead', 'cancelled')
+      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
+    ORDER BY id
+    FOR UPDATE
+), deleted AS (
+    DELETE FROM pgqueue_job AS j
+    USING locked
+    WHERE j.id = locked.id
+      AND j.status IN ('done', 'dead', 'cancelled')
+    RETURNING j.id, j.parents_left
+), own_edges AS (
+    DELETE FROM pgqueue_job_dependency AS e
+    WHERE e.job_id IN (SELECT id FROM deleted WHERE parents_left IS NOT NULL)
+)
+SELECT id FROM deleted;
+
 -- name: JOB_NOTIFY_CANCEL
 -- Tell workers that running jobs were cancelled: prefix and ids, per_payload ids a
 -- notification (payloads stay under 8000 bytes), at commit.
@@ -2581,6 +2608,26 @@ WHERE j.id = picked.id
         AND live.idempotency_key = j.idempotency_key
         AND live.status IN ('pending', 'scheduled', 'running', 'waiting')))
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified;
+
+-- name: JOB_RUN_NOW
+-- Scheduled jobs by id to pending, due now, attempts and errors kept; locked in id
+-- order, and NOTIFY at commit.
+-- moves: scheduled -> pending
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status = 'scheduled'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE pgqueue_job AS j
+SET status = 'pending',
+    run_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+FROM locked
+WHERE j.id = locked.id
+  AND j.status = 'scheduled'
+RETURNING j.id, pg_notify(%(channel)s, j.queue)::text AS notified;
 
 -- =============================================================================
 -- family workflow: run by django_pgqueue.workflows
