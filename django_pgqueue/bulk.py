@@ -73,6 +73,7 @@ JOB_KEYS = frozenset(
         "unique_for",
         "debounce",
         "concurrency_key",
+        "tags",
     }
 )
 
@@ -168,6 +169,7 @@ class _RowMaker:
             "concurrency_key": get("concurrency_key"),
         }
         resolved = self._resolve(task, given)
+        tags = defaults.job_tags(resolved, get("tags"))
         run_at = validation.run_at(get("run_at"))
         if run_at is None:
             run_at = resolved.run_at
@@ -182,7 +184,7 @@ class _RowMaker:
         )
         if get("unique_for") is not None or get("debounce") is not None:
             self.deferred.append(
-                self._keyed(job, resolved, args_json, kwargs_json, concurrency_key)
+                self._keyed(job, resolved, args_json, kwargs_json, concurrency_key, tags)
             )
             return None
         if key is not None:
@@ -202,6 +204,7 @@ class _RowMaker:
             _ERRORS_EMPTY,
             key,
             concurrency_key,
+            tags,
         )
 
     def _keyed(
@@ -211,6 +214,7 @@ class _RowMaker:
         args: str,
         kwargs: str,
         concurrency_key: str,
+        tags: list[str],
     ) -> dict[str, Any]:
         """The checked parameters of a job with a key period, for ``enqueue.enqueue_keyed``."""
         params = {
@@ -222,6 +226,7 @@ class _RowMaker:
             "max_attempts": resolved.max_attempts,
             "idempotency_key": validation.idempotency_key(job.get("idempotency_key")),
             "concurrency_key": concurrency_key,
+            "tags": tags,
             "channel": settings.NOTIFY_CHANNEL,
             "now": self.now,
             "trace_context": None,
@@ -262,6 +267,7 @@ class _RowMaker:
             _ERRORS_EMPTY,
             None,
             concurrency_key,
+            list(resolved.tags),
         )
 
 
@@ -541,8 +547,7 @@ class _Announcer:
         created (a job skipped for its idempotency key is not)."""
         ids = take_ids(cursor, len(rows))
         if keyed:
-            columns = dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
-            del columns["created_at"], columns["errors"]
+            columns = array_columns(rows)
             cursor.execute(
                 sql.JOB_BULK_INSERT_DEDUPE_WITH_IDS, {**columns, "id": ids, "created_at": now}
             )
@@ -591,16 +596,32 @@ def _backend_class(alias: str) -> type:
         return QueueBackend
 
 
-def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
-    """INSERT one batch holding idempotency keys; return how many rows were new."""
+def array_text(tags: Sequence[str]) -> str:
+    """A job's tags as PostgreSQL array text (``{"a","b"}``), for a statement that takes
+    one array per column: an array of arrays would be one two-dimensional array. Tags
+    hold no quote, backslash or brace (``validation.TAG_RE``); each is quoted so that a
+    tag spelled NULL stays a tag."""
+    return "{" + ",".join(f'"{tag}"' for tag in tags) + "}"
+
+
+def array_columns(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """A batch's rows as one list per column, as the multi-row INSERTs take them (less
+    the columns they fill themselves)."""
     columns = dict(zip(COLUMNS, map(list, zip(*rows, strict=True)), strict=True))
     del columns["created_at"], columns["errors"]
+    columns["tags"] = [array_text(tags) for tags in columns["tags"]]
+    return columns
+
+
+def _insert_dedupe(cursor: Any, rows: Sequence[tuple[Any, ...]], now: dt.datetime) -> int:
+    """INSERT one batch holding idempotency keys; return how many rows were new."""
+    columns = array_columns(rows)
     cursor.execute(sql.JOB_BULK_INSERT_DEDUPE, {**columns, "created_at": now})
     return cursor.rowcount
 
 
 #: What a call of ``enqueue_many`` may give beyond its args and kwargs.
-CALL_OPTIONS = frozenset({"idempotency_key", "unique_for", "debounce", "concurrency_key"})
+CALL_OPTIONS = frozenset({"idempotency_key", "unique_for", "debounce", "concurrency_key", "tags"})
 
 
 def enqueue_many(
@@ -611,7 +632,7 @@ def enqueue_many(
 ) -> BulkResult:
     """Enqueue ``task`` once per ``(args, kwargs)`` pair of ``calls``, all or nothing. A
     call may be ``(args, kwargs, options)``: ``idempotency_key`` and ``unique_for`` or
-    ``debounce``, and ``concurrency_key``, as ``Job.objects.enqueue()`` takes them.
+    ``debounce``, ``concurrency_key`` and ``tags``, as ``Job.objects.enqueue()`` takes them.
 
     The Tasks-framework face of :func:`bulk_enqueue`: ``task.using(queue_name=...,
     priority=..., run_after=..., backend=...)`` apply to every job, and the backend

@@ -15,6 +15,8 @@ value                     sources, first given wins
 ``max_attempts``          the call, ``@task(max_attempts=...)``, the backend's
                           ``OPTIONS["MAX_ATTEMPTS"]``, ``PGQUEUE_MAX_ATTEMPTS``
 ``concurrency_key``       the call, ``@task(concurrency_key=...)``, none ("")
+``tags``                  ``@task(tags=...)`` *and* the call's, in that order, repeats
+                          dropped (at most ``validation.MAX_TAGS`` in all)
 ========================  ===========================================================
 
 A task given as a dotted path brings the options of the ``Task`` it names. Every value
@@ -51,6 +53,8 @@ class JobDefaults:
     max_attempts: int
     #: The checked key ("" for none), or the callable that makes one per job.
     concurrency_key: str | Callable[..., Any] = ""
+    #: The task's own tags (``@task(tags=...)``), checked; a call's are added to them.
+    tags: tuple[str, ...] = ()
 
 
 def resolve(
@@ -89,7 +93,16 @@ def resolve(
         run_at=validation.run_at(run_at),
         max_attempts=validation.max_attempts(max_attempts),
         concurrency_key=key,
+        tags=tuple(task_option(own, "tags") or ()),
     )
+
+
+def job_tags(resolved: JobDefaults, given: Any) -> list[str]:
+    """A job's tags: the task's, then the call's ``given`` (checked; ``InvalidJob``
+    naming what is wrong)."""
+    if given is None:
+        return list(resolved.tags)
+    return validation.merged_tags(resolved.tags, validation.tags(given))
 
 
 def concurrency_key(
@@ -148,6 +161,7 @@ def prepare(
     now: dt.datetime | None = None,
     soft_time_limit: float | None = None,
     time_limit: float | None = None,
+    tags: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The statement parameters of one new job (``sql.JOB_ENQUEUE`` and its keyed and
     dependent forms): its defaults (:func:`resolve`), its key, payload and concurrency
@@ -163,6 +177,7 @@ def prepare(
         concurrency_key=concurrency_key,
     )
     key = validation.idempotency_key(idempotency_key)
+    job_tags_ = job_tags(resolved, tags)
     args_json, kwargs_json, made_key = job_payload(resolved, args, kwargs)
     context = tracing.carrier()
     return {
@@ -176,6 +191,7 @@ def prepare(
         "concurrency_key": made_key,
         "soft_time_limit": validation.time_limit(soft_time_limit, "soft_time_limit"),
         "time_limit": validation.time_limit(time_limit, "time_limit"),
+        "tags": job_tags_,
         "channel": settings.NOTIFY_CHANNEL,
         "now": now,
         "trace_context": None if context is None else json.dumps(context),
@@ -196,6 +212,7 @@ def cache_key(task: Any, **given: Any) -> tuple[Any, ...] | None:
             task.run_after,
             task_option(task, "max_attempts"),
             task_option(task, "concurrency_key"),
+            tuple(task_option(task, "tags") or ()),
         )
     else:
         own = task

@@ -94,6 +94,7 @@ def _enqueued(
         "waited": False,
         "created_at": created_at,
         "trace_context": None if trace_context is None else json.loads(trace_context),
+        "tags": list(params.get("tags", ())),
     }
     # Every other column of a new job is NULL (lease, result, timestamps, flags).
     names = field_names(model)
@@ -219,6 +220,7 @@ def _gone(model: type[models.Model], alias: str, params: dict[str, Any], job_id:
         status=Status.DONE,
         max_attempts=params["max_attempts"],
         idempotency_key=params["idempotency_key"],
+        tags=list(params.get("tags", ())),
     )
     job._state.db = alias
     return job

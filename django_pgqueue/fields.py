@@ -20,12 +20,13 @@ from django.db.models.lookups import Lookup
 
 class CharArrayField(models.Field):
     """``varchar(item_length)[]``: the column ``ArrayField(CharField(max_length=...))``
-    makes, so moving to this field changes nothing in the database."""
+    makes, so moving to this field changes nothing in the database. ``item_length=None``
+    is ``text[]`` (a job's tags: their length is checked on enqueue)."""
 
     description = "Array of strings"
     empty_strings_allowed = False
 
-    def __init__(self, *args: Any, item_length: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, item_length: int | None, **kwargs: Any) -> None:
         self.item_length = item_length
         super().__init__(*args, **kwargs)
 
@@ -35,6 +36,8 @@ class CharArrayField(models.Field):
         return name, path, args, kwargs
 
     def db_type(self, connection: BaseDatabaseWrapper) -> str:
+        if self.item_length is None:
+            return "text[]"
         return f"varchar({int(self.item_length)})[]"
 
     def get_db_prep_value(

@@ -133,6 +133,7 @@ class JobManager(models.Manager["Job"]):
         on_parent_failure: str | None = None,
         soft_time_limit: float | None = None,
         time_limit: float | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Job:
         """Store one job and wake idle workers at commit; return it.
 
@@ -148,6 +149,9 @@ class JobManager(models.Manager["Job"]):
         is raised inside its task (default: the task's option, else the setting).
         ``time_limit``: seconds after which it is failed with ``TimeLimitExceeded`` if
         still running, and its worker process replaced (the same defaults).
+        ``tags``: labels to find the job by (``["customer:42", "import"]``), added to
+        the task's ``@task(tags=...)``; at most ``validation.MAX_TAGS``, each at most
+        ``validation.MAX_TAG_LENGTH`` characters of letters, digits and ``_.:/@=+-``.
 
         ``depends_on``: jobs (or their ids) of this jobs database that must finish
         first; the job waits (status ``waiting``) and is released by the statement that
@@ -182,6 +186,7 @@ class JobManager(models.Manager["Job"]):
             now=now,
             soft_time_limit=soft_time_limit,
             time_limit=time_limit,
+            tags=tags,
         )
         if parents:
             return workflows.enqueue_dependant(
@@ -439,6 +444,20 @@ class JobManager(models.Manager["Job"]):
         """Delete dead jobs by id; return the ids deleted (never a job that stopped
         being dead meanwhile)."""
         return operate.discard_dead(self.db_alias, ids)
+
+    def run_now(self, ids: Iterable[int], *, now: dt.datetime | None = None) -> list[int]:
+        """Scheduled jobs (a failed attempt waiting for its retry, a job for later) to
+        pending, due now, attempts and errors kept; wake workers at commit. Return the
+        ids that changed (not ids no longer scheduled). One guarded statement per
+        ``SWEEP_BATCH_SIZE`` ids."""
+        return operate.run_now(self.db_alias, ids, now=now)
+
+    def delete_finished(self, ids: Iterable[int]) -> list[int]:
+        """Delete finished jobs (done, dead, cancelled) by id, with their own edges;
+        return the ids deleted. A live job is never deleted, nor a parent whose
+        dependant still needs its row (the sweeper resolves that edge first). One
+        guarded statement per ``SWEEP_BATCH_SIZE`` ids."""
+        return operate.delete_finished(self.db_alias, ids)
 
     # --- flow control at run time -------------------------------------------------
 

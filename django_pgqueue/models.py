@@ -8,6 +8,7 @@ issued by ``JobManager`` or, for its passes, the sweeper; the ORM is used for re
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django.db import models
 from django.db.models import ExpressionWrapper, F, Q, Value
@@ -36,6 +37,23 @@ class IsTrue(models.Func):
 
     template = "(%(expressions)s) IS TRUE"
     output_field = models.BooleanField()
+
+
+class GinIndex(models.Index):
+    """An index ``USING gin``: ``django.contrib.postgres``'s ``GinIndex`` would make that
+    app required (system check postgres.E005), and the quickstart installs only this
+    one."""
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        return super().create_sql(model, schema_editor, using=" USING gin", **kwargs)
+
+
+class EmptyTextArray(models.Func):
+    """``'{}'::text[]``: the database default of a job's tags, so every statement that
+    inserts a job without naming them (periodic entries, workflows) stores none."""
+
+    template = "'{}'::text[]"
+    output_field = CharArrayField(item_length=None)
 
 
 class Job(models.Model):
@@ -110,6 +128,9 @@ class Job(models.Model):
     #: Seconds after which, still running, it is failed with ``TimeLimitExceeded`` and
     #: its worker process replaced; None: the task's ``time_limit``, else the setting's.
     time_limit = models.FloatField(null=True, blank=True)
+    #: Labels to find the job by (``enqueue(..., tags=["customer:42"])``), checked by
+    #: ``validation.tags``; served by the GIN index ``pgqueue_job_tags_idx``.
+    tags = CharArrayField(item_length=None, default=list, db_default=EmptyTextArray(), blank=True)
 
     objects = JobManager()
 
@@ -212,6 +233,29 @@ class Job(models.Model):
                 fields=["workflow_id", "id"],
                 name="pgqueue_job_workflow_idx",
                 condition=Q(workflow_id__isnull=False),
+            ),
+            # "Every job with tag X" (tags @> ARRAY[X]), the admin's tag filter and
+            # search. Built CONCURRENTLY (0026).
+            GinIndex(fields=["tags"], name="pgqueue_job_tags_idx"),
+            # The admin's search by an argument's value: args @> '[42]', kwargs @>
+            # '{"customer_id": 42}' (jsonb_path_ops: containment only, a smaller index).
+            # Built CONCURRENTLY (0026).
+            GinIndex(fields=["args"], opclasses=["jsonb_path_ops"], name="pgqueue_job_args_idx"),
+            GinIndex(
+                fields=["kwargs"], opclasses=["jsonb_path_ops"], name="pgqueue_job_kwargs_idx"
+            ),
+            # The admin's search by task path (exact, or a prefix) and idempotency key
+            # (finished jobs too, which pgqueue_job_idempotency_uniq does not hold).
+            # Built CONCURRENTLY (0026).
+            models.Index(
+                fields=["task", "id"],
+                name="pgqueue_job_task_idx",
+                opclasses=["text_pattern_ops", "int8_ops"],
+            ),
+            models.Index(
+                fields=["idempotency_key"],
+                name="pgqueue_job_key_search_idx",
+                condition=Q(idempotency_key__isnull=False),
             ),
         ]
         constraints = [

@@ -603,6 +603,45 @@ def column_stats(using: str, column: str) -> ColumnStats:
     return ColumnStats(total=total, bytes=size, freqs=dict(pairs))
 
 
+@dataclass(frozen=True)
+class TagCount:
+    """The jobs carrying one tag (``pgqueue_status --tag``): by status and queue, at
+    most ``cap`` of them read (``capped``: there may be more)."""
+
+    tag: str
+    counts: dict[tuple[str, str], int]
+    cap: int
+
+    @property
+    def capped(self) -> bool:
+        return sum(self.counts.values()) >= self.cap
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tag": self.tag,
+            "capped": self.capped,
+            "jobs": [
+                {"status": status, "queue": queue, "jobs": jobs}
+                for (status, queue), jobs in self.counts.items()
+            ],
+        }
+
+
+def tag_count(using: str | None, tag: str, *, cap: int = 100_000) -> TagCount:
+    """How many jobs carry ``tag``, by status and queue, through the tags index; at most
+    ``cap`` jobs are read (``sql.JOB_COUNT_TAG``)."""
+    rows = _rows(using, sql.JOB_COUNT_TAG, {"tag": tag, "cap": cap})
+    return TagCount(tag=tag, counts={(s, q): n for s, q, n in rows}, cap=cap)
+
+
+def common_tags(using: str, *, limit: int = 100) -> list[str]:
+    """Tags for the admin's filter: every tag in use on a small table, the planner's
+    most common ones on a big one (no scan; a rare tag is still found by the search)."""
+    small = column_stats(using, "tags").small(limit * 100)
+    rows = _rows(using, sql.JOB_GET_COMMON_TAGS, {"small": small, "limit": limit})
+    return [tag for (tag,) in rows]
+
+
 def common_values(using: str, column: str, *, limit: int = 100) -> list[str]:
     """Values of ``queue`` or ``task`` for the admin's filters: those that hold live
     jobs (``live_values``) first, then, to ``limit``, every other value on a small

@@ -136,6 +136,29 @@ def cancel(alias: str, ids: Iterable[int], *, now: dt.datetime | None = None) ->
     return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
 
 
+def run_now(alias: str, ids: Iterable[int], *, now: dt.datetime | None = None) -> list[int]:
+    """Scheduled jobs (a retry backing off, a job for later) to pending now, attempts
+    and errors kept; the ids that changed (never a job no longer scheduled)."""
+    changed: list[int] = []
+    for chunk in chunks(job_ids(ids)):
+        rows = db.rows(
+            alias,
+            sql.JOB_RUN_NOW,
+            {"ids": chunk, "now": now, "channel": settings.NOTIFY_CHANNEL},
+        )
+        changed.extend(row[0] for row in rows)
+    return sorted(changed)
+
+
+def delete_finished(alias: str, ids: Iterable[int]) -> list[int]:
+    """Delete finished (done, dead, cancelled) jobs by id; the ids deleted. A live job
+    is never deleted, nor a parent whose dependant still needs its row."""
+    deleted: list[int] = []
+    for chunk in chunks(job_ids(ids)):
+        deleted.extend(row[0] for row in db.rows(alias, sql.JOB_DELETE_FINISHED, {"ids": chunk}))
+    return sorted(deleted)
+
+
 def discard_dead(alias: str, ids: Iterable[int]) -> list[int]:
     """Delete dead jobs by id; the ids deleted (never a job that stopped being dead)."""
     deleted: list[int] = []

@@ -34,6 +34,10 @@ Django's ``@task(...)`` passes unknown keyword arguments to the backend's ``task
     The budget this task's jobs are counted in by ``PGQUEUE_LIMITS`` and fair turns: a
     str, or a callable of the call's args and kwargs (``lambda tenant_id, **_:
     f"tenant:{tenant_id}"``). See the flow control how-to.
+``tags``
+    Tags every job of this task carries (``tags=["billing"]``); a call's
+    ``Job.objects.enqueue(..., tags=[...])`` adds its own. Shown and filtered by in the
+    admin, and ``pgqueue_status --tag``.
 
 Ordinary (non-transactional) tasks run at least once. To make their effects
 idempotent they can read :func:`current_job` (job id, attempt, idempotency key), or,
@@ -91,7 +95,15 @@ class PgQueueTask(Task):
     """The concurrency key of this task's jobs (see ``PGQUEUE_LIMITS``): a str, or a
     callable given the call's args and kwargs that returns one (None: no key)."""
 
+    tags: tuple[str, ...] | list[str] | None = None
+    """Tags every job of this task carries (checked as ``validation.tags``)."""
+
     def __post_init__(self) -> None:
+        if self.tags is not None:
+            try:
+                object.__setattr__(self, "tags", tuple(validation.tags(self.tags)))
+            except InvalidJob as exc:
+                raise InvalidTask(str(exc)) from None
         if not isinstance(self.transactional, bool):
             raise InvalidTask(f"transactional must be True or False, not {self.transactional!r}")
         if self.timeout is not None and (

@@ -30,6 +30,14 @@ MAX_KEY_LENGTH = 255
 MAX_CONCURRENCY_KEY_LENGTH = 255
 #: What starts a queue limit's key (``"queue:emails"``): no concurrency key may.
 QUEUE_LIMIT_PREFIX = "queue:"
+#: Most tags one job may carry, and the longest tag: a job's tags are labels to find it
+#: by (``tags=["customer:42"]``), not a payload.
+MAX_TAGS = 16
+MAX_TAG_LENGTH = 64
+#: A tag's characters: letters, digits and ``_ . : / @ = + -``, starting with a letter or
+#: a digit (no spaces, commas, quotes or braces, which the admin's filter and search and
+#: PostgreSQL's array text would have to escape).
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@=+-]*")
 #: Largest value of an ``integer`` column (max_attempts).
 MAX_INT4 = 2**31 - 1
 #: Longest ``backend`` alias the column holds.
@@ -246,6 +254,48 @@ def concurrency_key(value: Any, *, source: str = "concurrency_key") -> str:
         raise InvalidJob(f"{source} contains a NUL character (\\u0000)")
     _check_unicode(value, source)
     return value
+
+
+def tag(value: Any, *, source: str = "tags") -> str:
+    """One tag, checked: a str of 1 to ``MAX_TAG_LENGTH`` characters of ``TAG_RE``;
+    ``InvalidJob`` naming ``source`` and the tag otherwise."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TAG_LENGTH:
+        raise InvalidJob(
+            f"{source}: each tag must be a non-empty str of at most {MAX_TAG_LENGTH} "
+            f"characters, not {show(value)}"
+        )
+    if not TAG_RE.fullmatch(value):
+        raise InvalidJob(
+            f"{source}: tag {show(value)} may hold only letters, digits and _ . : / @ = + - "
+            "(starting with a letter or a digit)"
+        )
+    return value
+
+
+def tags(value: Any, *, source: str = "tags") -> list[str]:
+    """A job's tags, checked: a list (or tuple, set) of at most ``MAX_TAGS`` tags
+    (:func:`tag`), in the order given, repeats dropped; None is no tag. A bare str is
+    refused (it would be taken as a list of characters)."""
+    if value is None:
+        return []
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple | set | frozenset):
+        raise InvalidJob(f"{source} must be a list of str, not {show(value)}")
+    items = [tag(item, source=source) for item in value]
+    checked = list(dict.fromkeys(sorted(items) if isinstance(value, set | frozenset) else items))
+    if len(checked) > MAX_TAGS:
+        raise InvalidJob(f"{source}: at most {MAX_TAGS} tags per job, not {len(checked)}")
+    return checked
+
+
+def merged_tags(own: Sequence[str], given: Sequence[str]) -> list[str]:
+    """A task's tags then the call's, repeats dropped, within ``MAX_TAGS``."""
+    merged = list(dict.fromkeys([*own, *given]))
+    if len(merged) > MAX_TAGS:
+        raise InvalidJob(
+            f"tags: at most {MAX_TAGS} tags per job, not {len(merged)} (the task's and "
+            "the call's together)"
+        )
+    return merged
 
 
 def _check_unicode(text: str, path: str) -> None:

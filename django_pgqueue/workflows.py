@@ -35,6 +35,7 @@ its row only after the re-check read it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -137,9 +138,16 @@ class Chain:
     """Steps run one after another, each given the previous one's return value as its
     first positional argument. Made by :func:`chain`."""
 
-    def __init__(self, steps: Sequence[Step], *, on_parent_failure: str | None = None) -> None:
+    def __init__(
+        self,
+        steps: Sequence[Step],
+        *,
+        on_parent_failure: str | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> None:
         self.steps = list(steps)
         self.on_parent_failure = on_parent_failure_option(on_parent_failure)
+        self.tags = validation.tags(tags)
 
     def enqueue(self) -> Jobs:
         """Store every step (all or nothing, joining the caller's transaction); return
@@ -152,7 +160,7 @@ class Chain:
             _Node(s) if i == 0 else _Node(s, [i - 1], "value", self.on_parent_failure)
             for i, s in enumerate(self.steps)
         ]
-        return write(nodes)
+        return write(nodes, tags=self.tags)
 
 
 class Group:
@@ -165,10 +173,12 @@ class Group:
         *,
         then: Step | None = None,
         on_parent_failure: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> None:
         self.steps = list(steps)
         self.then = then
         self.on_parent_failure = on_parent_failure_option(on_parent_failure)
+        self.tags = validation.tags(tags)
 
     def enqueue(self) -> Jobs:
         """Store the members and the callback (all or nothing, joining the caller's
@@ -190,22 +200,36 @@ class Group:
             raise InvalidJob("on_parent_failure applies to the callback: give then=step")
         if not nodes:
             raise InvalidJob("group() needs at least one step")
-        return write(nodes)
+        return write(nodes, tags=self.tags)
 
 
-def chain(*steps: Step | Task, on_parent_failure: str | None = None) -> Chain:
+def chain(
+    *steps: Step | Task,
+    on_parent_failure: str | None = None,
+    tags: Sequence[str] | None = None,
+) -> Chain:
     """``chain(step(a, 1), step(b), c).enqueue()``: a, then b(a's result), then c(b's
-    result). See :class:`Chain`."""
-    return Chain(_steps(steps, "chain step"), on_parent_failure=on_parent_failure)
+    result). ``tags`` are added to every step's job (after its task's). See
+    :class:`Chain`."""
+    return Chain(_steps(steps, "chain step"), on_parent_failure=on_parent_failure, tags=tags)
 
 
 def group(
-    *steps: Step | Task, then: Step | Task | None = None, on_parent_failure: str | None = None
+    *steps: Step | Task,
+    then: Step | Task | None = None,
+    on_parent_failure: str | None = None,
+    tags: Sequence[str] | None = None,
 ) -> Group:
     """``group(step(a, 1), step(a, 2), then=step(total)).enqueue()``: both a's side by
-    side, then total([result 1, result 2]). See :class:`Group`."""
+    side, then total([result 1, result 2]). ``tags`` are added to every job (after its
+    task's). See :class:`Group`."""
     callback = None if then is None else _steps([then], "then")[0]
-    return Group(_steps(steps, "group member"), then=callback, on_parent_failure=on_parent_failure)
+    return Group(
+        _steps(steps, "group member"),
+        then=callback,
+        on_parent_failure=on_parent_failure,
+        tags=tags,
+    )
 
 
 # --- writing a workflow ---------------------------------------------------------------
@@ -217,7 +241,9 @@ class _Checker:
     (edges cannot cross databases), raising ``InvalidJob`` naming the step. A task
     object shared by many steps (a group's members, usually) is resolved once."""
 
-    def __init__(self) -> None:
+    def __init__(self, tags: Sequence[str] = ()) -> None:
+        #: The workflow's tags, added to each task's own.
+        self.tags = tags
         #: id(task) -> (task, its resolution, its Task, its jobs database); the task is
         #: kept so that its id cannot be reused by another object during the call.
         self.known: dict[int, tuple[Any, defaults.JobDefaults, Task, str]] = {}
@@ -235,7 +261,11 @@ class _Checker:
         try:
             entry = self.known.get(id(task))
             if entry is None:
-                entry = self.known[id(task)] = (task, *_resolve(task, position))
+                resolved, own, database = _resolve(task, position)
+                if self.tags:
+                    merged = validation.merged_tags(resolved.tags, self.tags)
+                    resolved = dataclasses.replace(resolved, tags=tuple(merged))
+                entry = self.known[id(task)] = (task, resolved, own, database)
             _, resolved, own, database = entry
             args, kwargs, key = defaults.job_payload(
                 resolved, node.step.args, node.step.kwargs, max_bytes=self.max_bytes
@@ -275,13 +305,13 @@ def _resolve(task: Any, position: int) -> tuple[defaults.JobDefaults, Task, str]
     return resolved, own, database
 
 
-def write(nodes: Sequence[_Node]) -> Jobs:
+def write(nodes: Sequence[_Node], *, tags: Sequence[str] = ()) -> Jobs:
     """Store a workflow's jobs and edges in one transaction (the caller's, if any);
     return its jobs in node order. Steps are checked a batch at a time while the batch
     before is COPYed (as ``bulk_enqueue`` does); a bad one rolls everything back, so
     nothing is kept. Ids are taken from the sequence first, so that edges can name
     them; idle workers are woken once per queue of a job that can start now."""
-    check = _Checker()
+    check = _Checker(tags)
     check(0, nodes[0])  # the workflow's jobs database
     try:
         if len(nodes) <= bulk.DEFAULT_BATCH_SIZE:
@@ -314,6 +344,7 @@ def _insert(check: _Checker, nodes: Sequence[_Node]) -> Jobs:
         "max_attempts": [r.max_attempts for r, *_ in checked],
         "run_at": [r.run_at for r, *_ in checked],
         "concurrency_key": [key for *_, key in checked],
+        "tags": [bulk.array_text(r.tags) for r, *_ in checked],
         "parents_left": [len(node.parents) if node.parents else None for node in nodes],
         "parent_results": [node.parent_results for node in nodes],
         "on_parent_failure": [node.on_parent_failure for node in nodes],
@@ -380,6 +411,7 @@ def _job_row(
         "[]",
         None,
         key,
+        list(r.tags),
         len(node.parents) if node.parents else None,
         node.parent_results,
         node.on_parent_failure,
@@ -674,6 +706,7 @@ def _dependant(
         on_parent_failure=on_parent_failure,
         workflow_id=workflow_id,
         has_dependants=False,
+        tags=list(params.get("tags", ())),
     )
     return _instance(model, alias, values)
 

@@ -715,3 +715,9 @@ def sleeps_in_c(seconds: float = 60.0) -> str:
     """``time.sleep`` (a C call no soft limit interrupts): a hard time limit ends it."""
     time.sleep(seconds)
     return "not interrupted"
+
+
+@task(tags=["billing", "nightly"])
+def tagged(n: int) -> int:
+    """For the tag tests: every job of this task carries its two tags."""
+    return n

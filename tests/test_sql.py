@@ -120,6 +120,8 @@ def test_sql__table_name_matches_model(name):
     elif name == "MIGRATION_LOCK_HOLDERS":  # who holds our table, from the catalogs
         assert tables == {"pg_locks", "pg_stat_activity"}
         assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)
+    elif name == "JOB_GET_COMMON_TAGS":  # the planner's common tags, or the tags themselves
+        assert tables == {"pg_stats", Job._meta.db_table}
     elif name == "JOB_GET_COLUMN_STATS":  # reads the planner's catalogs about our table
         assert tables == {"pg_class", "pg_namespace", "pg_stats"}
         assert f"'{Job._meta.db_table}'::regclass" in getattr(sql, name)
@@ -150,6 +152,7 @@ WORKFLOW_STATEMENTS = {
     "JOB_COMPLETE_RELEASING",
     "JOB_DELETE_DEAD",
     "JOB_DELETE_FINISHED_LOCKED",
+    "JOB_DELETE_FINISHED",
     "JOB_ENQUEUE_DEPENDANT",
     "JOB_ENQUEUE_WORKFLOW",
     "JOB_FAIL",

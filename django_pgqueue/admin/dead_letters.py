@@ -23,6 +23,7 @@ from ..models import DeadLetter, Job
 from .base import actor, admin_database, log_change, with_backend
 from .filters import BackendFilter, DeadQueueFilter, DeadTaskFilter, DiedFilter
 from .read_only_jobs import ReadOnlyJobAdmin
+from .tags import TagFilter, TagsColumn
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def requeue_options(request: HttpRequest) -> tuple[str | None, int | None]:
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyJobAdmin):
+class DeadLetterAdmin(TagsColumn, ReadOnlyJobAdmin):
     """Jobs that used up their attempts: inspect, requeue, discard."""
 
     list_display = (
@@ -81,10 +82,17 @@ class DeadLetterAdmin(ReadOnlyJobAdmin):
         "task",
         "queue",
         "attempts_display",
+        "tags_display",
         "last_error_line",
         "died_at",
     )
-    list_filter = (BackendFilter, DeadTaskFilter, DeadQueueFilter, ("finished_at", DiedFilter))
+    list_filter = (
+        BackendFilter,
+        DeadTaskFilter,
+        DeadQueueFilter,
+        TagFilter,
+        ("finished_at", DiedFilter),
+    )
     action_form = RequeueActionForm
     actions = ("requeue", "requeue_from_start", "delete_selected")
 

@@ -11,14 +11,12 @@ from django.contrib.admin import helpers
 from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
 from ..models import LIVE_STATUSES, Job
 from ..monitoring import queue_summary
 from .base import (
-    BREADCRUMBS_AS_LIST,
     actor,
     admin_database,
     human_duration,
@@ -26,18 +24,18 @@ from .base import (
     log_change,
     timestamp,
 )
+from .bulk_actions import BulkActions, confirmation, selection
 from .filters import BackendFilter, QueueFilter, TaskFilter
 from .read_only_jobs import ReadOnlyJobAdmin
+from .tags import TagFilter, TagsColumn
 
 logger = logging.getLogger(__name__)
 
 CANCEL_PERMISSION = "django_pgqueue.cancel_job"
-#: Jobs listed by name on the cancel confirmation page (all of them are posted back).
-CANCEL_SHOWN = 100
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyJobAdmin):
+class JobAdmin(BulkActions, TagsColumn, ReadOnlyJobAdmin):
     """Every job, read-only, with a summary of the queue's health above the list."""
 
     change_list_template = "admin/django_pgqueue/job/change_list.html"
@@ -50,6 +48,7 @@ class JobAdmin(ReadOnlyJobAdmin):
         "attempts_display",
         "run_at",
         "worker_link",
+        "tags_display",
         "last_error_line",
     )
     list_filter = (
@@ -57,9 +56,10 @@ class JobAdmin(ReadOnlyJobAdmin):
         "status",
         QueueFilter,
         TaskFilter,
+        TagFilter,
         ("created_at", admin.DateFieldListFilter),
     )
-    actions = ("cancel_selected",)
+    actions = ("retry_now_selected", "cancel_selected", "delete_finished_selected")
     readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
     fieldsets = tuple(
         (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
@@ -149,27 +149,22 @@ class JobAdmin(ReadOnlyJobAdmin):
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """A confirmation page first; then one guarded statement per batch
         (``Job.objects.cancel``), and a message saying what changed and what did not."""
-        ids = self.selected_ids(request, queryset)
+        ids = selection(self, request, queryset)
+        if ids is None:
+            return None
         if not request.POST.get("post"):
-            jobs = list(
-                Job.objects.using(admin_database(request))
-                .filter(pk__in=ids)
-                .order_by("id")
-                .only("id", "task", "status", "queue")
-            )
-            return TemplateResponse(
+            return confirmation(
+                self,
                 request,
-                "admin/django_pgqueue/job/cancel_selected_confirmation.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "title": "Cancel jobs",
-                    "breadcrumbs_as_list": BREADCRUMBS_AS_LIST,
-                    "opts": self.model._meta,
-                    "jobs": jobs,
-                    "shown": jobs[:CANCEL_SHOWN],
-                    "more": max(0, len(jobs) - CANCEL_SHOWN),
-                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-                },
+                ids,
+                action="cancel_selected",
+                title="Cancel jobs",
+                question="Pending, scheduled and waiting jobs will never run, nor what "
+                "waits on them. Running jobs are asked to stop: their worker learns it at "
+                "once (or at its next lease extension), and they end cancelled whatever "
+                "their outcome (a transactional task's effects roll back). Finished jobs "
+                "are left alone.",
+                button="Yes, cancel them",
             )
         result = Job.objects.db_manager(admin_database(request)).cancel(ids)
         logger.info(

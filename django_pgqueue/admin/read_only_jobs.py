@@ -6,17 +6,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.views.main import ChangeList
-from django.db.models import Q, QuerySet
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
+from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from .. import deadline
+from ..exceptions import DeadlineExceeded
 from ..models import Job
+from . import search
 from .base import (
-    MAX_ID_DIGITS,
     TOO_DEEP,
     GuardedAdmin,
     IndexedOrderChangeList,
@@ -24,6 +27,7 @@ from .base import (
     error_line,
     job_id,
     pretty_json,
+    storable,
     timestamp,
 )
 from .paginator import EstimatedCountPaginator
@@ -64,7 +68,12 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
     sortable_by = ("id",)  # the primary key: the only order every list can use an index for
     ordering = ("-id",)
     search_fields = ("task",)  # enables the box; get_search_results decides what it means
-    search_help_text = "A job id, part of a task path, an idempotency key, or error text."
+    search_help_text = (
+        "A job id, a task path (or its beginning), an idempotency key, a tag, or an "
+        "argument's value: a word (positional), name=value (keyword), or JSON "
+        '([42] of args, {"customer_id": 42} of kwargs). Part of a task path and error '
+        "text are searched on small tables only."
+    )
     readonly_fields: ClassVar[tuple[str, ...]] = (
         "id",
         "task",
@@ -74,6 +83,7 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "backend",
         "idempotency_key",
         "concurrency_key_display",
+        "tags",
         "attempts_display",
         "last_worker",
         "lease_expires_at_display",
@@ -118,7 +128,7 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
             },
         ),
         ("Timestamps", {"fields": tuple(f"{name}_display" for name in TIMESTAMPS)}),
-        ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key")}),
+        ("Payload", {"fields": ("args_pretty", "kwargs_pretty", "idempotency_key", "tags")}),
         (WORKFLOW, {"fields": ("workflow_display", "parents_display", "dependants_display")}),
         ("Errors, newest first", {"fields": ("errors_pretty",)}),
         ("Progress", {"fields": ("progress_pretty",)}),
@@ -191,21 +201,36 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
-        """A number is a job id (a primary-key lookup); anything else is looked for in
-        the task path, the idempotency key and the errors (these scan)."""
+        """What a term means is ``search.search_q``'s: index lookups only on a big
+        table. A search that ran out of time (``changelist_view``) lists nothing."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        # isdecimal(), not isdigit(): "²" is a digit that int() refuses. At most 19
-        # digits: a bigint, and never past Python's int-to-str digit limit.
-        if term.isdecimal() and len(term) <= MAX_ID_DIGITS and int(term) < 2**63:
-            return queryset.filter(pk=int(term)), False
-        return (
-            queryset.filter(
-                Q(task__icontains=term) | Q(idempotency_key=term) | Q(errors__icontains=term)
-            ),
-            False,
-        )
+        if getattr(request, "pgqueue_search_cut", False):
+            return queryset.none(), False
+        return queryset.filter(search.search_q(term, using=admin_database(request))), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        """A list with a search term is drawn under ``search.SEARCH_SECONDS`` for all its
+        statements (``deadline.within``); when they run out, the list is drawn again
+        without rows, saying the search was cut."""
+        term = request.GET.get(SEARCH_VAR, "").strip()
+        if request.method != "GET" or not term or not storable(term):
+            return super().changelist_view(request, extra_context)
+        try:
+            with deadline.within(admin_database(request), search.SEARCH_SECONDS):
+                response = super().changelist_view(request, extra_context)
+                if isinstance(response, TemplateResponse):
+                    response.render()
+            return response
+        except DeadlineExceeded:
+            setattr(request, "pgqueue_search_cut", True)  # noqa: B010 - not an attribute of HttpRequest
+            self.message_user(
+                request, search.CUT_MESSAGE.format(seconds=search.SEARCH_SECONDS), messages.WARNING
+            )
+            return super().changelist_view(request, extra_context)
 
     created_at_display = _timestamp_display("created_at")
     run_at_display = _timestamp_display("run_at")

@@ -14,7 +14,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0021_job_waited")]
+    dependencies = [("django_pgqueue", "0022_job_tags")]
 
     operations = [
         AddIndexConcurrently(

@@ -20,6 +20,7 @@ BULK_COLUMNS = (
     ("errors", "jsonb"),
     ("idempotency_key", "text"),
     ("concurrency_key", "text"),
+    ("tags", "text[]"),
 )
 
 
@@ -66,23 +67,24 @@ FROM generate_series(1, %(count)s)
 JOB_BULK_INSERT_DEDUPE = """
 -- name: JOB_BULK_INSERT_DEDUPE
 -- Insert one bounded batch holding idempotency keys, skipping those a live job of the
--- queue holds (pgqueue_job_idempotency_uniq); one array per column, the first duplicate
--- wins.
+-- queue holds (pgqueue_job_idempotency_uniq); one array per column (a job's tags as
+-- array text), the first duplicate wins.
 -- moves: new -> pending | scheduled
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key, concurrency_key
+    run_at, created_at, errors, idempotency_key, concurrency_key, tags
 )
 SELECT r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority, r.status,
        r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb, r.idempotency_key,
-       r.concurrency_key
+       r.concurrency_key, r.tags::text[]
 FROM unnest(
     %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
     %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[], %(max_attempts)s::int[],
-    %(run_at)s::timestamptz[], %(idempotency_key)s::text[], %(concurrency_key)s::text[]
+    %(run_at)s::timestamptz[], %(idempotency_key)s::text[], %(concurrency_key)s::text[],
+    %(tags)s::text[]
 ) WITH ORDINALITY AS r(
     backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, idempotency_key, concurrency_key, ord
+    run_at, idempotency_key, concurrency_key, tags, ord
 )
 ORDER BY r.ord
 ON CONFLICT (queue, idempotency_key)
@@ -99,19 +101,19 @@ JOB_BULK_INSERT_DEDUPE_WITH_IDS = """
 -- moves: new -> pending | scheduled
 INSERT INTO pgqueue_job AS j (
     id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key, concurrency_key
+    run_at, created_at, errors, idempotency_key, concurrency_key, tags
 )
 SELECT r.id, r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority,
        r.status, r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb,
-       r.idempotency_key, r.concurrency_key
+       r.idempotency_key, r.concurrency_key, r.tags::text[]
 FROM unnest(
     %(id)s::bigint[], %(backend)s::text[], %(queue)s::text[], %(task)s::text[],
     %(args)s::text[], %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[],
     %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[],
-    %(concurrency_key)s::text[]
+    %(concurrency_key)s::text[], %(tags)s::text[]
 ) WITH ORDINALITY AS r(
     id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, idempotency_key, concurrency_key, ord
+    run_at, idempotency_key, concurrency_key, tags, ord
 )
 ORDER BY r.ord
 ON CONFLICT (queue, idempotency_key)

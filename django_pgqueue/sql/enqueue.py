@@ -11,14 +11,14 @@ from .common import UNIQUE_WINDOW, WAITING
 _KEYED_INSERT = """INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
-        soft_time_limit, time_limit
+        soft_time_limit, time_limit, tags
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), {key},
            '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
-           %(soft_time_limit)s::float8, %(time_limit)s::float8
+           %(soft_time_limit)s::float8, %(time_limit)s::float8, %(tags)s::text[]
     FROM held, clock
     WHERE held.fresh"""
 
@@ -46,14 +46,14 @@ WITH clock AS (
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
     run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
-    soft_time_limit, time_limit
+    soft_time_limit, time_limit, tags
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
        '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
-       %(soft_time_limit)s::float8, %(time_limit)s::float8
+       %(soft_time_limit)s::float8, %(time_limit)s::float8, %(tags)s::text[]
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -93,6 +93,7 @@ WITH clock AS (
     UPDATE pgqueue_job AS j
     SET args = %(args)s::jsonb,
         kwargs = %(kwargs)s::jsonb,
+        tags = %(tags)s::text[],
         run_at = clock.run_at,
         status = CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END
     FROM held, clock

@@ -95,6 +95,40 @@ SELECT id FROM ended
 )
 
 
+# Delete finished jobs by id (the admin's "delete finished"): done, cancelled and dead
+# ones, locked in id order like JOB_DELETE_DEAD, with their own edges. As the
+# sweeper's pruning (JOB_DELETE_FINISHED_BEFORE), a parent with an edge the sweeper has
+# yet to resolve is kept: a dependant still needs its row.
+JOB_DELETE_FINISHED = """
+-- name: JOB_DELETE_FINISHED
+-- Delete finished jobs by id, locked in id order, with their own edges; a parent whose
+-- edge the sweeper has yet to resolve is kept, as pruning keeps it.
+-- moves: done -> gone
+-- moves: dead -> gone
+-- moves: cancelled -> gone
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job AS j
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('done', 'dead', 'cancelled')
+      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
+    ORDER BY id
+    FOR UPDATE
+), deleted AS (
+    DELETE FROM pgqueue_job AS j
+    USING locked
+    WHERE j.id = locked.id
+      AND j.status IN ('done', 'dead', 'cancelled')
+    RETURNING j.id, j.parents_left
+), own_edges AS (
+    DELETE FROM pgqueue_job_dependency AS e
+    WHERE e.job_id IN (SELECT id FROM deleted WHERE parents_left IS NOT NULL)
+)
+SELECT id FROM deleted
+"""
+
+
 JOB_NOTIFY_CANCEL = """
 -- name: JOB_NOTIFY_CANCEL
 -- Tell workers that running jobs were cancelled: prefix and ids, per_payload ids a
@@ -143,4 +177,30 @@ WHERE j.id = picked.id
         AND live.idempotency_key = j.idempotency_key
         AND live.status IN ('pending', 'scheduled', 'running', 'waiting')))
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified
+"""
+
+
+# Run scheduled jobs now (the admin's "retry now" of a job waiting for its retry or its
+# run time): pending, due now, attempts and errors kept. Locked in id order like the
+# other operations; the sweeper's promotion (SKIP LOCKED) passes over them meanwhile.
+JOB_RUN_NOW = """
+-- name: JOB_RUN_NOW
+-- Scheduled jobs by id to pending, due now, attempts and errors kept; locked in id
+-- order, and NOTIFY at commit.
+-- moves: scheduled -> pending
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status = 'scheduled'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE pgqueue_job AS j
+SET status = 'pending',
+    run_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+FROM locked
+WHERE j.id = locked.id
+  AND j.status = 'scheduled'
+RETURNING j.id, pg_notify(%(channel)s, j.queue)::text AS notified
 """

@@ -188,6 +188,20 @@ ORDER BY status, queue
 """
 
 
+JOB_COUNT_TAG = """
+-- name: JOB_COUNT_TAG
+-- The jobs carrying one tag, by status and queue (pgqueue_status --tag): read through
+-- pgqueue_job_tags_idx, at most cap of them, so a tag on millions of jobs is bounded.
+SELECT status, queue, count(*) AS jobs
+FROM (SELECT status, queue
+      FROM pgqueue_job
+      WHERE tags @> ARRAY[%(tag)s]::text[]
+      LIMIT %(cap)s) AS tagged
+GROUP BY status, queue
+ORDER BY queue, status
+"""
+
+
 JOB_GET_COLUMN_STATS = """
 -- name: JOB_GET_COLUMN_STATS
 -- The planner's statistics of one column and the table's size, from the catalogs: no
@@ -204,6 +218,25 @@ LEFT JOIN pg_stats AS st
       AND st.attname = %(column)s
       AND NOT st.inherited
 WHERE c.oid = 'pgqueue_job'::regclass
+"""
+
+
+JOB_GET_COMMON_TAGS = """
+-- name: JOB_GET_COMMON_TAGS
+-- Tags for the admin's filter: the planner's most common elements of the tags column
+-- (no scan), or, on a small table (small), every tag in use.
+SELECT tag
+FROM (SELECT unnest(st.most_common_elems::text::text[]) AS tag
+      FROM pg_stats AS st
+      WHERE st.tablename = 'pgqueue_job' AND st.attname = 'tags' AND NOT st.inherited
+        AND st.schemaname = current_schema()
+        AND NOT %(small)s
+      UNION
+      SELECT DISTINCT unnest(tags)
+      FROM pgqueue_job
+      WHERE %(small)s AND tags <> '{}') AS found
+ORDER BY tag
+LIMIT %(limit)s
 """
 
 

@@ -22,14 +22,14 @@ WITH clock AS (
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
     run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
-    soft_time_limit, time_limit
+    soft_time_limit, time_limit, tags
 )
 SELECT %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb, %(kwargs)s::jsonb,
        %(priority)s,
        CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
        0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
        '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
-       %(soft_time_limit)s::float8, %(time_limit)s::float8
+       %(soft_time_limit)s::float8, %(time_limit)s::float8, %(tags)s::text[]
 FROM clock
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL
@@ -67,6 +67,7 @@ WITH clock AS (
     UPDATE pgqueue_job AS j
     SET args = %(args)s::jsonb,
         kwargs = %(kwargs)s::jsonb,
+        tags = %(tags)s::text[],
         run_at = clock.run_at,
         status = CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END
     FROM held, clock
@@ -78,14 +79,14 @@ WITH clock AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
-        soft_time_limit, time_limit
+        soft_time_limit, time_limit, tags
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), NULL,
            '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
-           %(soft_time_limit)s::float8, %(time_limit)s::float8
+           %(soft_time_limit)s::float8, %(time_limit)s::float8, %(tags)s::text[]
     FROM held, clock
     WHERE held.fresh
     RETURNING j.id
@@ -119,14 +120,14 @@ WITH clock AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, idempotency_key, errors, created_at, trace_context, concurrency_key,
-        soft_time_limit, time_limit
+        soft_time_limit, time_limit, tags
     )
     SELECT held.job_id, %(backend)s, %(queue)s, %(task)s, %(args)s::jsonb,
            %(kwargs)s::jsonb, %(priority)s,
            CASE WHEN clock.run_at > clock.now THEN 'scheduled' ELSE 'pending' END,
            0, %(max_attempts)s, coalesce(clock.run_at, clock.now), %(idempotency_key)s,
            '[]'::jsonb, clock.now, %(trace_context)s::jsonb, %(concurrency_key)s,
-           %(soft_time_limit)s::float8, %(time_limit)s::float8
+           %(soft_time_limit)s::float8, %(time_limit)s::float8, %(tags)s::text[]
     FROM held, clock
     WHERE held.fresh
     ON CONFLICT (queue, idempotency_key)
@@ -154,13 +155,13 @@ FROM unnest(%(queues)s::text[]) AS queue;
 -- Stream one bounded batch of jobs without idempotency keys, in binary. COPY has no ON
 -- CONFLICT: keyed batches take JOB_BULK_INSERT_DEDUPE.
 -- moves: new -> pending | scheduled
-COPY pgqueue_job (backend, queue, task, args, kwargs, priority, status, max_attempts, run_at, created_at, errors, idempotency_key, concurrency_key) FROM STDIN (FORMAT BINARY);
+COPY pgqueue_job (backend, queue, task, args, kwargs, priority, status, max_attempts, run_at, created_at, errors, idempotency_key, concurrency_key, tags) FROM STDIN (FORMAT BINARY);
 
 -- name: JOB_BULK_COPY_WITH_IDS
 -- JOB_BULK_COPY with ids taken from the sequence first (JOB_BULK_IDS), so each job can
 -- be announced with its real id.
 -- moves: new -> pending | scheduled
-COPY pgqueue_job (id, backend, queue, task, args, kwargs, priority, status, max_attempts, run_at, created_at, errors, idempotency_key, concurrency_key) FROM STDIN (FORMAT BINARY);
+COPY pgqueue_job (id, backend, queue, task, args, kwargs, priority, status, max_attempts, run_at, created_at, errors, idempotency_key, concurrency_key, tags) FROM STDIN (FORMAT BINARY);
 
 -- name: JOB_BULK_IDS
 -- Take count ids from the jobs' id sequence in one round trip; no table is read,
@@ -170,23 +171,24 @@ FROM generate_series(1, %(count)s);
 
 -- name: JOB_BULK_INSERT_DEDUPE
 -- Insert one bounded batch holding idempotency keys, skipping those a live job of the
--- queue holds (pgqueue_job_idempotency_uniq); one array per column, the first duplicate
--- wins.
+-- queue holds (pgqueue_job_idempotency_uniq); one array per column (a job's tags as
+-- array text), the first duplicate wins.
 -- moves: new -> pending | scheduled
 INSERT INTO pgqueue_job AS j (
     backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key, concurrency_key
+    run_at, created_at, errors, idempotency_key, concurrency_key, tags
 )
 SELECT r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority, r.status,
        r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb, r.idempotency_key,
-       r.concurrency_key
+       r.concurrency_key, r.tags::text[]
 FROM unnest(
     %(backend)s::text[], %(queue)s::text[], %(task)s::text[], %(args)s::text[],
     %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[], %(max_attempts)s::int[],
-    %(run_at)s::timestamptz[], %(idempotency_key)s::text[], %(concurrency_key)s::text[]
+    %(run_at)s::timestamptz[], %(idempotency_key)s::text[], %(concurrency_key)s::text[],
+    %(tags)s::text[]
 ) WITH ORDINALITY AS r(
     backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, idempotency_key, concurrency_key, ord
+    run_at, idempotency_key, concurrency_key, tags, ord
 )
 ORDER BY r.ord
 ON CONFLICT (queue, idempotency_key)
@@ -200,19 +202,19 @@ ON CONFLICT (queue, idempotency_key)
 -- moves: new -> pending | scheduled
 INSERT INTO pgqueue_job AS j (
     id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, created_at, errors, idempotency_key, concurrency_key
+    run_at, created_at, errors, idempotency_key, concurrency_key, tags
 )
 SELECT r.id, r.backend, r.queue, r.task, r.args::jsonb, r.kwargs::jsonb, r.priority,
        r.status, r.max_attempts, r.run_at, %(created_at)s::timestamptz, '[]'::jsonb,
-       r.idempotency_key, r.concurrency_key
+       r.idempotency_key, r.concurrency_key, r.tags::text[]
 FROM unnest(
     %(id)s::bigint[], %(backend)s::text[], %(queue)s::text[], %(task)s::text[],
     %(args)s::text[], %(kwargs)s::text[], %(priority)s::int[], %(status)s::text[],
     %(max_attempts)s::int[], %(run_at)s::timestamptz[], %(idempotency_key)s::text[],
-    %(concurrency_key)s::text[]
+    %(concurrency_key)s::text[], %(tags)s::text[]
 ) WITH ORDINALITY AS r(
     id, backend, queue, task, args, kwargs, priority, status, max_attempts,
-    run_at, idempotency_key, concurrency_key, ord
+    run_at, idempotency_key, concurrency_key, tags, ord
 )
 ORDER BY r.ord
 ON CONFLICT (queue, idempotency_key)
@@ -2538,6 +2540,33 @@ WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()
 )
 SELECT id FROM ended;
 
+-- name: JOB_DELETE_FINISHED
+-- Delete finished jobs by id, locked in id order, with their own edges; a parent whose
+-- edge the sweeper has yet to resolve is kept, as pruning keeps it.
+-- moves: done -> gone
+-- moves: dead -> gone
+-- moves: cancelled -> gone
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job AS j
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('done', 'dead', 'cancelled')
+      AND NOT EXISTS (SELECT FROM pgqueue_job_dependency AS e
+                      WHERE e.parent_id = j.id AND e.repair AND e.state IS NULL)
+    ORDER BY id
+    FOR UPDATE
+), deleted AS (
+    DELETE FROM pgqueue_job AS j
+    USING locked
+    WHERE j.id = locked.id
+      AND j.status IN ('done', 'dead', 'cancelled')
+    RETURNING j.id, j.parents_left
+), own_edges AS (
+    DELETE FROM pgqueue_job_dependency AS e
+    WHERE e.job_id IN (SELECT id FROM deleted WHERE parents_left IS NOT NULL)
+)
+SELECT id FROM deleted;
+
 -- name: JOB_NOTIFY_CANCEL
 -- Tell workers that running jobs were cancelled: prefix and ids, per_payload ids a
 -- notification (payloads stay under 8000 bytes), at commit.
@@ -2583,6 +2612,26 @@ WHERE j.id = picked.id
         AND live.status IN ('pending', 'scheduled', 'running', 'waiting')))
 RETURNING j.id, j.queue, pg_notify(%(channel)s, j.queue)::text AS notified;
 
+-- name: JOB_RUN_NOW
+-- Scheduled jobs by id to pending, due now, attempts and errors kept; locked in id
+-- order, and NOTIFY at commit.
+-- moves: scheduled -> pending
+WITH locked AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status = 'scheduled'
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE pgqueue_job AS j
+SET status = 'pending',
+    run_at = coalesce(%(now)s::timestamptz, clock_timestamp())
+FROM locked
+WHERE j.id = locked.id
+  AND j.status = 'scheduled'
+RETURNING j.id, pg_notify(%(channel)s, j.queue)::text AS notified;
+
 -- =============================================================================
 -- family workflow: run by django_pgqueue.workflows
 
@@ -2595,7 +2644,7 @@ COPY pgqueue_job_dependency (job_id, position, parent_id) FROM STDIN (FORMAT BIN
 -- Stream one bounded batch of a workflow's jobs, ids taken from the sequence first so
 -- its edges can name them, in binary.
 -- moves: new -> waiting | pending | scheduled
-COPY pgqueue_job (id, backend, queue, task, args, kwargs, priority, status, max_attempts, run_at, created_at, errors, idempotency_key, concurrency_key, parents_left, parent_results, on_parent_failure, workflow_id, has_dependants) FROM STDIN (FORMAT BINARY);
+COPY pgqueue_job (id, backend, queue, task, args, kwargs, priority, status, max_attempts, run_at, created_at, errors, idempotency_key, concurrency_key, tags, parents_left, parent_results, on_parent_failure, workflow_id, has_dependants) FROM STDIN (FORMAT BINARY);
 
 -- name: JOB_ENQUEUE_DEPENDANT
 -- Insert one job that depends on existing jobs, with its edges: it waits, starts at
@@ -2637,7 +2686,7 @@ WITH clock AS (
     INSERT INTO pgqueue_job AS j (
         backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, idempotency_key, errors, created_at, finished_at, trace_context,
-        parents_left, parent_results, on_parent_failure, workflow_id, concurrency_key
+        parents_left, parent_results, on_parent_failure, workflow_id, concurrency_key, tags
     )
     SELECT %(backend)s, %(queue)s, %(task)s,
            CASE WHEN x.status IN ('pending', 'scheduled') AND %(parent_results)s::text IS NOT NULL
@@ -2654,7 +2703,8 @@ WITH clock AS (
                 ELSE '[]'::jsonb END,
            x.now, CASE WHEN x.status = 'cancelled' THEN x.now END, %(trace_context)s::jsonb,
            x.left_, %(parent_results)s::text, %(on_parent_failure)s::text,
-           coalesce(%(workflow_id)s::bigint, x.workflow_id), %(concurrency_key)s
+           coalesce(%(workflow_id)s::bigint, x.workflow_id), %(concurrency_key)s,
+           %(tags)s::text[]
     FROM decided AS x
     WHERE cardinality(x.found) = cardinality(%(parents)s::bigint[])
     ON CONFLICT (queue, idempotency_key)
@@ -2691,17 +2741,17 @@ WITH clock AS (
         %(kwargs)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
         %(run_at)s::timestamptz[], %(parents_left)s::int[], %(parent_results)s::text[],
         %(on_parent_failure)s::text[], %(has_dependants)s::boolean[],
-        %(concurrency_key)s::text[]
+        %(concurrency_key)s::text[], %(tags)s::text[]
     ) WITH ORDINALITY AS n(
         backend, queue, task, args, kwargs, priority, max_attempts, run_at, parents_left,
-        parent_results, on_parent_failure, has_dependants, concurrency_key, ord
+        parent_results, on_parent_failure, has_dependants, concurrency_key, tags, ord
     )
     ORDER BY n.ord
 ), job AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, errors, created_at, parents_left, parent_results, on_parent_failure,
-        workflow_id, has_dependants, concurrency_key
+        workflow_id, has_dependants, concurrency_key, tags
     )
     SELECT n.id, n.backend, n.queue, n.task, n.args::jsonb, n.kwargs::jsonb, n.priority,
            CASE WHEN n.parents_left IS NOT NULL THEN 'waiting'
@@ -2709,7 +2759,8 @@ WITH clock AS (
                 ELSE 'pending' END,
            0, n.max_attempts, coalesce(n.run_at, clock.now), '[]'::jsonb, clock.now,
            n.parents_left, n.parent_results, n.on_parent_failure,
-           (SELECT min(id) FROM node), n.has_dependants, n.concurrency_key
+           (SELECT min(id) FROM node), n.has_dependants, n.concurrency_key,
+           n.tags::text[]
     FROM node AS n, clock
     RETURNING j.status, j.queue
 ), edge AS (
@@ -3854,6 +3905,17 @@ FROM sample
 GROUP BY status, queue
 ORDER BY status, queue;
 
+-- name: JOB_COUNT_TAG
+-- The jobs carrying one tag, by status and queue (pgqueue_status --tag): read through
+-- pgqueue_job_tags_idx, at most cap of them, so a tag on millions of jobs is bounded.
+SELECT status, queue, count(*) AS jobs
+FROM (SELECT status, queue
+      FROM pgqueue_job
+      WHERE tags @> ARRAY[%(tag)s]::text[]
+      LIMIT %(cap)s) AS tagged
+GROUP BY status, queue
+ORDER BY queue, status;
+
 -- name: JOB_GET_COLUMN_STATS
 -- The planner's statistics of one column and the table's size, from the catalogs: no
 -- table scan.
@@ -3869,6 +3931,22 @@ LEFT JOIN pg_stats AS st
       AND st.attname = %(column)s
       AND NOT st.inherited
 WHERE c.oid = 'pgqueue_job'::regclass;
+
+-- name: JOB_GET_COMMON_TAGS
+-- Tags for the admin's filter: the planner's most common elements of the tags column
+-- (no scan), or, on a small table (small), every tag in use.
+SELECT tag
+FROM (SELECT unnest(st.most_common_elems::text::text[]) AS tag
+      FROM pg_stats AS st
+      WHERE st.tablename = 'pgqueue_job' AND st.attname = 'tags' AND NOT st.inherited
+        AND st.schemaname = current_schema()
+        AND NOT %(small)s
+      UNION
+      SELECT DISTINCT unnest(tags)
+      FROM pgqueue_job
+      WHERE %(small)s AND tags <> '{}') AS found
+ORDER BY tag
+LIMIT %(limit)s;
 
 -- name: JOB_GET_HEALTH
 -- The longest wait of a pending job (each queue's oldest: a loose scan of

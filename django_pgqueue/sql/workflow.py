@@ -102,7 +102,7 @@ WITH clock AS (
     INSERT INTO pgqueue_job AS j (
         backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, idempotency_key, errors, created_at, finished_at, trace_context,
-        parents_left, parent_results, on_parent_failure, workflow_id, concurrency_key
+        parents_left, parent_results, on_parent_failure, workflow_id, concurrency_key, tags
     )
     SELECT %(backend)s, %(queue)s, %(task)s,
            CASE WHEN x.status IN ('pending', 'scheduled') AND %(parent_results)s::text IS NOT NULL
@@ -121,7 +121,8 @@ WITH clock AS (
                 ELSE '[]'::jsonb END,
            x.now, CASE WHEN x.status = 'cancelled' THEN x.now END, %(trace_context)s::jsonb,
            x.left_, %(parent_results)s::text, %(on_parent_failure)s::text,
-           coalesce(%(workflow_id)s::bigint, x.workflow_id), %(concurrency_key)s
+           coalesce(%(workflow_id)s::bigint, x.workflow_id), %(concurrency_key)s,
+           %(tags)s::text[]
     FROM decided AS x
     WHERE cardinality(x.found) = cardinality(%(parents)s::bigint[])
     ON CONFLICT (queue, idempotency_key)
@@ -167,17 +168,17 @@ WITH clock AS (
         %(kwargs)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
         %(run_at)s::timestamptz[], %(parents_left)s::int[], %(parent_results)s::text[],
         %(on_parent_failure)s::text[], %(has_dependants)s::boolean[],
-        %(concurrency_key)s::text[]
+        %(concurrency_key)s::text[], %(tags)s::text[]
     ) WITH ORDINALITY AS n(
         backend, queue, task, args, kwargs, priority, max_attempts, run_at, parents_left,
-        parent_results, on_parent_failure, has_dependants, concurrency_key, ord
+        parent_results, on_parent_failure, has_dependants, concurrency_key, tags, ord
     )
     ORDER BY n.ord
 ), job AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
         run_at, errors, created_at, parents_left, parent_results, on_parent_failure,
-        workflow_id, has_dependants, concurrency_key
+        workflow_id, has_dependants, concurrency_key, tags
     )
     SELECT n.id, n.backend, n.queue, n.task, n.args::jsonb, n.kwargs::jsonb, n.priority,
            CASE WHEN n.parents_left IS NOT NULL THEN 'waiting'
@@ -185,7 +186,8 @@ WITH clock AS (
                 ELSE 'pending' END,
            0, n.max_attempts, coalesce(n.run_at, clock.now), '[]'::jsonb, clock.now,
            n.parents_left, n.parent_results, n.on_parent_failure,
-           (SELECT min(id) FROM node), n.has_dependants, n.concurrency_key
+           (SELECT min(id) FROM node), n.has_dependants, n.concurrency_key,
+           n.tags::text[]
     FROM node AS n, clock
     RETURNING j.status, j.queue
 ), edge AS (

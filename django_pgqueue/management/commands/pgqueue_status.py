@@ -12,10 +12,10 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import DatabaseError
 
-from django_pgqueue import deadline, flow, monitoring, schema
+from django_pgqueue import deadline, flow, monitoring, schema, validation
 from django_pgqueue.bounds import DAY, Bounds
 from django_pgqueue.databases import backend_database
-from django_pgqueue.exceptions import DeadlineExceeded, first_line
+from django_pgqueue.exceptions import DeadlineExceeded, InvalidJob, first_line
 from django_pgqueue.management.base import PgQueueCommand, add_backend_argument
 from django_pgqueue.monitoring import Snapshot
 from django_pgqueue.signals import Abort, on_stop
@@ -249,6 +249,13 @@ class Command(PgQueueCommand):
             help="Longest one reading of the figures may take (a locked jobs table, an "
             f"overloaded server); then exit {NO_ANSWER} saying so (default: %(default)r)",
         )
+        parser.add_argument(
+            "--tag",
+            default=None,
+            metavar="TAG",
+            help="Instead of the queues, count the jobs carrying TAG by status and queue "
+            "(through the tags index, at most 100,000 read) (default: %(default)r)",
+        )
         add_backend_argument(parser)
 
     def handle(
@@ -262,10 +269,14 @@ class Command(PgQueueCommand):
         min_workers: int | None,
         timeout: float,
         backend: str | None,
+        tag: str | None = None,
         **options: Any,
     ) -> None:
         using = backend_database(backend)
         self.timeout = timeout
+        if tag is not None:
+            self.tag_report(using, tag, json=json, alone=not (check or watch is not None))
+            return
         thresholds: dict[str, Any] = {
             "max_latency": max_latency,
             "max_dead": max_dead,
@@ -310,6 +321,34 @@ class Command(PgQueueCommand):
                     stopped.wait(watch)
         except Abort:
             return
+
+    def tag_report(self, using: str, tag: str, *, json: bool, alone: bool) -> None:
+        """``--tag``: the jobs carrying ``tag``, by status and queue."""
+        if not alone:
+            self.stderr.write("pgqueue_status: --tag goes with neither --check nor --watch")
+            sys.exit(2)
+        try:
+            validation.tag(tag, source="--tag")
+        except InvalidJob as exc:
+            self.stderr.write(f"pgqueue_status: {exc}")
+            sys.exit(2)
+        self.check_migrated(using)
+        try:
+            with deadline.within(using, self.timeout):
+                found = monitoring.tag_count(using, tag)
+        except DeadlineExceeded as exc:
+            raise CommandError(str(exc), returncode=NO_ANSWER) from exc
+        if json:
+            self.stdout.write(_dumps(found.as_json()))
+            return
+        total = sum(found.counts.values())
+        more = " (at least: the count stops there)" if found.capped else ""
+        lines = [f"tag {tag}: {total:,} jobs{more}"]
+        rows: list[tuple[str, ...]] = [("QUEUE", "STATUS", "JOBS")]
+        rows.extend((q, s, f"{n:,}") for (s, q), n in found.counts.items())
+        if total:
+            lines.extend(_columns(rows))
+        self.stdout.write("\n".join(lines))
 
     def snapshot(self, using: str) -> Snapshot:
         """The figures, read within ``--timeout``; a database that does not answer

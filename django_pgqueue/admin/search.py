@@ -1,0 +1,104 @@
+"""The job lists' search box: what a term means, served by indexes, bounded in time.
+
+A term is looked for as
+
+* a job id (ASCII digits, a bigint): the primary key, and nothing else;
+* a task path, whole or its beginning: ``pgqueue_job_task_idx`` (``text_pattern_ops``);
+* an idempotency key: ``pgqueue_job_key_search_idx``;
+* a tag: ``pgqueue_job_tags_idx`` (GIN);
+* a value inside the job's arguments, by containment through ``pgqueue_job_args_idx``
+  and ``pgqueue_job_kwargs_idx`` (GIN, ``jsonb_path_ops``): a bare word is a positional
+  string argument (``eu`` finds ``args`` holding "eu"), ``name=value`` a keyword
+  argument (``customer_id=42``: 42 or "42"), and JSON text a part of either (``[42]``,
+  ``[42, "eu"]`` of args, ``{"customer": {"id": 42}}`` of kwargs).
+
+Every one of these is an index lookup (the planner ORs them in a bitmap), so no count
+and no scan of the table is needed. Part of a task path and error text, which no
+index serves, are searched too while the table is small (``SMALL_TABLE`` rows); on a
+big one they would read every row. The whole page runs under a time limit
+(``deadline.within``): a search cut by it shows no rows and a message saying so.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db.models import Q
+
+from .. import validation
+from ..exceptions import InvalidJob
+from ..monitoring import column_stats
+from .base import job_id
+
+#: Up to this many rows (the planner's estimate) a search also matches part of a task
+#: path and error text, which read every row.
+SMALL_TABLE = 100_000
+#: Longest term taken as JSON (a part of args or kwargs).
+MAX_JSON_TERM = 2000
+#: Longest page of a search, in seconds: the list's statements together.
+SEARCH_SECONDS = 3.0
+#: What the page says when the search ran out of time.
+CUT_MESSAGE = (
+    "The search was stopped after {seconds:g} s, before it found every match: no rows "
+    "are shown. Narrow it: a whole task path, a tag, an id, name=value for an argument, "
+    "or a filter."
+)
+
+
+def search_q(term: str, *, using: str) -> Q:
+    """Where ``term`` (stripped, not empty, storable text) may match a job."""
+    q = Q(task=term) | Q(task__startswith=term) | Q(idempotency_key=term)
+    number = job_id(term)
+    if number is not None:
+        return Q(pk=number)  # a number is a job id; [42] looks for the argument 42
+    if len(term) <= validation.MAX_TAG_LENGTH and validation.TAG_RE.fullmatch(term):
+        q |= Q(tags__contains=[term])
+    q |= Q(args__contains=[term]) | _json_q(term) | _keyword_q(term)
+    if column_stats(using, "task").small(SMALL_TABLE):
+        q |= Q(task__icontains=term) | Q(errors__icontains=term)
+    return q
+
+
+def _storable(value: Any) -> bool:
+    """Whether jsonb can take ``value`` (what enqueue checks: no NUL, valid Unicode,
+    not too deep, numbers it can hold)."""
+    try:
+        validation.payload([value], None, max_bytes=MAX_JSON_TERM * 2)
+    except (InvalidJob, RecursionError, ValueError):
+        return False
+    return True
+
+
+def _json_q(term: str) -> Q:
+    """``[...]``: a part of args; ``{...}``: a part of kwargs. Nothing otherwise."""
+    if len(term) > MAX_JSON_TERM or term[:1] not in "[{":
+        return Q(pk__in=[])
+    try:
+        value = json.loads(term)
+    except (ValueError, RecursionError):
+        return Q(pk__in=[])
+    if not _storable(value):
+        return Q(pk__in=[])
+    if isinstance(value, list):
+        return Q(args__contains=value)
+    if isinstance(value, dict):
+        return Q(kwargs__contains=value)
+    return Q(pk__in=[])
+
+
+def _keyword_q(term: str) -> Q:
+    """``name=value``: kwargs holding ``name`` with ``value``, as JSON (``42``,
+    ``true``, ``"x"``) and as the text typed."""
+    name, equals, text = term.partition("=")
+    name, text = name.strip(), text.strip()
+    if not equals or not name or not text or len(term) > MAX_JSON_TERM:
+        return Q(pk__in=[])
+    q = Q(kwargs__contains={name: text})
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return q
+    if value != text and _storable(value):
+        q |= Q(kwargs__contains={name: value})
+    return q
