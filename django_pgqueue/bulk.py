@@ -226,6 +226,8 @@ class _RowMaker:
             "max_attempts": resolved.max_attempts,
             "idempotency_key": validation.idempotency_key(job.get("idempotency_key")),
             "concurrency_key": concurrency_key,
+            "soft_time_limit": None,
+            "time_limit": None,
             "tags": tags,
             "channel": settings.NOTIFY_CHANNEL,
             "now": self.now,

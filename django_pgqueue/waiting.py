@@ -26,7 +26,6 @@ from typing import Any, overload
 from .databases import backend_database
 from .framework import load_task, to_task_result
 from .hub import Hub, Rows, Waiter, hub
-from .models import Job as JobModel
 from .states import FINISHED_STATUSES
 from .taskapi import TaskResult, task_backends
 
@@ -113,6 +112,8 @@ def _deadline(timeout: float | None) -> float | None:
 def _result(value: Any) -> TaskResult:
     """A TaskResult as it is, or the TaskResult of a ``Job`` (a workflow's, which
     ``chain().enqueue()`` and ``group().enqueue()`` return), built without a query."""
+    from .models import Job as JobModel  # models need the app registry: not at import
+
     if isinstance(value, TaskResult):
         return value
     if isinstance(value, JobModel):
@@ -122,6 +123,8 @@ def _result(value: Any) -> TaskResult:
 
 def _results(value: Any) -> tuple[list[TaskResult], bool]:
     """The TaskResults asked for, and whether one was given alone (not a list)."""
+    from .models import Job as JobModel  # models need the app registry: not at import
+
     if isinstance(value, TaskResult | JobModel):
         return [_result(value)], True
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):

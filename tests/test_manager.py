@@ -208,6 +208,7 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "concurrency_key": "",
         "soft_time_limit": None,
         "time_limit": None,
+        "tags": [],
         "channel": "pgqueue_job",
         "now": None,
         "args": "[1, 2]",

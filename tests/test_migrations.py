@@ -161,8 +161,8 @@ def _takes_the_jobs_table(operation) -> bool:
 
 
 def test_migrations__every_alter_of_the_jobs_table_waits_briefly_for_its_lock():
-    """0005, 0006, 0011, 0013 and 0016 add columns and swap a constraint on the jobs
-    table: each such operation runs in BrieflyLocked, never waiting without a bound."""
+    """0005, 0006, 0011, 0013, 0016, 0021 and 0022 add columns and swap a constraint on
+    the jobs table: each such operation runs in BrieflyLocked, never waiting without a bound."""
     loader = MigrationLoader(None, ignore_no_migrations=True)
     bare, wrapped = [], []
     for (app, name), migration in sorted(loader.disk_migrations.items()):
@@ -178,6 +178,8 @@ def test_migrations__every_alter_of_the_jobs_table_waits_briefly_for_its_lock():
         "0011",
         "0013",
         "0016",
+        "0021",
+        "0022",
     }
 
 

@@ -10,6 +10,8 @@ table: no lock on ``pgqueue_job`` beyond the brief one of adding the constraint.
 import django.db.models.deletion
 from django.db import migrations, models
 
+from django_pgqueue.migration_ops import BrieflyLocked
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -54,9 +56,13 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
-        migrations.RunSQL(
-            "ALTER TABLE pgqueue_step ADD CONSTRAINT pgqueue_step_job_fk "
-            "FOREIGN KEY (job_id) REFERENCES pgqueue_job (id) ON DELETE CASCADE",
-            "ALTER TABLE pgqueue_step DROP CONSTRAINT pgqueue_step_job_fk",
+        # The foreign key takes a SHARE ROW EXCLUSIVE lock of pgqueue_job (writes wait
+        # behind it): it waits briefly for it, as 0016's columns do.
+        BrieflyLocked(
+            migrations.RunSQL(
+                "ALTER TABLE pgqueue_step ADD CONSTRAINT pgqueue_step_job_fk "
+                "FOREIGN KEY (job_id) REFERENCES pgqueue_job (id) ON DELETE CASCADE",
+                "ALTER TABLE pgqueue_step DROP CONSTRAINT pgqueue_step_job_fk",
+            ),
         ),
     ]

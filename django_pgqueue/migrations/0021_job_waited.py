@@ -8,6 +8,8 @@ nothing; the trigger takes a brief lock of the table.
 
 from django.db import migrations, models
 
+from django_pgqueue.migration_ops import BrieflyLocked
+
 FUNCTION = """
 CREATE OR REPLACE FUNCTION pgqueue_job_waited_notify()
 RETURNS trigger
@@ -35,21 +37,26 @@ class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0020_job_steps")]
 
     operations = [
-        migrations.AddField(
-            model_name="job",
-            name="waited",
-            field=models.BooleanField(db_default=False, default=False),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="soft_time_limit",
-            field=models.FloatField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name="job",
-            name="time_limit",
-            field=models.FloatField(blank=True, null=True),
-        ),
         migrations.RunSQL(FUNCTION, reverse_sql="DROP FUNCTION pgqueue_job_waited_notify()"),
-        migrations.RunSQL(TRIGGER, reverse_sql="DROP TRIGGER pgqueue_job_waited ON pgqueue_job"),
+        # The columns and the trigger lock the table: each waits briefly (0016).
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="waited",
+                field=models.BooleanField(db_default=False, default=False),
+            ),
+            migrations.AddField(
+                model_name="job",
+                name="soft_time_limit",
+                field=models.FloatField(blank=True, null=True),
+            ),
+            migrations.AddField(
+                model_name="job",
+                name="time_limit",
+                field=models.FloatField(blank=True, null=True),
+            ),
+            migrations.RunSQL(
+                TRIGGER, reverse_sql="DROP TRIGGER pgqueue_job_waited ON pgqueue_job"
+            ),
+        ),
     ]

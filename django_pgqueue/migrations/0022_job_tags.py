@@ -7,20 +7,23 @@ from django.db import migrations
 
 import django_pgqueue.fields
 import django_pgqueue.models
+from django_pgqueue.migration_ops import BrieflyLocked
 
 
 class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0021_job_waited")]
 
     operations = [
-        migrations.AddField(
-            model_name="job",
-            name="tags",
-            field=django_pgqueue.fields.CharArrayField(
-                blank=True,
-                db_default=django_pgqueue.models.EmptyTextArray(),
-                default=list,
-                item_length=None,
+        BrieflyLocked(
+            migrations.AddField(
+                model_name="job",
+                name="tags",
+                field=django_pgqueue.fields.CharArrayField(
+                    blank=True,
+                    db_default=django_pgqueue.models.EmptyTextArray(),
+                    default=list,
+                    item_length=None,
+                ),
             ),
         ),
     ]
