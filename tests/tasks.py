@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import threading
 import time
@@ -616,3 +617,31 @@ def sleep_between(ledger: str, seconds: float) -> str:
     _note(ledger, f"run {job.attempt} {job.snoozes}")
     job.sleep(seconds)
     return job.run_step("after", _note, ledger, "after")
+
+
+def _chaos_write(job_id: int, step: int, marker_dir: str, fault: bool) -> int:
+    """A chaos step: its ledger row, then maybe (decided per job and step) the worker
+    killed, right after the write or right after the commit that holds it. ``fault``:
+    the row is committed in a transaction of its own, the step recorded after it (the
+    planted fault of a step recorded outside its transaction)."""
+    roll = random.Random(f"{job_id}:{step}").random()
+    marker = f"{marker_dir}/{job_id}-{step}"
+    with transaction.atomic():  # in a transactional step: a savepoint of the step's
+        Execution.objects.create(job_id=job_id, attempt=step, kind=f"s{step}", worker_id="-")
+        if roll < 0.2:
+            transaction.on_commit(lambda: _kill_once(marker + "-commit"))
+    if roll > 0.8:
+        _kill_once(marker + "-write")
+    return step
+
+
+@task(max_attempts=100)
+def chaos_steps(steps: int, marker_dir: str, fault: bool) -> int:
+    """``steps`` transactional steps, each writing its ledger row (see ``_chaos_write``)."""
+    job = current_job()
+    assert job is not None
+    for step in range(steps):
+        job.run_step(
+            f"s{step}", _chaos_write, job.id, step, marker_dir, fault, transactional=not fault
+        )
+    return steps
