@@ -645,3 +645,22 @@ def chaos_steps(steps: int, marker_dir: str, fault: bool) -> int:
             f"s{step}", _chaos_write, job.id, step, marker_dir, fault, transactional=not fault
         )
     return steps
+
+
+@task()
+def doubled_in_a_step(value: int, ledger: str) -> int:
+    """A workflow's job with a durable step: ``value`` doubled, noted in ``ledger``."""
+    job = current_job()
+    assert job is not None
+    return job.run_step("double", lambda: int(_note(ledger, str(value * 2))))
+
+
+@task()
+async def async_sleep_between(ledger: str, seconds: float) -> str:
+    """``sleep_between`` as a coroutine task (``arun_step``, ``asleep``)."""
+    job = current_job()
+    assert job is not None
+    await job.arun_step("before", _anote, ledger, "before")
+    _note(ledger, f"run {job.attempt} {job.snoozes}")
+    await job.asleep(seconds)
+    return await job.arun_step("after", _anote, ledger, "after")

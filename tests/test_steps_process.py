@@ -109,11 +109,16 @@ def db_now() -> dt.datetime:
         return cursor.fetchone()[0]
 
 
-def test_steps_process__sleep_schedules_the_job_without_spending_an_attempt(manage, tmp_path):
-    """``sleep(2)`` puts the job back to scheduled about 2 s ahead in database time, its
-    attempt given back; the run after it does not run the step before the sleep."""
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_steps_process__sleep_schedules_the_job_without_spending_an_attempt(
+    manage, tmp_path, kind
+):
+    """``sleep(2)`` (``asleep``) puts the job back to scheduled about 2 s ahead in
+    database time, its attempt given back; the run after it does not run the step
+    before the sleep."""
     ledger = tmp_path / "ledger"
-    job = Job.objects.enqueue(tasks.sleep_between, [str(ledger), 2])
+    task = tasks.sleep_between if kind == "sync" else tasks.async_sleep_between
+    job = Job.objects.enqueue(task, [str(ledger), 2])
     before = db_now()
     worker = manage(*WORKER)
     wait_for(lambda: fresh(job).status == "scheduled", timeout=30)
