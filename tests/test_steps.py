@@ -76,11 +76,18 @@ def test_steps__a_step_runs_once_and_later_runs_get_its_value(job_factory):
     assert later.run_step("load", fn, 1, (2, 3), name="x") == {"args": [1, [2, 3]], "name": "x"}
     assert later.run_step("next", fn, 4) == {"args": [4]}
     assert len(calls) == 2
-    assert stored(job) == [
+    for value in ("text", None, 1.5, [], True):
+        assert later.run_step(f"scalar {value!r}", lambda v=value: v) == value
+    assert [run_of(again(job)).run_step(f"scalar {v!r}", fn) for v in ("text", None)] == [
+        "text",
+        None,
+    ]
+    assert stored(job)[:2] == [
         ("step", "load", {"args": [1, [2, 3]], "name": "x"}, 1),
         ("step", "next", {"args": [4]}, 2),
     ]
-    (step, _) = job.steps.all()
+    step = job.steps.first()
+    assert step is not None
     assert step.size == len('{"args":[1,[2,3]],"name":"x"}')
 
 
