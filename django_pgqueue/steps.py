@@ -233,6 +233,8 @@ def sleep(
         end = dt.datetime.fromisoformat(recorded["until"])
         assert state.read_at is not None
         left = (end - state.read_at).total_seconds()
+        if left > 0:  # by the time the steps were read: ask the clock now
+            left = (end - db.clock(owner.alias)).total_seconds()
         if left <= 0:
             return
         raise Snooze(left)

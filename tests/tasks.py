@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sys
 import threading
@@ -721,3 +722,48 @@ def sleeps_in_c(seconds: float = 60.0) -> str:
 def tagged(n: int) -> int:
     """For the tag tests: every job of this task carries its two tags."""
     return n
+def _chaos_write(job_id: int, step: int, marker_dir: str, fault: bool) -> int:
+    """A chaos step: its ledger row, then maybe (decided per job and step) the worker
+    killed, right after the write or right after the commit that holds it. ``fault``:
+    the row is committed in a transaction of its own, the step recorded after it (the
+    planted fault of a step recorded outside its transaction)."""
+    roll = random.Random(f"{job_id}:{step}").random()
+    marker = f"{marker_dir}/{job_id}-{step}"
+    with transaction.atomic():  # in a transactional step: a savepoint of the step's
+        Execution.objects.create(job_id=job_id, attempt=step, kind=f"s{step}", worker_id="-")
+        if roll < 0.2:
+            transaction.on_commit(lambda: _kill_once(marker + "-commit"))
+    if roll > 0.8:
+        _kill_once(marker + "-write")
+    return step
+
+
+@task(max_attempts=100)
+def chaos_steps(steps: int, marker_dir: str, fault: bool) -> int:
+    """``steps`` transactional steps, each writing its ledger row (see ``_chaos_write``)."""
+    job = current_job()
+    assert job is not None
+    for step in range(steps):
+        job.run_step(
+            f"s{step}", _chaos_write, job.id, step, marker_dir, fault, transactional=not fault
+        )
+    return steps
+
+
+@task()
+def doubled_in_a_step(value: int, ledger: str) -> int:
+    """A workflow's job with a durable step: ``value`` doubled, noted in ``ledger``."""
+    job = current_job()
+    assert job is not None
+    return job.run_step("double", lambda: int(_note(ledger, str(value * 2))))
+
+
+@task()
+async def async_sleep_between(ledger: str, seconds: float) -> str:
+    """``sleep_between`` as a coroutine task (``arun_step``, ``asleep``)."""
+    job = current_job()
+    assert job is not None
+    await job.arun_step("before", _anote, ledger, "before")
+    _note(ledger, f"run {job.attempt} {job.snoozes}")
+    await job.asleep(seconds)
+    return await job.arun_step("after", _anote, ledger, "after")

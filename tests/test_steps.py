@@ -19,11 +19,13 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 from django.urls import reverse
 
-from django_pgqueue import InvalidStep, LeaseLost, Snooze
+from django_pgqueue import InvalidStep, LeaseLost, Snooze, chain, step
 from django_pgqueue.models import Job, JobStep
 from django_pgqueue.sweeper import sweep
 from django_pgqueue.tasks import CancelFlag, CurrentJob, RunningJob
+from django_pgqueue.testing import run_jobs
 from testproject.demo.models import Execution
+from tests import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,11 +76,18 @@ def test_steps__a_step_runs_once_and_later_runs_get_its_value(job_factory):
     assert later.run_step("load", fn, 1, (2, 3), name="x") == {"args": [1, [2, 3]], "name": "x"}
     assert later.run_step("next", fn, 4) == {"args": [4]}
     assert len(calls) == 2
-    assert stored(job) == [
+    for value in ("text", None, 1.5, [], True):
+        assert later.run_step(f"scalar {value!r}", lambda v=value: v) == value
+    assert [run_of(again(job)).run_step(f"scalar {v!r}", fn) for v in ("text", None)] == [
+        "text",
+        None,
+    ]
+    assert stored(job)[:2] == [
         ("step", "load", {"args": [1, [2, 3]], "name": "x"}, 1),
         ("step", "next", {"args": [4]}, 2),
     ]
-    (step, _) = job.steps.all()
+    step = job.steps.first()
+    assert step is not None
     assert step.size == len('{"args":[1,[2,3]],"name":"x"}')
 
 
@@ -418,3 +427,17 @@ def test_steps__a_requeued_dead_letter_keeps_its_steps_unless_from_the_start(
     assert not JobStep.objects.filter(job_id=job.id).exists()
     assert Job.objects.requeue_dead([other.id], from_start=True) == []
     assert JobStep.objects.filter(job_id=other.id).count() == 2
+
+
+def test_steps__a_chains_jobs_use_steps_like_any_task(tmp_path):
+    """A chain's jobs run steps (recorded per job) and pass their results on."""
+    ledger = str(tmp_path / "ledger")
+    jobs = chain(
+        step(tasks.doubled_in_a_step, 1, ledger), step(tasks.doubled_in_a_step, ledger=ledger)
+    ).enqueue()
+    run_jobs()
+    assert [Job.objects.get(pk=j.pk).result for j in jobs] == [2, 4]
+    assert [(s.job_id, s.name, s.value) for s in JobStep.objects.order_by("id")] == [
+        (jobs[0].id, "double", 2),
+        (jobs[1].id, "double", 4),
+    ]

@@ -109,11 +109,16 @@ def db_now() -> dt.datetime:
         return cursor.fetchone()[0]
 
 
-def test_steps_process__sleep_schedules_the_job_without_spending_an_attempt(manage, tmp_path):
-    """``sleep(2)`` puts the job back to scheduled about 2 s ahead in database time, its
-    attempt given back; the run after it does not run the step before the sleep."""
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_steps_process__sleep_schedules_the_job_without_spending_an_attempt(
+    manage, tmp_path, kind
+):
+    """``sleep(2)`` (``asleep``) puts the job back to scheduled about 2 s ahead in
+    database time, its attempt given back; the run after it does not run the step
+    before the sleep."""
     ledger = tmp_path / "ledger"
-    job = Job.objects.enqueue(tasks.sleep_between, [str(ledger), 2])
+    task = tasks.sleep_between if kind == "sync" else tasks.async_sleep_between
+    job = Job.objects.enqueue(task, [str(ledger), 2])
     before = db_now()
     worker = manage(*WORKER)
     wait_for(lambda: fresh(job).status == "scheduled", timeout=30)
@@ -129,3 +134,41 @@ def test_steps_process__sleep_schedules_the_job_without_spending_an_attempt(mana
     assert (done.result, done.attempts, done.snoozes) == ("after", 1, 1), worker.output()
     assert ledger.read_text().split("\n")[:-1] == ["before", "run 1 0", "run 1 1", "after"]
     assert done.started_at is not None and done.finished_at - slept.run_at >= dt.timedelta(0)
+
+
+def chaos(manage: Any, tmp_path: Path, *, fault: bool) -> tuple[list[Job], Counter[Any]]:
+    """8 jobs of 4 transactional steps on 2 workers (2 runners each) that their steps
+    SIGKILL at random (after a step's write, or right after its commit), restarted as
+    they die, the sweeper rescuing; the ledger rows of each (job, step)."""
+    jobs = [Job.objects.enqueue(tasks.chaos_steps, [4, str(tmp_path), fault]) for _ in range(8)]
+    ids = [job.id for job in jobs]
+    sweeper = manage(*SWEEPER)
+    workers = [manage(*WORKER, "--concurrency", "2") for _ in range(2)]
+
+    def all_done() -> bool:
+        for i, proc in enumerate(workers):
+            if proc.popen.poll() is not None:
+                workers[i] = manage(*WORKER, "--concurrency", "2")
+        return Job.objects.filter(id__in=ids, status="done").count() == len(ids)
+
+    try:
+        wait_for(all_done, timeout=150, interval=0.1)
+    except AssertionError:
+        raise AssertionError(sweeper.output()) from None
+    rows = Counter(Execution.objects.filter(job_id__in=ids).values_list("job_id", "kind"))
+    return jobs, rows
+
+
+def test_steps_process__chaos_each_transactional_steps_effect_once(manage, tmp_path):
+    jobs, rows = chaos(manage, tmp_path, fault=False)
+    kills = list(tmp_path.glob("*-commit")) + list(tmp_path.glob("*-write"))
+    assert len(kills) >= 3  # the seeds kill several times (their draws are fixed per id)
+    assert len(rows) == 8 * 4 and set(rows.values()) == {1}, rows
+    assert all(fresh(job).result == 4 for job in jobs)
+
+
+def test_steps_process__chaos_catches_a_step_recorded_outside_its_transaction(manage, tmp_path):
+    """The planted fault: each step's row commits on its own, the step recorded after:
+    a kill between the two runs the step again, and the ledger shows it."""
+    _, rows = chaos(manage, tmp_path, fault=True)
+    assert max(rows.values()) > 1, rows
