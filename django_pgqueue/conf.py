@@ -178,7 +178,8 @@ class Settings:
 
     METRICS_TOKEN: str | None = None
     """Bearer token that lets a scraper read ``django_pgqueue.metrics.view``
-    (``Authorization: Bearer <token>``); staff sessions may read it too. None: staff only."""
+    (``Authorization: Bearer <token>``); staff sessions with the ``view_job`` permission
+    may read it too. None: those sessions only."""
 
     METRICS_MAX_QUEUES: int = 100
     """Most queues the Prometheus metrics list by name, the largest first (jobs pending,

@@ -227,7 +227,9 @@ def _authorized(request: HttpRequest) -> int | None:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return 401
-    return None if user.is_active and user.is_staff else 403
+    # The dashboard's gate: a staff user who may view jobs (not any staff user).
+    allowed = user.is_active and user.is_staff and user.has_perm("django_pgqueue.view_job")
+    return None if allowed else 403
 
 
 def view(request: HttpRequest) -> HttpResponse:
@@ -235,7 +237,8 @@ def view(request: HttpRequest) -> HttpResponse:
     status = _authorized(request)
     if status is not None:
         response = HttpResponse(
-            "Authorization: Bearer <PGQUEUE_METRICS_TOKEN> or a staff session needed.\n",
+            "Authorization: Bearer <PGQUEUE_METRICS_TOKEN> or a staff session with the "
+            "django_pgqueue.view_job permission needed.\n",
             status=status,
             content_type="text/plain",
         )

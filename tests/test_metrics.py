@@ -76,6 +76,20 @@ def test_metrics__refuses_without_the_right_credentials(client, django_user_mode
     assert plain.get(URL).status_code == 403
 
 
+def test_metrics__a_staff_session_needs_the_view_job_permission(django_user_model):
+    """Issue 28 item 11: any staff user read the figures; the dashboard's gate is view_job."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("s", "s@example.com", "pw", is_staff=True)
+    staff = Client()
+    staff.force_login(user)
+    assert staff.get(URL).status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    viewer = Client()
+    viewer.force_login(user)
+    assert viewer.get(URL).status_code == 200
+
+
 def test_metrics__no_token_configured_means_staff_only(client, admin_client):
     assert client.get(URL, HTTP_AUTHORIZATION="Bearer ").status_code == 403
     assert client.get(URL, HTTP_AUTHORIZATION="Bearer anything").status_code == 403

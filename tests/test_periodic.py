@@ -629,7 +629,11 @@ def test_schedule_admin__lists_cron_next_tick_and_last_job_read_only(admin_clien
         row = page.context["cl"].result_list[0]
         model_admin = page.context["cl"].model_admin
         next_tick = model_admin.next_tick(row)
-        assert next_tick.minute == 0 and next_tick > dt.datetime.now(dt.UTC)
+        # In the entry's time zone, named, with its offset (issue 28 item 11).
+        shown = re.fullmatch(r"(\S+ \d\d:00:00) \S+ \(UTC([+-]\d\d:\d\d)\)", next_tick)
+        assert shown is not None, next_tick
+        when = dt.datetime.fromisoformat(f"{shown[1]}{shown[2]}")
+        assert when > dt.datetime.now(dt.UTC)
         detail = admin_client.get(reverse("admin:django_pgqueue_schedule_change", args=["gone"]))
         assert detail.status_code == 200
         assert b'name="_save"' not in detail.content  # read-only

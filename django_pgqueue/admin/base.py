@@ -91,6 +91,57 @@ def pretty_json(value: Any) -> str:
     return "(nested too deep to show here)"
 
 
+#: Most items of a list or dict shown on a job page (the rest summed up in one line).
+SHOWN_ITEMS = 50
+
+
+def shortened(value: Any, items: int = SHOWN_ITEMS, depth: int = 20) -> Any:
+    """``value`` with each list and dict cut to its first ``items`` entries and a last
+    one saying how many more there are: a 1,200-item argument list is not printed one
+    item per line down a 5,800-pixel page (the row holds all of it). Below ``depth``
+    levels a value is left whole (``pretty_json`` copes with one nested too deep)."""
+    if depth <= 0:
+        return value
+    if isinstance(value, list):
+        shown = [shortened(v, items, depth - 1) for v in value[:items]]
+        more = len(value) - items
+        return [*shown, f"… {more:,} more items"] if more > 0 else shown
+    if isinstance(value, dict):
+        keys = list(value)[:items]
+        cut: dict[Any, Any] = {k: shortened(value[k], items, depth - 1) for k in keys}
+        more = len(value) - items
+        if more > 0:
+            cut["…"] = f"{more:,} more keys"
+        return cut
+    return value
+
+
+#: Source files of the worker's own frames, dropped from the top of a shown traceback.
+WORKER_FRAME = "django_pgqueue/worker/"
+
+
+def task_traceback(text: Any) -> str:
+    """A stored traceback as shown: the worker's own frames at its top (the runner that
+    called the task) left out and counted, so it starts at the task's code."""
+    if not isinstance(text, str):
+        return "" if text is None else str(text)
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("Traceback"):
+        return text
+    i, dropped = 1, 0
+    while i < len(lines) and lines[i].startswith('  File "'):
+        if WORKER_FRAME not in lines[i].replace("\\", "/"):
+            break
+        i += 1
+        while i < len(lines) and lines[i].startswith("    "):
+            i += 1  # the frame's source line (and any caret line)
+        dropped += 1
+    if not dropped:
+        return text
+    note = f"  ({dropped} frame{'s' if dropped != 1 else ''} of the worker left out)"
+    return "\n".join([lines[0], note, *lines[i:]])
+
+
 def error_line(traceback_text: Any) -> str:
     """The exception line of a formatted traceback ("ValueError: boom"), not its
     "Traceback (most recent call last):" header: the first line after the last

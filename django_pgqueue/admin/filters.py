@@ -107,3 +107,9 @@ class DiedFilter(admin.DateFieldListFilter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.title = "time of death"
+        # Every dead letter has one: no "No date" / "Has date" choices.
+        self.links = tuple(
+            (title, params)
+            for title, params in self.links
+            if self.lookup_kwarg_isnull not in params
+        )

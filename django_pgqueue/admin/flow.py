@@ -16,9 +16,10 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 
-from .. import flow, validation
+from .. import flow, monitoring, validation
 from ..exceptions import InvalidJob
 from ..models import Job, Limit, Queue
 from .base import GuardedAdmin, actor, admin_database
@@ -47,6 +48,7 @@ class QueueAdmin(GuardedAdmin):
     finish, and no worker claims from it until it is resumed."""
 
     form = QueueForm
+    change_list_template = "admin/django_pgqueue/queue/change_list.html"
     list_display = ("name", "state", "paused_at", "updated_at")
     ordering = ("name",)
     search_fields = ("name",)
@@ -62,6 +64,39 @@ class QueueAdmin(GuardedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The rows (queues with a run-time state), and under them every other queue
+        that holds live jobs or that a live worker serves: running, never paused."""
+        alias = admin_database(request)
+        known = set(Queue.objects.using(alias).values_list("name", flat=True))
+        queues, _ = monitoring.live_values(alias)
+        for worker in monitoring.workers(using=alias):
+            if not worker.lost and worker.queues:
+                queues.update(worker.queues)
+        extra_context = {**(extra_context or {}), "pgqueue_other_queues": sorted(queues - known)}
+        return super().changelist_view(request, extra_context)
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = {**(extra_context or {}), "title": "Pause a queue by name"}
+        return super().add_view(request, form_url, extra_context)
+
+    def response_add(
+        self, request: HttpRequest, obj: Queue, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """Adding a queue pauses it: say that, not "was added successfully"."""
+        self.message_user(
+            request,
+            f"Paused queue {obj.name!r}: no worker claims from it until it is resumed.",
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(
+            reverse("admin:django_pgqueue_queue_changelist", current_app=self.admin_site.name)
+        )
 
     def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
         if not change:
@@ -133,6 +168,7 @@ class LimitAdmin(GuardedAdmin):
     key (shown beside it); deleting one puts that entry back in force."""
 
     form = LimitForm
+    change_list_template = "admin/django_pgqueue/limit/change_list.html"
     list_display = ("key", "concurrency", "rate", "declared", "updated_at")
     ordering = ("key",)
     search_fields = ("key",)
@@ -144,6 +180,20 @@ class LimitAdmin(GuardedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return ("key",) if obj is not None else ()
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The run-time rows, and under them the ``PGQUEUE_LIMITS`` entries in force
+        (those no row replaces)."""
+        replaced = set(Limit.objects.using(admin_database(request)).values_list("key", flat=True))
+        declared = [
+            {"key": key, "spec": spec.describe()}
+            for key, spec in sorted(flow.declared().items())
+            if key not in replaced
+        ]
+        extra_context = {**(extra_context or {}), "pgqueue_declared_limits": declared}
+        return super().changelist_view(request, extra_context)
 
     def save_model(self, request: HttpRequest, obj: Limit, form: Any, change: bool) -> None:
         spec = Job.objects.db_manager(admin_database(request)).set_limit(

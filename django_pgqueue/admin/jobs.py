@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from .. import flow, monitoring
 from ..models import LIVE_STATUSES, Job
 from ..monitoring import queue_summary
 from .base import (
@@ -32,6 +33,28 @@ from .tags import TagFilter, TagsColumn
 logger = logging.getLogger(__name__)
 
 CANCEL_PERMISSION = "django_pgqueue.cancel_job"
+
+
+def why_waiting(job: Job, alias: str) -> list[str]:
+    """Why a job that has not started waits, as far as the queue knows: its run time,
+    its parents, a paused queue, a full limit (its key's or its queue's budget)."""
+    if job.status == Job.Status.SCHEDULED:
+        return [f"due at {timestamp(job.run_at)}"]
+    if job.status == Job.Status.WAITING:
+        return ["waiting for the jobs it depends on to finish (see its parents below)"]
+    view = flow.load(alias)
+    reasons = []
+    if job.queue in view.paused:
+        reasons.append(f"queue {job.queue!r} is paused: no worker claims from it")
+    for budget in monitoring.budgets(view, using=alias):
+        mine = (budget.kind == "queue" and budget.subject == job.queue) or (
+            budget.kind == "key" and job.concurrency_key and budget.subject == job.concurrency_key
+        )
+        if mine and budget.full:
+            reasons.append(f"limit {budget.limit} is full ({budget.running} running)")
+    if not reasons:
+        reasons.append("ready: the next free worker of its queue takes it")
+    return reasons
 
 
 @admin.register(Job)
@@ -88,6 +111,10 @@ class JobAdmin(BulkActions, TagsColumn, ReadOnlyJobAdmin):
                 "cancel_requested) and the job ends cancelled when it returns",
                 timestamp(obj.cancel_requested_at),
             )
+        if obj.status in (Job.Status.PENDING, Job.Status.SCHEDULED, Job.Status.WAITING):
+            reasons = why_waiting(obj, obj._state.db or Job.objects.db_alias)
+            if reasons:
+                return format_html("{}: {}", obj.get_status_display(), "; ".join(reasons))
         if obj.status != Job.Status.DEAD:
             return obj.get_status_display()
         url = reverse(

@@ -3,6 +3,7 @@ share (columns, detail fieldsets, search, the cheap paginator, the posted select
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,7 +28,9 @@ from .base import (
     error_line,
     job_id,
     pretty_json,
+    shortened,
     storable,
+    task_traceback,
     timestamp,
 )
 from .paginator import EstimatedCountPaginator
@@ -44,6 +47,16 @@ STEPS_SHOWN = 200
 
 #: The job's times, each shown to the second with its offset (``timestamp``).
 TIMESTAMPS = ("created_at", "run_at", "started_at", "last_attempted_at", "finished_at")
+
+
+def _error_time(value: Any) -> str:
+    """An error entry's ``at`` (ISO text) to the second, in the current time zone."""
+    if not isinstance(value, str):
+        return "—"
+    try:
+        return timestamp(dt.datetime.fromisoformat(value))
+    except ValueError:
+        return value
 
 
 def _timestamp_display(name: str) -> Any:
@@ -268,11 +281,13 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
 
     @admin.display(description="args")
     def args_pretty(self, obj: Job) -> str:
-        return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.args))
+        return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(shortened(obj.args)))
 
     @admin.display(description="kwargs")
     def kwargs_pretty(self, obj: Job) -> str:
-        return format_html('<pre class="pgqueue-json">{}</pre>', pretty_json(obj.kwargs))
+        return format_html(
+            '<pre class="pgqueue-json">{}</pre>', pretty_json(shortened(obj.kwargs))
+        )
 
     @admin.display(description="progress")
     def progress_pretty(self, obj: Job) -> str:
@@ -322,18 +337,19 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         for entry in reversed(errors):
             if not isinstance(entry, dict):
                 entry = {"traceback": pretty_json(entry)}
+            worker = entry.get("worker_id") or ""
             rows.append(
                 (
                     entry.get("attempt", "?"),
-                    entry.get("worker_id", "?"),
+                    f"on {worker}" if worker else "(no worker: recorded without a run)",
                     entry.get("exception_class_path", "?"),
-                    entry.get("at", ""),
-                    entry.get("traceback", ""),
+                    _error_time(entry.get("at")),
+                    task_traceback(entry.get("traceback", "")),
                 )
             )
         return format_html_join(
             "",
-            '<div class="pgqueue-error"><p><strong>Attempt {}</strong> on {}: {} {}</p>'
+            '<div class="pgqueue-error"><p><strong>Attempt {}</strong> {}: {}, {}</p>'
             '<pre class="pgqueue-traceback">{}</pre></div>',
             rows,
         )

@@ -14,6 +14,16 @@ from ..models import Schedule
 from .base import ViewOnlyAdmin
 
 
+def zoned(when: dt.datetime) -> str:
+    """'2026-12-05 03:00:00 CET (UTC+01:00)': a tick in its own time zone."""
+    offset = when.strftime("%z")
+    name = when.tzname() or ""
+    text = when.strftime("%Y-%m-%d %H:%M:%S")
+    if not offset:
+        return text
+    return f"{text} {name} (UTC{offset[:3]}:{offset[3:]})".replace("  ", " ")
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(ViewOnlyAdmin):
     """Every periodic entry the sweepers have seen, read-only: the settings
@@ -52,13 +62,14 @@ class ScheduleAdmin(ViewOnlyAdmin):
         return "enabled" if entry.enabled else "disabled"
 
     @admin.display(description="next tick")
-    def next_tick(self, obj: Schedule) -> dt.datetime | str:
-        """From the entry as the settings give it now (a changed cron shows here at once)."""
+    def next_tick(self, obj: Schedule) -> str:
+        """From the entry as the settings give it now (a changed cron shows here at once),
+        in the schedule's own time zone, named, with its offset."""
         entry = self._entry(obj)
         if entry is None or not entry.enabled:
             return "—"
         tick = entry.next_tick(dt.datetime.now(dt.UTC))
-        return "—" if tick is None else tick
+        return "—" if tick is None else zoned(tick)
 
     @admin.display(description="last job")
     def last_job_link(self, obj: Schedule) -> str:
