@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import OperationalError, transaction
@@ -64,19 +64,24 @@ class BrieflyLocked(Operation):
         lock_timeout: float = LOCK_TIMEOUT_SECONDS,
         attempts: int = ATTEMPTS,
         pause: float = PAUSE_SECONDS,
+        wrapped: Sequence[Operation] = (),
     ) -> None:
-        self.operations = list(operations)
+        # ``wrapped``: the operations by keyword, as deconstruct() gives them (Django's
+        # migration writer, for squashmigrations, writes keywords for varargs it
+        # cannot name).
+        self.operations = [*operations, *wrapped]
         self.lock_timeout = lock_timeout
         self.attempts = attempts
         self.pause = pause
 
     def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         kwargs = {
+            "wrapped": self.operations,
             "lock_timeout": self.lock_timeout,
             "attempts": self.attempts,
             "pause": self.pause,
         }
-        return (self.__class__.__qualname__, self.operations, kwargs)
+        return (self.__class__.__qualname__, [], kwargs)
 
     def describe(self) -> str:
         inner = "; ".join(op.describe() for op in self.operations)

@@ -276,6 +276,24 @@ def test_loop__coroutine_jobs_overlap_only_on_the_loop(job_factory, run_worker, 
         assert span(jobs) >= 1.0
 
 
+@pytest.mark.parametrize("async_concurrency", [10, 0])
+def test_loop__sys_exit_in_a_coroutine_fails_its_job_on_the_loop_or_a_thread(
+    job_factory, run_worker, async_concurrency
+):
+    """The in-process side of the subprocess test: on the loop (10) or on a thread slot
+    (0), SystemExit and KeyboardInterrupt from a coroutine are its job's failure, and
+    the worker goes on with the next coroutine job."""
+    exits = job_factory(task=tasks.async_exits, args=["exit"])
+    interrupts = job_factory(task=tasks.async_exits, args=["interrupt"])
+    after = job_factory(task=tasks.async_nap, args=[0.05])
+    worker = run_worker(concurrency=1, async_concurrency=async_concurrency)
+    paths = [fresh(j).errors[-1]["exception_class_path"] for j in (exits, interrupts)]
+    assert paths == ["builtins.SystemExit", "builtins.KeyboardInterrupt"]
+    assert (fresh(exits).status, fresh(interrupts).status) == ("dead", "dead")
+    assert fresh(after).status == "done"
+    assert worker.stats.done == 1
+
+
 def test_loop__jobs_over_its_slots_wait_and_are_released_at_stop(job_factory, settings):
     """A coroutine job claimed over the loop's slots (the one a full loop may take
     while plain jobs were claimed lately) waits, leased, for a slot; at stop it is

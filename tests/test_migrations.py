@@ -262,3 +262,19 @@ def test_briefly_locked__an_open_reader_stalls_no_claim_and_the_migration_retrie
     assert _probe_columns() == 0
     assert len(waits) > 20
     assert max(waits) < 1.5, sorted(waits)[-5:]
+
+
+def test_briefly_locked__deconstructs_for_the_migration_writer():
+    """squashmigrations writes an operation through its deconstruct(): BrieflyLocked
+    comes back whole from what Django's writer makes of it."""
+    from django.db.migrations.writer import OperationWriter
+
+    op = BrieflyLocked(PROBE, lock_timeout=0.5, attempts=4, pause=0.25)
+    text, imports = OperationWriter(op, indentation=0).serialize()
+    assert "import django_pgqueue.migration_ops" in imports
+    namespace: dict = {"migrations": migrations}  # (every migration file imports it)
+    source = "\n".join(sorted(imports)) + "\nop = " + text.rstrip().rstrip(",")
+    exec(source, namespace)  # noqa: S102
+    again = namespace["op"]
+    assert (again.lock_timeout, again.attempts, again.pause) == (0.5, 4, 0.25)
+    assert [o.sql for o in again.operations] == [PROBE.sql]

@@ -4,6 +4,11 @@ never run; and groups under SIGKILLed workers (bench.workflows' chaos, CI-sized)
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tarfile
+from io import BytesIO
 from typing import Any
 
 import pytest
@@ -15,7 +20,7 @@ from testproject.demo import fault_tasks
 from testproject.demo.models import Execution
 from testproject.demo.tasks import add
 from tests import tasks
-from tests.conftest import test_database_url, wait_for
+from tests.conftest import REPO, test_database_url, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -113,3 +118,46 @@ def test_process__every_callback_runs_once_with_workers_sigkilled(monkeypatch):
     assert {name: verdict[name] for name in workflows_bench.MUST_BE_ZERO} == dict.fromkeys(
         workflows_bench.MUST_BE_ZERO, 0
     ), verdict
+
+
+#: A commit of the release before workflows (its migrations end at 0008): what a fleet
+#: still runs during a rolling upgrade to this one.
+PREVIOUS_RELEASE = "4fe7d6b"
+
+
+def test_process__a_rolling_upgrades_old_worker_strands_nothing(manage, tmp_path):
+    """Issue 28 item 14, with a real worker of the previous release (its source taken
+    from git) on the migrated database: it runs the chain's first step and the group's
+    members without releasing what waits on them (it knows nothing of dependants); the
+    new sweeper releases them, and a new worker finishes every workflow: nothing is
+    left waiting."""
+    archived = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", PREVIOUS_RELEASE],
+        capture_output=True,
+    )
+    if archived.returncode != 0:
+        pytest.skip(f"no commit {PREVIOUS_RELEASE} in this clone (shallow?)")
+    old = tmp_path / "previous"
+    with tarfile.open(fileobj=BytesIO(archived.stdout)) as tar:
+        tar.extractall(old, filter="data")
+    steps = chain(step(add, 1, 2), step(add, 10)).enqueue()
+    album = group(step(add, 1, 1), step(add, 2, 2), then=step(tasks.total)).enqueue()
+    env = {**os.environ, "DATABASE_URL": test_database_url(), "PYTHONPATH": str(old)}
+    log = tmp_path / "previous-worker.log"
+    with log.open("w") as out:
+        code = subprocess.run(
+            [sys.executable, str(old / "testproject" / "manage.py"), "pgqueue_worker",
+             "--burst", "--worker-id", "w-previous"],
+            env=env, cwd=old, stdout=out, stderr=subprocess.STDOUT, timeout=60,
+        ).returncode  # fmt: skip
+    assert code == 0, log.read_text()
+    firsts = [steps[0], album[0], album[1]]
+    assert {(r.status, r.lease_owner) for r in rows(*firsts)} == {("done", "w-previous")}
+    assert [r.status for r in rows(steps[1], album[2])] == ["waiting", "waiting"]  # stranded
+    sweeper = manage("pgqueue_sweep")  # one pass of the new release
+    assert sweeper.wait(60) == 0, sweeper.output()
+    assert [r.status for r in rows(steps[1], album[2])] == ["pending", "pending"]
+    worker = manage("pgqueue_worker", "--burst")
+    assert worker.wait(60) == 0, worker.output()
+    assert [(r.status, r.result) for r in rows(steps[1], album[2])] == [("done", 13), ("done", 6)]
+    assert not Job.objects.filter(status="waiting").exists()

@@ -19,7 +19,7 @@ thread) and its outcome is written fenced as any job's. Besides:
   abandoned, nothing recorded, its lease left to expire (the heartbeat stopped
   extending it at the timeout);
 * ``SystemExit`` and ``KeyboardInterrupt`` raised by a coroutine (a library calling
-  ``sys.exit()``) are its job's failure, as in a plain task (:func:`_contained`):
+  ``sys.exit()``) are its job's failure, as in a plain task (``runner.contained``):
   asyncio would re-raise them out of the loop, ending the loop thread;
 * blocking work never runs on the loop. The worker's own writes for a coroutine job (a
   failure, a snooze, a release, a cancelled outcome) and ``task_started``'s receivers,
@@ -74,7 +74,7 @@ from ..tasks import _current
 from .catalog import Known
 from .connections import watch_lane
 from .limits import soft_limit
-from .runner import Begun, JobRunner, Refusal, arguments
+from .runner import Begun, Exited, JobRunner, Refusal, arguments, contained
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -179,27 +179,6 @@ class LaneExecutor(DaemonExecutor):
         if running is not None:
             running.lane_calls += 1
         return super().submit(fn, *args, **kwargs)
-
-
-class _Exited:
-    """What :func:`_contained` returns for a coroutine that raised ``SystemExit`` or
-    ``KeyboardInterrupt``: the exception, to be raised again as the job's failure."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-async def _contained(coroutine: Any) -> Any:
-    """Await a job's coroutine as its asyncio task's body, turning ``SystemExit`` and
-    ``KeyboardInterrupt`` into a value: asyncio re-raises those two out of the event
-    loop (not into whoever awaits the task), which would end the loop thread, and the
-    worker with it, for what is one job's failure (as it is in a plain task)."""
-    try:
-        return await coroutine
-    except (SystemExit, KeyboardInterrupt) as exc:
-        return _Exited(exc)
 
 
 class Abandoned(Exception):  # noqa: N818 - names the event
@@ -491,7 +470,7 @@ class EventLoop(WorkerPart):
         loop = asyncio.get_running_loop()
         task = begun.known.task
         inner: asyncio.Task[Any] = loop.create_task(
-            _contained(task.func(*arguments(job, task, begun.task_result), **job.kwargs))
+            contained(task.func(*arguments(job, task, begun.task_result), **job.kwargs))
         )
         self._jobs[inner] = job
         try:
@@ -524,7 +503,7 @@ class EventLoop(WorkerPart):
                 assert limit is not None
                 await self._stop_late(job, inner, float(limit))
             value = inner.result()
-            if isinstance(value, _Exited):
+            if isinstance(value, Exited):
                 raise value.exc  # the job's failure (here, within this task: caught)
             return validation.returned(value)
         finally:

@@ -71,6 +71,27 @@ CANCELLED_BEFORE_COMMIT = "cancellation requested before commit; the task's effe
 ASYNC_CANCEL_POLL = 0.05
 
 
+class Exited:
+    """What :func:`contained` returns for a coroutine that raised ``SystemExit`` or
+    ``KeyboardInterrupt``: the exception, to be raised again as the job's failure."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def contained(coroutine: Any) -> Any:
+    """Await a job's coroutine as its asyncio task's body, turning ``SystemExit`` and
+    ``KeyboardInterrupt`` into a value: asyncio re-raises those two out of the event
+    loop (not into whoever awaits the task), which would end the loop thread, and the
+    worker with it, for what is one job's failure (as it is in a plain task)."""
+    try:
+        return await coroutine
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return Exited(exc)
+
+
 async def cancellable(
     func: Callable[..., Coroutine[Any, Any, Any]],
     cancel: CancelFlag,
@@ -80,13 +101,16 @@ async def cancellable(
 ) -> Any:
     """Await ``func(*args, **kwargs)``; cancel it (``asyncio.CancelledError`` raised at
     its current ``await``) once ``cancel`` is set by the heartbeat thread."""
-    job = asyncio.ensure_future(func(*args, **kwargs))
+    job = asyncio.ensure_future(contained(func(*args, **kwargs)))
     while not job.done():
         await asyncio.wait({job}, timeout=ASYNC_CANCEL_POLL)
         if cancel.is_set() and not job.done():
             job.cancel()
             break
-    return await job
+    value = await job
+    if isinstance(value, Exited):
+        raise value.exc  # the job's failure, as a plain task's
+    return value
 
 
 def arguments(job: Job, task: Task, task_result: TaskResult | None) -> list[Any]:
