@@ -560,6 +560,9 @@ class WorkerProcess(models.Model):
     """
 
     id = models.CharField(max_length=255, primary_key=True, help_text="The lease owner name")
+    #: A random token of the process that registered the row: a worker refreshes and
+    #: deletes only a row of its own instance, not one another process took over.
+    instance = models.CharField(max_length=32, default="", db_default="", blank=True)
     hostname = models.CharField(max_length=255)
     pid = models.IntegerField()
     queues = CharArrayField(item_length=64, null=True, blank=True, help_text="None: every queue")

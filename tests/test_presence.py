@@ -168,10 +168,10 @@ def test_presence__figures_follow_within_seconds_not_a_third_of_a_lease(job_fact
     lease extension every 20 s), each shows within seconds."""
     register = presence._register
 
-    def down_at_start(reg, state, *, restart):  # type: ignore[no-untyped-def]
+    def down_at_start(reg, state, *, restart, take_over=False):  # type: ignore[no-untyped-def]
         if restart:
             raise OperationalError("connection refused (the server is starting)")
-        register(reg, state, restart=restart)
+        return register(reg, state, restart=restart, take_over=take_over)
 
     monkeypatch.setattr(presence, "_register", down_at_start)
     name = f"figures-{os.getpid()}"

@@ -239,6 +239,55 @@ class Worker:
 
     def run(self) -> WorkerStats:
         """Work until stopped, ``max_jobs`` is reached, or (``burst``) no work is left."""
+        self._log_start()
+        refused = presence.register(
+            self.alias,
+            self.worker_id,
+            queues=self.queues,
+            concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds,
+        )
+        if refused is not None:
+            # Before any thread starts or any job is claimed: two live processes with
+            # one id would share leases and delete each other's row.
+            self.fatal = refused
+            logger.error(
+                "worker %s: %s",
+                self.worker_id,
+                refused,
+                extra={"action": "fatal", "worker_id": self.worker_id},
+            )
+            close_connection(self.alias)
+            return self.stats
+        self._start_threads()
+        try:
+            # Jitter so a fleet restarted together does not claim in lock-step.
+            self._stopping.wait(random.uniform(0, min(0.1, self.poll_interval)))
+            self._claim_loop()
+        except Abort:
+            # The second stop signal, come before the claim loop saw the first (both
+            # handlers ran back to back): leave now rather than drain, which would
+            # wait out the running jobs. Their leases expire, the sweeper recovers them.
+            self._abandon()
+            raise
+        except BaseException:
+            self._finish()
+            raise
+        self._finish()
+        logger.info(
+            "worker %s stopped: done=%d failed=%d cancelled=%d lost=%d released=%d",
+            self.worker_id,
+            self.stats.done,
+            self.stats.failed,
+            self.stats.cancelled,
+            self.stats.lost,
+            self.stats.released,
+            extra={"action": "exit", "worker_id": self.worker_id},
+        )
+        return self.stats
+
+    def _log_start(self) -> None:
+        """The start-up lines: what this worker works, and how it wakes up."""
         logger.info(
             "worker %s starting: database=%s queues=%s concurrency=%d async=%d lease=%ss",
             self.worker_id,
@@ -266,39 +315,6 @@ class Worker:
                 self.poll_interval,
                 extra={"action": "start", "worker_id": self.worker_id},
             )
-        presence.register(
-            self.alias,
-            self.worker_id,
-            queues=self.queues,
-            concurrency=self.concurrency,
-            lease_seconds=self.lease_seconds,
-        )
-        self._start_threads()
-        try:
-            # Jitter so a fleet restarted together does not claim in lock-step.
-            self._stopping.wait(random.uniform(0, min(0.1, self.poll_interval)))
-            self._claim_loop()
-        except Abort:
-            # The second stop signal, come before the claim loop saw the first (both
-            # handlers ran back to back): leave now rather than drain, which would
-            # wait out the running jobs. Their leases expire, the sweeper recovers them.
-            self._abandon()
-            raise
-        except BaseException:
-            self._finish()
-            raise
-        self._finish()
-        logger.info(
-            "worker %s stopped: done=%d failed=%d cancelled=%d lost=%d released=%d",
-            self.worker_id,
-            self.stats.done,
-            self.stats.failed,
-            self.stats.cancelled,
-            self.stats.lost,
-            self.stats.released,
-            extra={"action": "exit", "worker_id": self.worker_id},
-        )
-        return self.stats
 
     # --- main thread: claiming ------------------------------------------------------
 
