@@ -535,3 +535,14 @@ def sleeps_in_c(seconds: float = 60.0) -> str:
     """``time.sleep`` (a C call no soft limit interrupts): a hard time limit ends it."""
     time.sleep(seconds)
     return "not interrupted"
+
+
+#: What ``keeps_memory`` keeps alive, for the life of the worker process.
+KEPT: list[bytes] = []
+
+
+@task()
+def keeps_memory(megabytes: int) -> int:
+    """Allocate ``megabytes`` MB (written, so resident) and keep them alive."""
+    KEPT.append(b"x" * (megabytes * 2**20))
+    return megabytes

@@ -127,7 +127,7 @@ def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manag
     after = Job.objects.enqueue(add, [1, 2])
     wait_for(lambda: ended(after), timeout=30)
     assert fresh(after).status == "done"
-    expected = "replaced: a job passed its time limit" if processes > 1 else "time limit of 2s"
+    expected = "replaced (a job past its time limit" if processes > 1 else "time limit of 2s"
     wait_for(lambda: expected in worker.output(), timeout=5)
     assert worker.popen.poll() is None  # (the one process: execv keeps its pid)
     # A new process started: the one process's second start-up line, or a new child.
@@ -148,3 +148,25 @@ def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, 
     wait_for(lambda: ended(beside), timeout=30)
     row = fresh(beside)
     assert (row.status, row.attempts) == ("done", 1), (row.status, row.errors, worker.output())
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_max_memory__a_worker_over_it_is_recycled_and_the_jobs_after_finish(manage, processes):
+    """A task keeping 200 MB alive on --max-memory 150: the process stops claiming,
+    finishes, and is replaced; the 50 jobs after it all finish."""
+    args = [*WORKER, "--max-memory", "150"] + (
+        ["--processes", str(processes)] if processes > 1 else []
+    )
+    worker = manage(*args)
+    big = Job.objects.enqueue(tasks.keeps_memory, [200])
+    wait_for(lambda: ended(big), timeout=30)
+    assert fresh(big).status == "done"
+    wait_for(lambda: "is over --max-memory 150 MB" in worker.output(), timeout=20)
+    after = [Job.objects.enqueue(add, [n, n]) for n in range(50)]
+    wait_for(
+        lambda: Job.objects.filter(pk__in=[j.pk for j in after], status="done").count() == 50,
+        timeout=60,
+    )
+    # A new process started: the one process's second start-up line, or a new child.
+    wait_for(lambda: worker.output().count(" starting: database=") == processes + 1, timeout=20)
+    assert worker.popen.poll() is None

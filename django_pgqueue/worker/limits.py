@@ -58,6 +58,26 @@ def soft_limit(job: Any, task_limit: float | None) -> float | None:
     return None if value is None else float(value)
 
 
+def rss_mb() -> float | None:
+    """This process's resident memory in MB (None where ``/proc`` is not available)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def replace_process(mode: str) -> None:
+    """Replace this process (see :data:`REPLACE_MODES`; ``"stop"``: nothing to do)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if mode == "exit":
+        os._exit(EXIT_TIME_LIMIT)
+    if mode == "exec":
+        os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - the same argv
+
+
 def hard_limit(job: Any, task_limit: float | None) -> float | None:
     """The hard time limit of ``job`` in seconds (None: none)."""
     if job.time_limit is not None:
@@ -184,8 +204,4 @@ class HardLimits(WorkerPart):
             self.stop()
             return
         presence.unregister(self.worker_id)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.replace == "exit":
-            os._exit(EXIT_TIME_LIMIT)
-        os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - the same argv
+        replace_process(self.replace)

@@ -51,7 +51,7 @@ from django.db import connections
 from ..conf import settings
 from ..reconnect import backoff_delay
 from ..signals import Abort, defer_stop, on_stop, stop_signals, take_deferred
-from .limits import EXIT_TIME_LIMIT
+from .limits import EXIT_TIME_LIMIT, replace_process
 from .loop import Worker
 
 logger = logging.getLogger(__name__)
@@ -302,7 +302,8 @@ class Supervisor:
                 slot.restart_at = time.monotonic()
                 slot.restarts += 1
                 logger.warning(
-                    "worker process %d (pid %d) replaced: a job passed its time limit",
+                    "worker process %d (pid %d) replaced (a job past its time limit, or "
+                    "--max-memory)",
                     slot.index,
                     pid,
                     extra={"action": "child_replaced"},
@@ -483,4 +484,6 @@ def run_worker_process(
     if worker.fatal:
         sys.stderr.write(f"pgqueue_worker: {worker.fatal}\n")
         return int(ExitCode.FATAL)
+    if worker.recycle:  # over --max-memory, drained: replaced as for a time limit
+        replace_process(options["on_time_limit"])
     return int(ExitCode.OK)
