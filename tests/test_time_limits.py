@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from django_pgqueue import SoftTimeLimitExceeded
 from django_pgqueue.exceptions import InvalidJob
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, WorkerProcess
 from django_pgqueue.taskapi import InvalidTask, task
 from django_pgqueue.worker.limits import SoftLimit, soft_limit
 from testproject.demo.tasks import add
@@ -170,3 +170,16 @@ def test_max_memory__a_worker_over_it_is_recycled_and_the_jobs_after_finish(mana
     # A new process started: the one process's second start-up line, or a new child.
     wait_for(lambda: worker.output().count(" starting: database=") == processes + 1, timeout=20)
     assert worker.popen.poll() is None
+    # The workers table (pgqueue_status, the workers page) shows its RSS and restarts.
+    rows = wait_for(
+        lambda: (
+            sorted(WorkerProcess.objects.values_list("restarts", flat=True))
+            == [0] * (processes - 1) + [1]
+            and list(WorkerProcess.objects.values_list("rss_bytes", flat=True))
+        ),
+        timeout=20,
+    )
+    assert all(rss and rss > 10 * 2**20 for rss in rows)
+    status = manage("pgqueue_status")
+    assert status.wait() == 0
+    assert " MB" in status.output() and "restarts" in status.output()

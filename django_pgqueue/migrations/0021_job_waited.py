@@ -50,6 +50,16 @@ class Migration(migrations.Migration):
             name="time_limit",
             field=models.FloatField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name="workerprocess",
+            name="rss_bytes",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="workerprocess",
+            name="restarts",
+            field=models.IntegerField(db_default=0, default=0),
+        ),
         migrations.RunSQL(FUNCTION, reverse_sql="DROP FUNCTION pgqueue_job_waited_notify()"),
         migrations.RunSQL(TRIGGER, reverse_sql="DROP TRIGGER pgqueue_job_waited ON pgqueue_job"),
     ]

@@ -18,13 +18,13 @@ WORKER_REGISTER = """
 -- was cut off). Primary-key upsert.
 INSERT INTO pgqueue_worker AS w (
     id, hostname, pid, queues, concurrency, lease_seconds, version,
-    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts
 )
 VALUES (
     %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
     %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
     coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
-    %(jobs_failed)s
+    %(jobs_failed)s, %(rss_bytes)s, %(restarts)s
 )
 ON CONFLICT (id) DO UPDATE
 SET hostname = excluded.hostname,
@@ -37,7 +37,9 @@ SET hostname = excluded.hostname,
     last_seen_at = excluded.last_seen_at,
     jobs_held = excluded.jobs_held,
     jobs_done = excluded.jobs_done,
-    jobs_failed = excluded.jobs_failed
+    jobs_failed = excluded.jobs_failed,
+    rss_bytes = excluded.rss_bytes,
+    restarts = excluded.restarts
 """
 
 
@@ -49,6 +51,7 @@ UPDATE pgqueue_worker
 SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_held = %(jobs_held)s,
     jobs_done = %(jobs_done)s,
-    jobs_failed = %(jobs_failed)s
+    jobs_failed = %(jobs_failed)s,
+    rss_bytes = %(rss_bytes)s
 WHERE id = %(id)s
 """

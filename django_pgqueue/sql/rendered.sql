@@ -3890,7 +3890,7 @@ GROUP BY queue, clock.now;
 -- name: WORKER_GET_ALL
 -- Every registered worker, with whether it is lost, judged by the database clock.
 SELECT id, hostname, pid, queues, concurrency, lease_seconds, version, started_at,
-       last_seen_at, jobs_held, jobs_done, jobs_failed,
+       last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts,
        last_seen_at + make_interval(secs => lease_seconds)
            < coalesce(%(now)s::timestamptz, clock_timestamp()) AS lost,
        coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at AS unseen_for
@@ -4016,13 +4016,13 @@ WHERE id = %(id)s;
 -- was cut off). Primary-key upsert.
 INSERT INTO pgqueue_worker AS w (
     id, hostname, pid, queues, concurrency, lease_seconds, version,
-    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts
 )
 VALUES (
     %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
     %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
     coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
-    %(jobs_failed)s
+    %(jobs_failed)s, %(rss_bytes)s, %(restarts)s
 )
 ON CONFLICT (id) DO UPDATE
 SET hostname = excluded.hostname,
@@ -4035,7 +4035,9 @@ SET hostname = excluded.hostname,
     last_seen_at = excluded.last_seen_at,
     jobs_held = excluded.jobs_held,
     jobs_done = excluded.jobs_done,
-    jobs_failed = excluded.jobs_failed;
+    jobs_failed = excluded.jobs_failed,
+    rss_bytes = excluded.rss_bytes,
+    restarts = excluded.restarts;
 
 -- name: WORKER_TOUCH
 -- The heartbeat's still alive: last seen now, with its counts; zero rows means the row
@@ -4044,7 +4046,8 @@ UPDATE pgqueue_worker
 SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_held = %(jobs_held)s,
     jobs_done = %(jobs_done)s,
-    jobs_failed = %(jobs_failed)s
+    jobs_failed = %(jobs_failed)s,
+    rss_bytes = %(rss_bytes)s
 WHERE id = %(id)s;
 
 -- =============================================================================

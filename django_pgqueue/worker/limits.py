@@ -60,12 +60,8 @@ def soft_limit(job: Any, task_limit: float | None) -> float | None:
 
 def rss_mb() -> float | None:
     """This process's resident memory in MB (None where ``/proc`` is not available)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            pages = int(statm.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    found = presence.rss_bytes()
+    return None if found is None else found / 2**20
 
 
 def replace_process(mode: str) -> None:
@@ -75,6 +71,7 @@ def replace_process(mode: str) -> None:
     if mode == "exit":
         os._exit(EXIT_TIME_LIMIT)
     if mode == "exec":
+        os.environ[presence.RESTARTS_VARIABLE] = str(presence.restarts() + 1)
         os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - the same argv
 
 

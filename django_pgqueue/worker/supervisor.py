@@ -51,6 +51,7 @@ from django.db import connections
 from ..conf import settings
 from ..reconnect import backoff_delay
 from ..signals import Abort, defer_stop, on_stop, stop_signals, take_deferred
+from . import presence
 from .limits import EXIT_TIME_LIMIT, replace_process
 from .loop import Worker
 
@@ -384,6 +385,8 @@ class Supervisor:
         # at once would be lost and the child never stop. Blocked, it stays pending in
         # the kernel until the child's own handlers are in place.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())
+        # The child's restart count, shown in the workers table (presence.restarts).
+        os.environ[presence.RESTARTS_VARIABLE] = str(slot.restarts)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child (the tests see it from outside)
             os._exit(self._child(slot.index, parent, mask))
