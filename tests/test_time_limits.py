@@ -4,6 +4,7 @@ coroutine tasks, and the options' validation."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -183,3 +184,23 @@ def test_max_memory__a_worker_over_it_is_recycled_and_the_jobs_after_finish(mana
     status = manage("pgqueue_status")
     assert status.wait() == 0
     assert " MB" in status.output() and "restarts" in status.output()
+
+
+def test_hard_limit__a_sigkill_of_the_replacement_loses_nothing(manage, tmp_path):
+    """The re-executed process, SIGKILLed while it runs a job: the job's lease expires,
+    the sweeper gives it back, another worker runs it; every job ends."""
+    worker = manage(*WORKER, "--lease-seconds", "1")
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: ended(hung), timeout=30)
+    wait_for(lambda: worker.output().count(" starting: database=") == 2, timeout=20)
+    marker = tmp_path / "started"
+    job = Job.objects.enqueue(tasks.sleep_after_marking, [str(marker), 2])
+    wait_for(marker.exists, timeout=20)
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    assert fresh(job).status == "running"
+    manage("pgqueue_sweep", "--loop", "--interval", "0.5")
+    manage(*WORKER, "--lease-seconds", "1")
+    wait_for(lambda: ended(job), timeout=40)
+    assert fresh(job).status == "done" and fresh(hung).status == "dead"
+    assert not Job.objects.exclude(status__in=("done", "dead")).exists()

@@ -160,11 +160,13 @@ class HardLimits(WorkerPart):
         with self.state.lock:
             for held in self.state.held.values():
                 limit = held.time_limit
+                # Counted from the claim (a job that has not started is never failed:
+                # it is not running anything to stop).
                 if (
                     limit is not None
                     and held.started is not None
                     and not held.finishing
-                    and now - held.started >= limit
+                    and now - held.claimed >= limit
                 ):
                     return held.job, limit
         return None
