@@ -546,3 +546,10 @@ def keeps_memory(megabytes: int) -> int:
     """Allocate ``megabytes`` MB (written, so resident) and keep them alive."""
     KEPT.append(b"x" * (megabytes * 2**20))
     return megabytes
+
+
+@task(time_limit=2, max_attempts=1)
+async def async_sleeps_in_c(seconds: float = 60.0) -> str:
+    """A coroutine blocking its event loop in ``time.sleep``: a hard limit ends it."""
+    time.sleep(seconds)  # noqa: ASYNC251 - blocking on purpose
+    return "not interrupted"

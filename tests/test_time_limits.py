@@ -117,22 +117,24 @@ def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manag
         ["--processes", str(processes)] if processes > 1 else []
     )
     worker = manage(*args)
-    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
-    wait_for(lambda: ended(hung), timeout=30)
-    row = fresh(hung)
-    assert row.status == "dead"
-    assert row.errors[-1]["exception_class_path"] == (
-        "django_pgqueue.exceptions.TimeLimitExceeded"
-    ), row.errors
-    assert (row.finished_at - row.last_attempted_at).total_seconds() < 4.0
+    # A sync task on a thread slot and a coroutine blocking the event loop.
+    for hung_task in (tasks.sleeps_in_c, tasks.async_sleeps_in_c):
+        hung = Job.objects.enqueue(hung_task, [60])
+        wait_for(lambda hung=hung: ended(hung), timeout=30)
+        row = fresh(hung)
+        assert row.status == "dead"
+        assert row.errors[-1]["exception_class_path"] == (
+            "django_pgqueue.exceptions.TimeLimitExceeded"
+        ), row.errors
+        assert (row.finished_at - row.last_attempted_at).total_seconds() < 4.0
     after = Job.objects.enqueue(add, [1, 2])
     wait_for(lambda: ended(after), timeout=30)
     assert fresh(after).status == "done"
     expected = "replaced (a job past its time limit" if processes > 1 else "time limit of 2s"
     wait_for(lambda: expected in worker.output(), timeout=5)
     assert worker.popen.poll() is None  # (the one process: execv keeps its pid)
-    # A new process started: the one process's second start-up line, or a new child.
-    assert worker.output().count(" starting: database=") == processes + 1, worker.output()
+    # A new process started for each: the one process's start-up lines, or new children.
+    wait_for(lambda: worker.output().count(" starting: database=") == processes + 2, timeout=20)
 
 
 def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, tmp_path):
