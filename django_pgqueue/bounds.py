@@ -95,6 +95,8 @@ GRACE_SECONDS = Bounds(0, DAY, unit="seconds")
 #: A supervisor's wait for its children at shutdown; at least a second to drain at all.
 STOP_SECONDS = Bounds(1, DAY, unit="seconds")
 MAX_JOBS = Bounds(1, 1_000_000_000, integer=True)
+#: ``pgqueue_worker --max-memory``, in MB of resident memory.
+MAX_MEMORY = Bounds(1, 10_000_000, integer=True)
 SWEEP_INTERVAL = Bounds(0.1, DAY, unit="seconds")
 #: The least ``PGQUEUE_MAX_RESULT_BYTES`` may be.
 MIN_RESULT_BYTES = 1000

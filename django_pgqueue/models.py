@@ -574,6 +574,11 @@ class WorkerProcess(models.Model):
     jobs_held = models.IntegerField(default=0, db_default=0)
     jobs_done = models.BigIntegerField(default=0, db_default=0)
     jobs_failed = models.BigIntegerField(default=0, db_default=0)
+    #: Its resident memory at its last heartbeat (None: not measured).
+    rss_bytes = models.BigIntegerField(null=True, blank=True)
+    #: How many processes were in its place before it: replaced for a job past its
+    #: time limit or for ``--max-memory`` (a supervisor's slot, or one process).
+    restarts = models.IntegerField(default=0, db_default=0)
 
     objects = WorkerQuerySet.as_manager()
 

@@ -67,6 +67,8 @@ class WorkerInfo:
     jobs_held: int
     jobs_done: int
     jobs_failed: int
+    rss_bytes: int | None  # resident memory at its last heartbeat (None: not measured)
+    restarts: int  # processes replaced in its place (time limit, --max-memory)
     lost: bool  # not seen for longer than its lease: killed, hung or cut off
     unseen_for: dt.timedelta
 
@@ -88,6 +90,8 @@ class WorkerInfo:
             "jobs_held": self.jobs_held,
             "jobs_done": self.jobs_done,
             "jobs_failed": self.jobs_failed,
+            "rss_bytes": self.rss_bytes,
+            "restarts": self.restarts,
             "state": self.state,
         }
 

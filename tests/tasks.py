@@ -722,6 +722,8 @@ def sleeps_in_c(seconds: float = 60.0) -> str:
 def tagged(n: int) -> int:
     """For the tag tests: every job of this task carries its two tags."""
     return n
+
+
 def _chaos_write(job_id: int, step: int, marker_dir: str, fault: bool) -> int:
     """A chaos step: its ledger row, then maybe (decided per job and step) the worker
     killed, right after the write or right after the commit that holds it. ``fault``:
@@ -767,3 +769,21 @@ async def async_sleep_between(ledger: str, seconds: float) -> str:
     _note(ledger, f"run {job.attempt} {job.snoozes}")
     await job.asleep(seconds)
     return await job.arun_step("after", _anote, ledger, "after")
+
+
+#: What ``keeps_memory`` keeps alive, for the life of the worker process.
+KEPT: list[bytes] = []
+
+
+@task()
+def keeps_memory(megabytes: int) -> int:
+    """Allocate ``megabytes`` MB (written, so resident) and keep them alive."""
+    KEPT.append(b"x" * (megabytes * 2**20))
+    return megabytes
+
+
+@task(time_limit=2, max_attempts=1)
+async def async_sleeps_in_c(seconds: float = 60.0) -> str:
+    """A coroutine blocking its event loop in ``time.sleep``: a hard limit ends it."""
+    time.sleep(seconds)  # noqa: ASYNC251 - blocking on purpose
+    return "not interrupted"

@@ -4,6 +4,7 @@ coroutine tasks, and the options' validation."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -11,7 +12,7 @@ from django.test import override_settings
 
 from django_pgqueue import SoftTimeLimitExceeded
 from django_pgqueue.exceptions import InvalidJob
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, WorkerProcess
 from django_pgqueue.taskapi import InvalidTask, task
 from django_pgqueue.worker.limits import SoftLimit, soft_limit
 from testproject.demo.tasks import add
@@ -116,22 +117,24 @@ def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manag
         ["--processes", str(processes)] if processes > 1 else []
     )
     worker = manage(*args)
-    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
-    wait_for(lambda: ended(hung), timeout=30)
-    row = fresh(hung)
-    assert row.status == "dead"
-    assert row.errors[-1]["exception_class_path"] == (
-        "django_pgqueue.exceptions.TimeLimitExceeded"
-    ), row.errors
-    assert (row.finished_at - row.last_attempted_at).total_seconds() < 4.0
+    # A sync task on a thread slot and a coroutine blocking the event loop.
+    for hung_task in (tasks.sleeps_in_c, tasks.async_sleeps_in_c):
+        hung = Job.objects.enqueue(hung_task, [60])
+        wait_for(lambda hung=hung: ended(hung), timeout=30)
+        row = fresh(hung)
+        assert row.status == "dead"
+        assert row.errors[-1]["exception_class_path"] == (
+            "django_pgqueue.exceptions.TimeLimitExceeded"
+        ), row.errors
+        assert (row.finished_at - row.last_attempted_at).total_seconds() < 4.0
     after = Job.objects.enqueue(add, [1, 2])
     wait_for(lambda: ended(after), timeout=30)
     assert fresh(after).status == "done"
-    expected = "replaced: a job passed its time limit" if processes > 1 else "time limit of 2s"
+    expected = "replaced (a job past its time limit" if processes > 1 else "time limit of 2s"
     wait_for(lambda: expected in worker.output(), timeout=5)
     assert worker.popen.poll() is None  # (the one process: execv keeps its pid)
-    # A new process started: the one process's second start-up line, or a new child.
-    assert worker.output().count(" starting: database=") == processes + 1, worker.output()
+    # A new process started for each: the one process's start-up lines, or new children.
+    wait_for(lambda: worker.output().count(" starting: database=") == processes + 2, timeout=20)
 
 
 def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, tmp_path):
@@ -148,3 +151,58 @@ def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, 
     wait_for(lambda: ended(beside), timeout=30)
     row = fresh(beside)
     assert (row.status, row.attempts) == ("done", 1), (row.status, row.errors, worker.output())
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_max_memory__a_worker_over_it_is_recycled_and_the_jobs_after_finish(manage, processes):
+    """A task keeping 200 MB alive on --max-memory 150: the process stops claiming,
+    finishes, and is replaced; the 50 jobs after it all finish."""
+    args = [*WORKER, "--max-memory", "150"] + (
+        ["--processes", str(processes)] if processes > 1 else []
+    )
+    worker = manage(*args)
+    big = Job.objects.enqueue(tasks.keeps_memory, [200])
+    wait_for(lambda: ended(big), timeout=30)
+    assert fresh(big).status == "done"
+    wait_for(lambda: "is over --max-memory 150 MB" in worker.output(), timeout=20)
+    after = [Job.objects.enqueue(add, [n, n]) for n in range(50)]
+    wait_for(
+        lambda: Job.objects.filter(pk__in=[j.pk for j in after], status="done").count() == 50,
+        timeout=60,
+    )
+    # A new process started: the one process's second start-up line, or a new child.
+    wait_for(lambda: worker.output().count(" starting: database=") == processes + 1, timeout=20)
+    assert worker.popen.poll() is None
+    # The workers table (pgqueue_status, the workers page) shows its RSS and restarts.
+    rows = wait_for(
+        lambda: (
+            sorted(WorkerProcess.objects.values_list("restarts", flat=True))
+            == [0] * (processes - 1) + [1]
+            and list(WorkerProcess.objects.values_list("rss_bytes", flat=True))
+        ),
+        timeout=20,
+    )
+    assert all(rss and rss > 10 * 2**20 for rss in rows)
+    status = manage("pgqueue_status")
+    assert status.wait() == 0
+    assert " MB" in status.output() and "restarts" in status.output()
+
+
+def test_hard_limit__a_sigkill_of_the_replacement_loses_nothing(manage, tmp_path):
+    """The re-executed process, SIGKILLed while it runs a job: the job's lease expires,
+    the sweeper gives it back, another worker runs it; every job ends."""
+    worker = manage(*WORKER, "--lease-seconds", "1")
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: ended(hung), timeout=30)
+    wait_for(lambda: worker.output().count(" starting: database=") == 2, timeout=20)
+    marker = tmp_path / "started"
+    job = Job.objects.enqueue(tasks.sleep_after_marking, [str(marker), 2])
+    wait_for(marker.exists, timeout=20)
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    assert fresh(job).status == "running"
+    manage("pgqueue_sweep", "--loop", "--interval", "0.5")
+    manage(*WORKER, "--lease-seconds", "1")
+    wait_for(lambda: ended(job), timeout=40)
+    assert fresh(job).status == "done" and fresh(hung).status == "dead"
+    assert not Job.objects.exclude(status__in=("done", "dead")).exists()

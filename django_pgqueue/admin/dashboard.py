@@ -170,6 +170,7 @@ class DashboardAdmin(ViewOnlyAdmin):
                 "up": seconds_text((snap.taken_at - w.started_at).total_seconds()),
                 "seen": seconds_text(w.unseen_for.total_seconds()),
                 "queues": ", ".join(w.queues) if w.queues else "all",
+                "rss_mb": "-" if w.rss_bytes is None else f"{w.rss_bytes / 2**20:.0f}",
             }
             for w in snap.workers
         ]

@@ -46,6 +46,8 @@ class WorkerProcessAdmin(ViewOnlyAdmin):
         "jobs_held",
         "jobs_done",
         "jobs_failed",
+        "rss_bytes",
+        "restarts",
         "running_jobs",
     )
     fields = readonly_fields

@@ -37,6 +37,16 @@ class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0020_job_steps")]
 
     operations = [
+        migrations.AddField(
+            model_name="workerprocess",
+            name="rss_bytes",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="workerprocess",
+            name="restarts",
+            field=models.IntegerField(db_default=0, default=0),
+        ),
         migrations.RunSQL(FUNCTION, reverse_sql="DROP FUNCTION pgqueue_job_waited_notify()"),
         # The columns and the trigger lock the table: each waits briefly (0016).
         BrieflyLocked(

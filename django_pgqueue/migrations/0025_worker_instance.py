@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_pgqueue", "0019_job_running_key_idx"),
+        ("django_pgqueue", "0024_job_pending_age_idx"),
     ]
 
     operations = [

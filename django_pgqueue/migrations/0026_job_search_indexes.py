@@ -13,7 +13,7 @@ import django_pgqueue.models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0024_job_pending_age_idx")]
+    dependencies = [("django_pgqueue", "0025_worker_instance")]
 
     operations = [
         AddIndexConcurrently(

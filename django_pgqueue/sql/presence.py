@@ -34,13 +34,13 @@ WORKER_REGISTER = """
 -- was cut off); takes over only its own row, a lost one, or one found dead (take_over).
 INSERT INTO pgqueue_worker AS w (
     id, instance, hostname, pid, queues, concurrency, lease_seconds, version,
-    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts
 )
 VALUES (
     %(id)s, %(instance)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
     %(lease_seconds)s, %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
     coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
-    %(jobs_failed)s
+    %(jobs_failed)s, %(rss_bytes)s, %(restarts)s
 )
 ON CONFLICT (id) DO UPDATE
 SET instance = excluded.instance,
@@ -54,7 +54,9 @@ SET instance = excluded.instance,
     last_seen_at = excluded.last_seen_at,
     jobs_held = excluded.jobs_held,
     jobs_done = excluded.jobs_done,
-    jobs_failed = excluded.jobs_failed
+    jobs_failed = excluded.jobs_failed,
+    rss_bytes = excluded.rss_bytes,
+    restarts = excluded.restarts
 WHERE w.instance = excluded.instance
    OR w.last_seen_at + make_interval(secs => w.lease_seconds) < excluded.last_seen_at
    OR %(take_over)s
@@ -70,6 +72,7 @@ UPDATE pgqueue_worker
 SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_held = %(jobs_held)s,
     jobs_done = %(jobs_done)s,
-    jobs_failed = %(jobs_failed)s
+    jobs_failed = %(jobs_failed)s,
+    rss_bytes = %(rss_bytes)s
 WHERE id = %(id)s AND instance = %(instance)s
 """

@@ -484,7 +484,7 @@ WORKER_GET_ALL = """
 -- name: WORKER_GET_ALL
 -- Every registered worker, with whether it is lost, judged by the database clock.
 SELECT id, hostname, pid, queues, concurrency, lease_seconds, version, started_at,
-       last_seen_at, jobs_held, jobs_done, jobs_failed,
+       last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts,
        last_seen_at + make_interval(secs => lease_seconds)
            < coalesce(%(now)s::timestamptz, clock_timestamp()) AS lost,
        coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at AS unseen_for

@@ -4173,7 +4173,7 @@ GROUP BY queue, clock.now;
 -- name: WORKER_GET_ALL
 -- Every registered worker, with whether it is lost, judged by the database clock.
 SELECT id, hostname, pid, queues, concurrency, lease_seconds, version, started_at,
-       last_seen_at, jobs_held, jobs_done, jobs_failed,
+       last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts,
        last_seen_at + make_interval(secs => lease_seconds)
            < coalesce(%(now)s::timestamptz, clock_timestamp()) AS lost,
        coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at AS unseen_for
@@ -4290,25 +4290,35 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, true);
 -- family presence: run by django_pgqueue.worker.presence
 
 -- name: WORKER_DELETE
--- Forget a worker that exits cleanly (the last thing it does). Primary-key lookup.
+-- Forget a worker that exits cleanly (the last thing it does): its own row only, not
+-- one another process took over meanwhile. Primary-key lookup.
 DELETE FROM pgqueue_worker
+WHERE id = %(id)s AND instance = %(instance)s;
+
+-- name: WORKER_HOLDER
+-- Who holds a worker id that WORKER_REGISTER could not take: host, pid, and seconds
+-- since it was last seen. Primary-key lookup.
+SELECT hostname, pid,
+       extract(epoch FROM coalesce(%(now)s::timestamptz, clock_timestamp()) - last_seen_at)
+FROM pgqueue_worker
 WHERE id = %(id)s;
 
 -- name: WORKER_REGISTER
 -- Register a worker process at start (or again, after the sweeper deleted it while it
--- was cut off). Primary-key upsert.
+-- was cut off); takes over only its own row, a lost one, or one found dead (take_over).
 INSERT INTO pgqueue_worker AS w (
-    id, hostname, pid, queues, concurrency, lease_seconds, version,
-    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed
+    id, instance, hostname, pid, queues, concurrency, lease_seconds, version,
+    started_at, last_seen_at, jobs_held, jobs_done, jobs_failed, rss_bytes, restarts
 )
 VALUES (
-    %(id)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s, %(lease_seconds)s,
-    %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
+    %(id)s, %(instance)s, %(hostname)s, %(pid)s, %(queues)s::text[], %(concurrency)s,
+    %(lease_seconds)s, %(version)s, coalesce(%(now)s::timestamptz, clock_timestamp()),
     coalesce(%(now)s::timestamptz, clock_timestamp()), %(jobs_held)s, %(jobs_done)s,
-    %(jobs_failed)s
+    %(jobs_failed)s, %(rss_bytes)s, %(restarts)s
 )
 ON CONFLICT (id) DO UPDATE
-SET hostname = excluded.hostname,
+SET instance = excluded.instance,
+    hostname = excluded.hostname,
     pid = excluded.pid,
     queues = excluded.queues,
     concurrency = excluded.concurrency,
@@ -4318,17 +4328,24 @@ SET hostname = excluded.hostname,
     last_seen_at = excluded.last_seen_at,
     jobs_held = excluded.jobs_held,
     jobs_done = excluded.jobs_done,
-    jobs_failed = excluded.jobs_failed;
+    jobs_failed = excluded.jobs_failed,
+    rss_bytes = excluded.rss_bytes,
+    restarts = excluded.restarts
+WHERE w.instance = excluded.instance
+   OR w.last_seen_at + make_interval(secs => w.lease_seconds) < excluded.last_seen_at
+   OR %(take_over)s
+RETURNING w.id;
 
 -- name: WORKER_TOUCH
--- The heartbeat's still alive: last seen now, with its counts; zero rows means the row
--- is gone and the worker registers again.
+-- The heartbeat's still alive: last seen now, with its counts, on its own row; zero
+-- rows means the row is gone (or another process took the id) and it registers again.
 UPDATE pgqueue_worker
 SET last_seen_at = coalesce(%(now)s::timestamptz, clock_timestamp()),
     jobs_held = %(jobs_held)s,
     jobs_done = %(jobs_done)s,
-    jobs_failed = %(jobs_failed)s
-WHERE id = %(id)s;
+    jobs_failed = %(jobs_failed)s,
+    rss_bytes = %(rss_bytes)s
+WHERE id = %(id)s AND instance = %(instance)s;
 
 -- =============================================================================
 -- family migration: run by django_pgqueue.migration_ops

@@ -58,6 +58,23 @@ def soft_limit(job: Any, task_limit: float | None) -> float | None:
     return None if value is None else float(value)
 
 
+def rss_mb() -> float | None:
+    """This process's resident memory in MB (None where ``/proc`` is not available)."""
+    found = presence.rss_bytes()
+    return None if found is None else found / 2**20
+
+
+def replace_process(mode: str) -> None:
+    """Replace this process (see :data:`REPLACE_MODES`; ``"stop"``: nothing to do)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if mode == "exit":
+        os._exit(EXIT_TIME_LIMIT)
+    if mode == "exec":
+        os.environ[presence.RESTARTS_VARIABLE] = str(presence.restarts() + 1)
+        os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - the same argv
+
+
 def hard_limit(job: Any, task_limit: float | None) -> float | None:
     """The hard time limit of ``job`` in seconds (None: none)."""
     if job.time_limit is not None:
@@ -143,11 +160,13 @@ class HardLimits(WorkerPart):
         with self.state.lock:
             for held in self.state.held.values():
                 limit = held.time_limit
+                # Counted from the claim (a job that has not started is never failed:
+                # it is not running anything to stop).
                 if (
                     limit is not None
                     and held.started is not None
                     and not held.finishing
-                    and now - held.started >= limit
+                    and now - held.claimed >= limit
                 ):
                     return held.job, limit
         return None
@@ -184,8 +203,4 @@ class HardLimits(WorkerPart):
             self.stop()
             return
         presence.unregister(self.worker_id)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.replace == "exit":
-            os._exit(EXIT_TIME_LIMIT)
-        os.execv(sys.executable, [sys.executable, *sys.argv])  # noqa: S606 - the same argv
+        replace_process(self.replace)

@@ -56,7 +56,7 @@ from .completer import Completer
 from .connections import bounded, recycle_connections
 from .coroutines import EventLoop
 from .heartbeat import Heartbeat
-from .limits import HardLimits
+from .limits import HardLimits, rss_mb
 from .listener import Listener
 from .outcomes import Reporter
 from .position import ClaimPosition
@@ -97,6 +97,7 @@ class Worker:
         backend: str | None = None,
         async_concurrency: int | None = None,
         on_time_limit: str = "stop",
+        max_memory: int | None = None,
     ) -> None:
         self.queues = sorted(set(queues)) if queues else None
         self.concurrency = concurrency
@@ -115,6 +116,12 @@ class Worker:
         self.lease_seconds = float(lease_seconds or settings.LEASE_SECONDS)
         self.burst = burst
         self.max_jobs = max_jobs
+        #: ``--max-memory``: MB of resident memory over which the worker stops claiming
+        #: and, once drained, asks to be replaced (:attr:`recycle`).
+        self.max_memory = max_memory
+        #: Set when the worker stopped to be recycled (its memory was over max_memory).
+        self.recycle = False
+        self._memory_checked = 0.0
         self.worker_id = worker_id or default_worker_id()
         self.poll_interval = float(poll_interval or settings.POLL_INTERVAL)
         self.grace_seconds = (
@@ -404,6 +411,26 @@ class Worker:
         self.stop()
         return False
 
+    def _over_memory(self) -> bool:
+        """Whether the process's resident memory is over ``max_memory`` (checked at most
+        four times a second, between claims): then it stops claiming to be recycled."""
+        if self.max_memory is None or time.monotonic() - self._memory_checked < 0.25:
+            return False
+        self._memory_checked = time.monotonic()
+        rss = rss_mb()
+        if rss is None or rss <= self.max_memory:
+            return False
+        self.recycle = True
+        logger.warning(
+            "worker %s: resident memory %.0f MB is over --max-memory %d MB; finishing "
+            "its jobs, then the process is replaced",
+            self.worker_id,
+            rss,
+            self.max_memory,
+            extra={"action": "recycle", "worker_id": self.worker_id},
+        )
+        return True
+
     def _claim_loop(self) -> None:
         # A burst run ends: through database errors it retries for a bounded time only.
         retry = Retry(
@@ -420,7 +447,7 @@ class Worker:
             # below, so none is missed between the count and the wait.
             self._state.slots_wanted.set()
             recycle_connections()
-            if not self._heartbeat_alive():
+            if not self._heartbeat_alive() or self._over_memory():
                 break
             free = self._wanted()
             if free is None:

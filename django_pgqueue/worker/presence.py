@@ -82,6 +82,27 @@ def _counts(state: WorkerState | None) -> dict[str, int]:
     }
 
 
+#: The environment variable that carries a worker slot's restart count into the process
+#: that replaces it (``limits.replace_process``, the supervisor's fork).
+RESTARTS_VARIABLE = "PGQUEUE_WORKER_RESTARTS"
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory in bytes (None where ``/proc`` is not available)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def restarts() -> int:
+    """How many processes this one's slot had before it (see :data:`RESTARTS_VARIABLE`)."""
+    value = os.environ.get(RESTARTS_VARIABLE, "0")
+    return int(value) if value.isdigit() else 0
+
+
 def _register(
     reg: Registration, state: WorkerState | None, *, restart: bool, take_over: bool = False
 ) -> bool:
@@ -103,6 +124,8 @@ def _register(
             "take_over": take_over,
             "now": None,
             **counts,
+            "rss_bytes": rss_bytes(),
+            "restarts": restarts(),
         },
     )
     if taken:
@@ -208,7 +231,13 @@ def touch(state: WorkerState, *, quiet: bool = False) -> None:
         updated = db.rowcount(
             reg.alias,
             sql.WORKER_TOUCH,
-            {"id": reg.worker_id, "instance": reg.instance, "now": None, **counts},
+            {
+                "id": reg.worker_id,
+                "instance": reg.instance,
+                "now": None,
+                **counts,
+                "rss_bytes": rss_bytes(),
+            },
         )
         if updated:
             _written[reg.worker_id] = counts

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -66,6 +67,8 @@ class Held:
     timed_out: bool = False
     #: Its hard time limit in seconds (``limits.hard_limit``), once it started.
     time_limit: float | None = None
+    #: When its claim came back (monotonic): the hard time limit counts from there.
+    claimed: float = field(default_factory=time.monotonic)
     completing: bool = False  # finished; waiting for the completer to record it
     on_loop: bool = False  # a coroutine job, run on the event loop (not a thread slot)
     # Its outcome (fail, release, inline or transactional completion) is being written:

@@ -51,7 +51,8 @@ from django.db import connections
 from ..conf import settings
 from ..reconnect import backoff_delay
 from ..signals import Abort, defer_stop, on_stop, stop_signals, take_deferred
-from .limits import EXIT_TIME_LIMIT
+from . import presence
+from .limits import EXIT_TIME_LIMIT, replace_process
 from .loop import Worker
 
 logger = logging.getLogger(__name__)
@@ -302,7 +303,8 @@ class Supervisor:
                 slot.restart_at = time.monotonic()
                 slot.restarts += 1
                 logger.warning(
-                    "worker process %d (pid %d) replaced: a job passed its time limit",
+                    "worker process %d (pid %d) replaced (a job past its time limit, or "
+                    "--max-memory)",
                     slot.index,
                     pid,
                     extra={"action": "child_replaced"},
@@ -383,6 +385,8 @@ class Supervisor:
         # at once would be lost and the child never stop. Blocked, it stays pending in
         # the kernel until the child's own handlers are in place.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals())
+        # The child's restart count, shown in the workers table (presence.restarts).
+        os.environ[presence.RESTARTS_VARIABLE] = str(slot.restarts)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child (the tests see it from outside)
             os._exit(self._child(slot.index, parent, mask))
@@ -483,4 +487,6 @@ def run_worker_process(
     if worker.fatal:
         sys.stderr.write(f"pgqueue_worker: {worker.fatal}\n")
         return int(ExitCode.FATAL)
+    if worker.recycle:  # over --max-memory, drained: replaced as for a time limit
+        replace_process(options["on_time_limit"])
     return int(ExitCode.OK)

@@ -96,6 +96,13 @@ class Command(PgQueueCommand):
             f"{bounds.MAX_JOBS.describe()} (default: %(default)r)",
         )
         parser.add_argument(
+            "--max-memory",
+            type=bounds.MAX_MEMORY.parse,
+            default=None,
+            help="Recycle the process once its resident memory, measured between claims, "
+            f"is over this many MB: {bounds.MAX_MEMORY.describe()} (default: %(default)r)",
+        )
+        parser.add_argument(
             "--worker-id",
             type=worker_id,
             default=None,
@@ -137,6 +144,7 @@ class Command(PgQueueCommand):
         lease_seconds: float | None,
         burst: bool,
         max_jobs: int | None,
+        max_memory: int | None,
         worker_id: str | None,
         poll_interval: float | None,
         grace_seconds: float | None,
@@ -157,6 +165,7 @@ class Command(PgQueueCommand):
             "lease_seconds": lease_seconds,
             "burst": burst,
             "max_jobs": max_jobs,
+            "max_memory": max_memory,
             "worker_id": worker_id,
             "poll_interval": poll_interval,
             "grace_seconds": grace_seconds,
