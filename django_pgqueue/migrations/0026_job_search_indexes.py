@@ -13,7 +13,7 @@ import django_pgqueue.models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0022_job_tags")]
+    dependencies = [("django_pgqueue", "0022_tags_and_schedules")]
 
     operations = [
         AddIndexConcurrently(
