@@ -158,3 +158,130 @@ def test_pgqueue_sweep__two_sweeper_processes_tick_a_database_schedule_once(
 
     life_cycle(sweep_at)
     assert run_ats() == EXPECTED
+
+
+# --- admin --------------------------------------------------------------------------------
+
+ADD_URL = "admin:django_pgqueue_scheduledefinition_add"
+LIST_URL = "admin:django_pgqueue_scheduledefinition_changelist"
+
+
+def form(**overrides: str) -> dict[str, str]:
+    return {
+        "name": "nightly-42",
+        "task": TASK,
+        "cron": "30 2 * * *",
+        "timezone": "Europe/Paris",
+        "args": '["x"]',
+        "kwargs": '{"customer_id": 42}',
+        "queue": "",
+        "priority": "",
+        "enabled": "on",
+        "unique_for": "",
+        **overrides,
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("overrides", "field", "message"),
+    [
+        ({"cron": "every day"}, "cron", "has 2 fields"),
+        ({"cron": "61 * * * *"}, "cron", "is invalid"),
+        ({"timezone": "Nowhere/Land"}, "timezone", "is not a known time zone"),
+        ({"task": "no.such.module.task"}, "task", "no.such.module.task"),
+        ({"name": "from-settings"}, "name", "entry of PGQUEUE_PERIODIC"),
+        ({"name": "nul\x00"}, "name", "Null characters are not allowed"),
+        ({"cron": "* * * * *\x00"}, "cron", "Null characters are not allowed"),
+        ({"args": '{"a": 1}'}, "args", "must be a list"),
+        ({"args": "not json"}, "args", "Enter a valid JSON"),
+        ({"priority": "1000"}, "priority", "priority"),
+        ({"unique_for": "-5"}, "unique_for", "unique_for"),
+    ],
+)
+@override_settings(PGQUEUE_PERIODIC={"from-settings": {"task": TASK, "cron": "@daily"}})
+def test_admin_add_form__refuses_each_bad_input_on_its_field(
+    admin_client, overrides, field, message
+):
+    from django.urls import reverse
+
+    page = admin_client.post(reverse(ADD_URL), form(**overrides))
+    assert page.status_code == 200
+    errors = page.context["adminform"].form.errors
+    assert list(errors) == [field], errors
+    assert message in " ".join(errors[field])
+    assert not ScheduleDefinition.objects.exists()
+
+
+@pytest.mark.django_db
+def test_admin__add_edit_shows_next_runs_pause_resume_run_now_delete(admin_client):
+    from django.urls import reverse
+
+    page = admin_client.post(reverse(ADD_URL), form())
+    assert page.status_code == 302, page.context and page.context["adminform"].form.errors
+    row = schedules.get("nightly-42")
+    assert (row.cron, row.timezone, row.kwargs) == (
+        "30 2 * * *",
+        "Europe/Paris",
+        {"customer_id": 42},
+    )
+    change = reverse("admin:django_pgqueue_scheduledefinition_change", args=["nightly-42"])
+    body = admin_client.get(change).content.decode()
+    assert body.count(" 02:30 CE") == 5  # five next runs, in Paris time (CET or CEST)
+    page = admin_client.post(change, {**form(cron="every"), "name": "nightly-42"})
+    assert "has 1 fields" in str(page.context["adminform"].form.errors["cron"])
+    assert schedules.get("nightly-42").cron == "30 2 * * *"
+    page = admin_client.post(change, form(cron="0 3 * * *"))
+    assert page.status_code == 302 and schedules.get("nightly-42").cron == "0 3 * * *"
+
+    def act(action: str) -> list[str]:
+        from django.contrib.messages import get_messages
+
+        done = admin_client.post(
+            reverse(LIST_URL),
+            {"action": action, "_selected_action": ["nightly-42"], "index": "0", "post": "yes"},
+        )
+        return [str(m) for m in get_messages(done.wsgi_request)]
+
+    act("pause_selected")
+    assert schedules.get("nightly-42").enabled is False
+    act("resume_selected")
+    assert schedules.get("nightly-42").enabled is True
+    act("run_now_selected")
+    assert list(Job.objects.values_list("task", "args")) == [(TASK, ["x"])]
+    sweep(0)
+    assert Schedule.objects.filter(name="nightly-42").exists()
+    act("delete_selected")
+    assert not ScheduleDefinition.objects.exists() and not Schedule.objects.exists()
+
+
+@pytest.mark.django_db
+@override_settings(PGQUEUE_PERIODIC={"from-settings": {"task": TASK, "cron": "@daily"}})
+def test_admin__settings_entries_are_listed_read_only_from_settings(admin_client):
+    from django.urls import reverse
+
+    schedules.create("db-one", TASK, "@hourly")
+    sweep(0)
+    page = admin_client.get(reverse("admin:django_pgqueue_schedule_changelist")).content.decode()
+    assert "enabled, from settings" in page and "enabled, database" in page
+    detail = reverse("admin:django_pgqueue_schedule_change", args=["from-settings"])
+    assert b'name="_save"' not in admin_client.get(detail).content
+
+
+@pytest.mark.django_db
+def test_admin__run_now_needs_its_permission(django_user_model):
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+    from django.urls import reverse
+
+    schedules.create("r", TASK, "@hourly")
+    user = django_user_model.objects.create_user(username="op", password="pw", is_staff=True)
+    for codename in ("view_scheduledefinition", "change_scheduledefinition"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    client.post(
+        reverse(LIST_URL),
+        {"action": "run_now_selected", "_selected_action": ["r"], "index": "0"},
+    )
+    assert not Job.objects.exists()
