@@ -49,8 +49,29 @@ def next_runs(obj: ScheduleDefinition, count: int = NEXT_RUNS) -> list[dt.dateti
     return runs
 
 
+class PayloadField(forms.JSONField):
+    """Django's JSON form field, which lets ``ValueError`` (an integer of over 4,300
+    digits) and ``RecursionError`` (deep nesting) out of ``json.loads`` as a 500: here
+    they are the field's error."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except (ValueError, RecursionError):
+            raise forms.ValidationError("Enter a valid JSON value.", code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except (ValueError, RecursionError):
+            return forms.fields.InvalidJSONInput(data)
+
+
 class ScheduleForm(forms.ModelForm):
     """The model's fields, checked by ``schedules.check`` (each error on its field)."""
+
+    args = PayloadField(required=False, initial=list)
+    kwargs = PayloadField(required=False, initial=dict)
 
     class Meta:
         model = ScheduleDefinition
