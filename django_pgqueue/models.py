@@ -526,6 +526,37 @@ class Schedule(models.Model):
         return f"Schedule {self.name} ({self.cron})"
 
 
+class ScheduleDefinition(models.Model):
+    """A periodic schedule kept in the database (``django_pgqueue.schedules``), editable
+    at run time: what a ``PGQUEUE_PERIODIC`` entry says, in a row. Written by
+    ``schedules.py`` (and the admin through it), every value checked as a settings
+    entry's is; read by each sweep pass, which ticks it through the same statements as
+    the settings' entries (its tick state is its ``Schedule`` row, by name). A name
+    the settings use is refused."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    task = models.CharField(max_length=255, help_text="Dotted path of a django.tasks.Task")
+    cron = models.CharField(max_length=255, help_text="5-field cron, or @daily, @hourly...")
+    timezone = models.CharField(max_length=64, default="UTC")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    priority = models.IntegerField(null=True, blank=True)
+    enabled = models.BooleanField(default=True)
+    unique_for = models.FloatField(null=True, blank=True, help_text="Seconds")
+    created_at = models.DateTimeField(db_default=ClockTimestamp())
+    updated_at = models.DateTimeField(db_default=ClockTimestamp())
+
+    class Meta:
+        db_table = "pgqueue_schedule_definition"
+        ordering = ["name"]
+        verbose_name = "database schedule"
+        permissions = [("run_scheduledefinition", "Can run a database schedule now")]
+
+    def __str__(self) -> str:
+        return f"ScheduleDefinition {self.name} ({self.cron})"
+
+
 class Dashboard(Job):
     """Proxy that gives the admin's queue dashboard its place on the admin index; it
     reads nothing of its own (see ``admin.DashboardAdmin``)."""

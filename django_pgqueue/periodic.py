@@ -38,12 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronsim import CronSim, CronSimError
+from django.apps import apps
 from django.conf import settings as django_settings
 from django.db import transaction
 
 from . import db, defaults, enqueue, validation
 from .conf import settings
-from .databases import backend_database
+from .databases import backend_database, pgqueue_backend_aliases
 from .exceptions import InvalidJob
 from .sql import periodic as sql
 
@@ -299,6 +300,43 @@ def entries() -> tuple[list[PeriodicEntry], dict[str, str]]:
     return valid, errors
 
 
+def backend_of(using: str) -> str:
+    """The backend alias whose jobs database is ``using`` (a schedule's jobs are read
+    back through it)."""
+    return next((a for a in pgqueue_backend_aliases() if backend_database(a) == using), "default")
+
+
+def database_entries(using: str) -> tuple[list[PeriodicEntry], dict[str, str]]:
+    """The database's schedules (``django_pgqueue.schedules``) as periodic entries,
+    and a message per one that is no longer valid (its task gone, or its name now taken
+    by ``PGQUEUE_PERIODIC``), keyed ``database:<name>``. Read by each sweep pass."""
+    backend = backend_of(using)
+    taken = settings.PERIODIC or {}
+    valid: list[PeriodicEntry] = []
+    errors: dict[str, str] = {}
+    model = apps.get_model("django_pgqueue", "ScheduleDefinition")
+    for row in model.objects.using(using).order_by("name"):
+        if row.name in taken:
+            errors[f"database:{row.name}"] = "shadowed by the PGQUEUE_PERIODIC entry of that name"
+            continue
+        raw = {
+            "task": row.task,
+            "cron": row.cron,
+            "timezone": row.timezone,
+            "args": row.args,
+            "kwargs": row.kwargs,
+            "enabled": row.enabled,
+            "backend": backend,
+        }
+        raw.update({k: getattr(row, k) for k in ("queue", "priority", "unique_for")})
+        raw = {k: v for k, v in raw.items() if v is not None}
+        try:
+            valid.append(parse_entry(row.name, raw))
+        except InvalidJob as exc:
+            errors[f"database:{row.name}"] = str(exc)
+    return valid, errors
+
+
 @dataclass(frozen=True)
 class EnqueuedTick:
     """A tick this sweeper enqueued: which entry, which tick, which job."""
@@ -318,12 +356,13 @@ def enqueue_due(
 ) -> list[EnqueuedTick]:
     """Enqueue the latest due tick of every enabled entry, once across all sweepers.
 
-    The clock is the database's (``now`` pins it, for tests). Three statements a pass,
-    however many entries: the clock; one sync of their rows (a new entry starts from its
-    latest past tick without a job; a changed cron, time zone or ``enabled`` skips its
-    latest tick if older than ``grace``, so the change takes effect at its next tick; a
-    row whose last tick is after the clock, which went back, is rewound); one
-    conditional statement that advances each due row and inserts its job.
+    The clock is the database's (``now`` pins it, for tests). Four statements a pass,
+    however many entries: the database's schedules (``schedules.entries``); the clock;
+    one sync of their rows (a new entry starts from its latest past tick without a job;
+    a changed cron, time zone or ``enabled`` skips its latest tick if older than
+    ``grace``, so the change takes effect at its next tick; a row whose last tick is
+    after the clock, which went back, is rewound); one conditional statement that
+    advances each due row and inserts its job.
 
     Invalid entries are skipped and logged at error level; ``reported`` (the caller's,
     kept across passes) maps each already logged one to its message, so a sweeper logs
@@ -334,6 +373,10 @@ def enqueue_due(
     # database's sweepers enqueue the entries of the backends stored there (a sweeper
     # of another database would put them where no worker of that backend looks).
     valid = [entry for entry in valid if backend_database(entry.backend) == using]
+    # The schedules kept in this database (django_pgqueue.schedules), ticked alike.
+    stored, stored_errors = database_entries(using)
+    valid.extend(stored)
+    errors = {**errors, **stored_errors}
     for name, message in errors.items():
         if reported is not None and reported.get(name) == message:
             continue

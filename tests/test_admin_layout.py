@@ -17,6 +17,7 @@ from django_pgqueue.models import (
     Limit,
     Queue,
     Schedule,
+    ScheduleDefinition,
     WorkerProcess,
 )
 
@@ -26,10 +27,14 @@ LEVELS = {
     "base": 0,
     "charts": 0,
     "paginator": 0,
+    "search": 0,
     "workflow": 0,
+    "bulk_actions": 1,
     "filters": 1,
     "read_only_jobs": 1,
+    "tags": 1,
     "dashboard": 2,
+    "database_schedules": 2,
     "dead_letters": 2,
     "flow": 2,
     "jobs": 2,
@@ -68,5 +73,14 @@ def test_admin_package__imports_only_look_down_and_only_at_module_level():
 
 
 def test_admin_package__importing_it_registers_every_page():
-    for model in (Job, DeadLetter, Schedule, WorkerProcess, Dashboard, Queue, Limit):
+    for model in (
+        Job,
+        DeadLetter,
+        Schedule,
+        ScheduleDefinition,
+        WorkerProcess,
+        Dashboard,
+        Queue,
+        Limit,
+    ):
         assert admin.site.is_registered(model), model

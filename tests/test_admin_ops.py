@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, ScheduleDefinition
 from django_pgqueue.monitoring import ColumnStats
 
 JOB_LIST = "admin:django_pgqueue_job_changelist"
@@ -352,3 +352,46 @@ def test_bulk_actions__select_all_over_the_cap_changes_nothing(admin_client, mon
     done = post_action(admin_client, "cancel_selected", None, confirm=True)
     assert "More than 3 jobs are selected" in texts(done)[0]
     assert statuses(*jobs) == ["pending"] * 4
+
+
+# --- fuzz ---------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime:RuntimeWarning")
+def test_admin_fuzz__new_filters_search_actions_and_schedule_form_answer_no_500(admin_user, mixed):
+    from tests.test_admin_fuzz import ODD_VALUES, Fuzz, encode, form
+
+    client = Client(raise_request_exception=True)
+    client.force_login(admin_user)
+    fuzz = Fuzz(client)
+    ids = [str(j.pk) for j in mixed.values()]
+    for url in (reverse(JOB_LIST), reverse(DEAD_LIST)):
+        for value in ODD_VALUES:
+            fuzz.get(url, f"tag={encode(value)}")
+            fuzz.get(url, f"q={encode(value)}&tag={encode(value)}")
+    valid = {"_selected_action": ids, "index": "0", "select_across": "0"}
+    for action in ("retry_now_selected", "cancel_selected", "delete_finished_selected"):
+        for key in ("_selected_action", "select_across", "post", "index"):
+            for value in ODD_VALUES:
+                fields: dict[str, Any] = {**valid, "action": action, key: value}
+                fuzz.post(reverse(JOB_LIST), form(**fields))
+                fuzz.post(reverse(JOB_LIST) + f"?tag={encode(value)}", form(**fields))
+    add = reverse("admin:django_pgqueue_scheduledefinition_add")
+    good = {
+        "name": "fuzz",
+        "task": "tests.tasks.record_tick",
+        "cron": "* * * * *",
+        "timezone": "UTC",
+        "args": "[]",
+        "kwargs": "{}",
+        "queue": "",
+        "priority": "",
+        "enabled": "on",
+        "unique_for": "",
+    }
+    for key in good:
+        for value in ODD_VALUES:
+            fuzz.post(add, form(**{**good, key: value}))
+            ScheduleDefinition.objects.all().delete()
+    assert fuzz.requests > 1000
+    assert not fuzz.failures, "\n".join(fuzz.failures[:40])

@@ -22,6 +22,14 @@ their pages. Imports only look down: each page module imports ``base`` (and the 
 ``filters``, ``read_only_jobs``), never another page.
 """
 
-from . import dashboard, dead_letters, flow, jobs, schedules, workers
+from . import dashboard, database_schedules, dead_letters, flow, jobs, schedules, workers
 
-__all__ = ["dashboard", "dead_letters", "flow", "jobs", "schedules", "workers"]
+__all__ = [
+    "dashboard",
+    "database_schedules",
+    "dead_letters",
+    "flow",
+    "jobs",
+    "schedules",
+    "workers",
+]

@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from .. import periodic
+from ..conf import settings
 from ..models import Schedule
 from .base import ViewOnlyAdmin
 
@@ -52,14 +53,21 @@ class ScheduleAdmin(ViewOnlyAdmin):
 
     def _entry(self, obj: Schedule) -> periodic.PeriodicEntry | None:
         valid, _ = periodic.entries()
-        return next((e for e in valid if e.name == obj.name), None)
+        found = next((e for e in valid if e.name == obj.name), None)
+        if found is None and obj.name not in (settings.PERIODIC or {}):
+            stored, _ = periodic.database_entries(obj._state.db or "default")
+            found = next((e for e in stored if e.name == obj.name), None)
+        return found
 
     @admin.display(description="state")
     def state(self, obj: Schedule) -> str:
+        """Enabled or not, and where the entry comes from: the settings (read-only
+        here) or the database (edited on the database schedules page)."""
         entry = self._entry(obj)
         if entry is None:
             return "removed from settings (no longer enqueued)"
-        return "enabled" if entry.enabled else "disabled"
+        source = "from settings" if obj.name in (settings.PERIODIC or {}) else "database"
+        return f"{'enabled' if entry.enabled else 'disabled'}, {source}"
 
     @admin.display(description="next tick")
     def next_tick(self, obj: Schedule) -> str:

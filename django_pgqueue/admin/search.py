@@ -29,7 +29,6 @@ from django.db.models import Q
 from .. import validation
 from ..exceptions import InvalidJob
 from ..monitoring import column_stats
-from .base import job_id
 
 #: Up to this many rows (the planner's estimate) a search also matches part of a task
 #: path and error text, which read every row.
@@ -44,6 +43,15 @@ CUT_MESSAGE = (
     "are shown. Narrow it: a whole task path, a tag, an id, name=value for an argument, "
     "or a filter."
 )
+
+
+def job_id(text: str) -> int | None:
+    """The job id ``text`` spells in ASCII digits (a bigint), else None (as
+    ``base.job_id``; this module sits below ``base``)."""
+    if not (text.isascii() and text.isdecimal()) or len(text) > 19:
+        return None
+    number = int(text)
+    return number if 0 < number < 2**63 else None
 
 
 def search_q(term: str, *, using: str) -> Q:

@@ -14,7 +14,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0022_job_tags")]
+    dependencies = [("django_pgqueue", "0022_tags_and_schedules")]
 
     operations = [
         AddIndexConcurrently(
