@@ -621,3 +621,42 @@ def test_sql__the_usage_function_counts_each_key_by_a_probe_of_the_running_key_i
         after = scans()
     assert counted == [("k:0", 2), ("k:1", 2), ("k:2", 0), ("k:9", 0)]
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (4, 0, 0)
+
+
+def _scans(node: dict, found: list[tuple[str, str, bool]]) -> list[tuple[str, str, bool]]:
+    """(node type, relation, has an index condition) of every scan in a JSON plan."""
+    if "Relation Name" in node:
+        found.append((node["Node Type"], node["Relation Name"], "Index Cond" in node))
+    for child in node.get("Plans", []):
+        _scans(child, found)
+    return found
+
+
+@pytest.mark.django_db
+def test_sql__the_stranded_repair_reads_the_jobs_table_by_key_only():
+    """JOB_RESOLVE_STRANDED runs in every sweeper (once a minute): its cost must be the
+    unresolved edges', never a walk of the jobs table, however big that is. (Written
+    as a plain semi-join with ORDER BY p.id, it walked pgqueue_job_pkey whole.)"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO pgqueue_job (backend, queue, task, args, kwargs, priority, status,"
+            " attempts, max_attempts, run_at, errors, created_at, finished_at)"
+            " SELECT 'default', 'default', 't', '[]', '{}', 0, 'done', 1, 3,"
+            " clock_timestamp(), '[]', clock_timestamp(), clock_timestamp()"
+            " FROM generate_series(1, 20000)"
+        )
+        cursor.execute(
+            "INSERT INTO pgqueue_job_dependency (job_id, position, parent_id)"
+            " SELECT 1, g, g FROM generate_series(1, 50) AS g"
+        )
+        cursor.execute("ANALYZE pgqueue_job")
+        cursor.execute("ANALYZE pgqueue_job_dependency")
+        query = psycopg.ClientCursor(connection.connection).mogrify(
+            sql.JOB_RESOLVE_STRANDED, {"now": None, "batch_size": 100, "channel": "c"}
+        )
+        cursor.execute("EXPLAIN (FORMAT JSON) " + query)
+        (plan,) = cursor.fetchone()[0]
+    scans = [
+        s for s in _scans(plan["Plan"], []) if s[1] == Job._meta.db_table and s[0] != "ModifyTable"
+    ]
+    assert scans and all(s[0].startswith("Index") and s[2] for s in scans), scans

@@ -311,9 +311,10 @@ SELECT count(*) FROM resolved
 # The sweeper's repair of edges that no finishing statement resolved although their
 # parent finished: a worker of an older release (a rolling upgrade) finished it without
 # knowing of dependants, and its edges are not marked for repair. One bounded batch of
-# finished parents with an unresolved edge (pgqueue_job_dep_unresolved_idx, then the
-# parents by primary key: a cost in unresolved edges, so the sweeper runs it seldom),
-# then as every finishing statement (RESOLVE), which resolves each edge once whoever
+# finished parents with an unresolved edge: the parents of unresolved edges first
+# (pgqueue_job_dep_unresolved_idx, materialized: no plan walks the jobs table), then
+# each by primary key; a cost in unresolved edges, so the sweeper runs it seldom.
+# Then as every finishing statement (RESOLVE), which resolves each edge once whoever
 # else is at it. SKIP LOCKED: several sweepers split it.
 JOB_RESOLVE_STRANDED = (
     """
@@ -323,16 +324,18 @@ JOB_RESOLVE_STRANDED = (
 -- moves: waiting -> pending | scheduled | cancelled
 WITH RECURSIVE """
     + CLOCK
-    + """, stranded AS (
+    + """, stranded_parent AS MATERIALIZED (
+    SELECT DISTINCT e.parent_id AS id
+    FROM pgqueue_job_dependency AS e
+    WHERE e.state IS NULL
+    ORDER BY e.parent_id
+), stranded AS (
     SELECT p.id, p.status, p.result
-    FROM pgqueue_job AS p
-    WHERE p.id IN (SELECT e.parent_id
-                   FROM pgqueue_job_dependency AS e
-                   WHERE e.state IS NULL)
-      AND p.status IN ('done', 'dead', 'cancelled')
-    ORDER BY p.id
+    FROM stranded_parent AS c
+    JOIN pgqueue_job AS p ON p.id = c.id
+    WHERE p.status IN ('done', 'dead', 'cancelled')
     LIMIT %(batch_size)s
-    FOR NO KEY UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE OF p SKIP LOCKED
 ), ended AS (
     SELECT id, status, result FROM stranded
 ), """
