@@ -3160,16 +3160,18 @@ SELECT count(*) FROM resolved;
 -- The sweeper's repair of unresolved edges whose parent finished all the same (a worker
 -- of an older release finished it), one bounded batch of parents, SKIP LOCKED.
 -- moves: waiting -> pending | scheduled | cancelled
-WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), stranded AS (
+WITH RECURSIVE clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), stranded_parent AS MATERIALIZED (
+    SELECT DISTINCT e.parent_id AS id
+    FROM pgqueue_job_dependency AS e
+    WHERE e.state IS NULL
+    ORDER BY e.parent_id
+), stranded AS (
     SELECT p.id, p.status, p.result
-    FROM pgqueue_job AS p
-    WHERE p.id IN (SELECT e.parent_id
-                   FROM pgqueue_job_dependency AS e
-                   WHERE e.state IS NULL)
-      AND p.status IN ('done', 'dead', 'cancelled')
-    ORDER BY p.id
+    FROM stranded_parent AS c
+    JOIN pgqueue_job AS p ON p.id = c.id
+    WHERE p.status IN ('done', 'dead', 'cancelled')
     LIMIT %(batch_size)s
-    FOR NO KEY UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE OF p SKIP LOCKED
 ), ended AS (
     SELECT id, status, result FROM stranded
 ), doomed AS (
