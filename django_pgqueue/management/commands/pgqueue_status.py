@@ -48,103 +48,94 @@ def age(seconds: float | None) -> str:
     return " ".join(f"{n} {unit}" for n, unit in parts if n)[:20] or "0 s"
 
 
+#: The queue table's columns after the queue's name: QueueStats fields, in order.
+QUEUE_FIGURES = (
+    ("pending", "pending"),
+    ("scheduled", "scheduled"),
+    ("waiting", "waiting"),
+    ("running", "running"),
+    ("dead", "dead"),
+    ("done/5m", "done_5m"),
+    ("failed/5m", "failed_5m"),
+    ("cancelled/5m", "cancelled_5m"),
+    ("finished/s", "finished_per_second"),
+)
+#: The workers table's columns.
+WORKER_HEADER = (
+    "id",
+    "state",
+    "host",
+    "pid",
+    "queues",
+    "conc",
+    "held",
+    "done",
+    "failed",
+    "rss",
+    "restarts",
+    "version",
+    "up",
+    "last seen",
+)
+
+
 def render_table(snap: Snapshot) -> str:
     """The human view: one line per queue, then one per worker."""
-
-    def num(q: monitoring.QueueStats, name: str) -> str:
-        value = getattr(q, name)
-        text = f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
-        if name in q.lower_bound:
-            return "≥ " + text
-        return ("~" if name in q.estimated else "") + text
-
-    header = (
-        "queue",
-        "pending",
-        "scheduled",
-        "waiting",
-        "running",
-        "dead",
-        "done/5m",
-        "failed/5m",
-        "cancelled/5m",
-        "finished/s",
-        "oldest pending",
-    )
-    rows: list[tuple[str, ...]] = [header]
-    for q in snap.queues.values():
-        oldest = age(q.oldest_pending_age)
-        if "oldest_pending_age" in q.estimated and q.oldest_pending_age is not None:
-            oldest = "≥ " + oldest
-        marks = [m for m, on in (("paused", q.paused), ("fair", q.queue in snap.fair)) if on]
-        rows.append(
-            (
-                q.queue + (f" ({', '.join(marks)})" if marks else ""),
-                num(q, "pending"),
-                num(q, "scheduled"),
-                num(q, "waiting"),
-                num(q, "running"),
-                num(q, "dead"),
-                num(q, "done_5m"),
-                num(q, "failed_5m"),
-                num(q, "cancelled_5m"),
-                num(q, "finished_per_second"),
-                oldest,
-            )
-        )
+    rows = [("queue", *(title for title, _ in QUEUE_FIGURES), "oldest pending")]
+    rows += [_queue_row(q, snap) for q in snap.queues.values()]
     lines = _columns(rows) if snap.queues else ["No queues: no jobs and no live workers."]
     if any(q.estimated - q.lower_bound for q in snap.queues.values()):
         lines.append(f"~ estimated (a status over {snap.cap:,} rows, or a busy window)")
     if any(q.lower_bound for q in snap.queues.values()):
         lines.append(f"≥ at least: counting stopped at {snap.cap:,}")
     if snap.budgets:
-        lines.append("")
-        lines.append("Limits:")
-        lines += render_budgets(snap.budgets)
+        lines += ["", "Limits:", *render_budgets(snap.budgets)]
     live = snap.live_workers
     lost = len(snap.workers) - len(live)
-    lines.append("")
-    lines.append(f"Workers: {len(live)} live" + (f", {lost} lost" if lost else ""))
+    lines += ["", f"Workers: {len(live)} live" + (f", {lost} lost" if lost else "")]
     if snap.workers:
-        wrows: list[tuple[str, ...]] = [
-            (
-                "id",
-                "state",
-                "host",
-                "pid",
-                "queues",
-                "conc",
-                "held",
-                "done",
-                "failed",
-                "rss",
-                "restarts",
-                "version",
-                "up",
-                "last seen",
-            )
-        ]
-        for w in snap.workers:
-            wrows.append(
-                (
-                    w.id,
-                    w.state,
-                    w.hostname,
-                    str(w.pid),
-                    ",".join(w.queues) if w.queues else "*",
-                    str(w.concurrency),
-                    str(w.jobs_held),
-                    f"{w.jobs_done:,}",
-                    f"{w.jobs_failed:,}",
-                    "-" if w.rss_bytes is None else f"{w.rss_bytes / 2**20:.0f} MB",
-                    str(w.restarts),
-                    w.version,
-                    age((snap.taken_at - w.started_at).total_seconds()),
-                    age(w.unseen_for.total_seconds()) + " ago",
-                )
-            )
-        lines += _columns(wrows)
+        lines += _columns([WORKER_HEADER, *(_worker_row(w, snap) for w in snap.workers)])
     return "\n".join(lines)
+
+
+def _figure(q: monitoring.QueueStats, name: str) -> str:
+    """A queue's figure, "≥ " when a count stopped at its cap, "~" when estimated."""
+    value = getattr(q, name)
+    text = f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
+    if name in q.lower_bound:
+        return "≥ " + text
+    return ("~" if name in q.estimated else "") + text
+
+
+def _queue_row(q: monitoring.QueueStats, snap: Snapshot) -> tuple[str, ...]:
+    oldest = age(q.oldest_pending_age)
+    if "oldest_pending_age" in q.estimated and q.oldest_pending_age is not None:
+        oldest = "≥ " + oldest
+    marks = [m for m, on in (("paused", q.paused), ("fair", q.queue in snap.fair)) if on]
+    return (
+        q.queue + (f" ({', '.join(marks)})" if marks else ""),
+        *(_figure(q, name) for _, name in QUEUE_FIGURES),
+        oldest,
+    )
+
+
+def _worker_row(w: monitoring.WorkerInfo, snap: Snapshot) -> tuple[str, ...]:
+    return (
+        w.id,
+        w.state,
+        w.hostname,
+        str(w.pid),
+        ",".join(w.queues) if w.queues else "*",
+        str(w.concurrency),
+        str(w.jobs_held),
+        f"{w.jobs_done:,}",
+        f"{w.jobs_failed:,}",
+        "-" if w.rss_bytes is None else f"{w.rss_bytes / 2**20:.0f} MB",
+        str(w.restarts),
+        w.version,
+        age((snap.taken_at - w.started_at).total_seconds()),
+        age(w.unseen_for.total_seconds()) + " ago",
+    )
 
 
 def render_budgets(budgets: list[monitoring.BudgetStats]) -> list[str]:
