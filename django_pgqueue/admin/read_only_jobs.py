@@ -69,6 +69,8 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "errors_pretty",
         "result_pretty",
         "snoozes",
+        "soft_time_limit",
+        "time_limit",
         "progress_pretty",
         "workflow_display",
         "parents_display",
@@ -78,7 +80,16 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         (None, {"fields": ("id", "task", "status", "queue", "priority", "backend")}),
         (
             "Attempts",
-            {"fields": ("attempts_display", "snoozes", "last_worker", "lease_expires_at")},
+            {
+                "fields": (
+                    "attempts_display",
+                    "snoozes",
+                    "last_worker",
+                    "lease_expires_at",
+                    "soft_time_limit",
+                    "time_limit",
+                )
+            },
         ),
         (
             "Timestamps",
