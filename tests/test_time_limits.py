@@ -9,6 +9,7 @@ import time
 
 import pytest
 from django.test import override_settings
+from django.urls import reverse
 
 from django_pgqueue import SoftTimeLimitExceeded
 from django_pgqueue.exceptions import InvalidJob
@@ -206,3 +207,12 @@ def test_hard_limit__a_sigkill_of_the_replacement_loses_nothing(manage, tmp_path
     wait_for(lambda: ended(job), timeout=40)
     assert fresh(job).status == "done" and fresh(hung).status == "dead"
     assert not Job.objects.exclude(status__in=("done", "dead")).exists()
+
+
+def test_time_limits__shown_on_the_jobs_page(admin_client):
+    job = Job.objects.enqueue(add, [1, 2], soft_time_limit=7.5, time_limit=12)
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.id]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Soft time limit" in text and "7.5" in text
+    assert "Time limit" in text and "12.0" in text

@@ -107,6 +107,8 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
         "errors_pretty",
         "result_pretty",
         "snoozes",
+        "soft_time_limit",
+        "time_limit",
         "progress_pretty",
         "steps_display",
         "workflow_display",
@@ -137,6 +139,8 @@ class ReadOnlyJobAdmin(WorkflowDisplay, GuardedAdmin):
                     "last_worker",
                     "lease_expires_at_display",
                     "cancel_requested_display",
+                    "soft_time_limit",
+                    "time_limit",
                 )
             },
         ),

@@ -1,9 +1,15 @@
-"""Waiting for results without polling: ``Job.waited`` flags a job someone waits on,
-and the trigger ``pgqueue_job_waited`` announces its end (and its progress) on the
-channel ``pgqueue_waited`` (``sql.WAITED_NOTIFY_FUNCTION`` and ``sql.WAITED_TRIGGER``;
-copies here, as a migration is frozen, and ``tests/test_sql.py`` checks that the
-database's are those). The column has a constant default, so adding it rewrites
-nothing; the trigger takes a brief lock of the table.
+"""Waiting for results without polling, time limits, and the workers' memory:
+
+* ``Job.waited`` flags a job someone waits on, and the trigger ``pgqueue_job_waited``
+  announces its end (and its progress) on the channel ``pgqueue_waited``
+  (``sql.WAITED_NOTIFY_FUNCTION`` and ``sql.WAITED_TRIGGER``; copies here, as a
+  migration is frozen, and ``tests/test_waiting.py`` checks that the database's are
+  those);
+* ``Job.soft_time_limit`` and ``Job.time_limit``, given at enqueue;
+* ``WorkerProcess.rss_bytes`` and ``WorkerProcess.restarts``.
+
+Every column is nullable or has a constant default, so adding it rewrites nothing; the
+trigger takes a brief lock of the table.
 """
 
 from django.db import migrations, models
