@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, overload
 
+from django.db.models import Model
+
 from .databases import backend_database
 from .framework import load_task, to_task_result
 from .hub import Hub, Rows, Waiter, hub
@@ -109,23 +111,25 @@ def _deadline(timeout: float | None) -> float | None:
     return time.monotonic() + timeout
 
 
+def _is_job(value: Any) -> bool:
+    """Whether ``value`` is a ``Job`` row, tested without importing the models: this
+    module loads with the package's names, before Django's app registry is ready."""
+    return isinstance(value, Model) and value._meta.label == "django_pgqueue.Job"
+
+
 def _result(value: Any) -> TaskResult:
     """A TaskResult as it is, or the TaskResult of a ``Job`` (a workflow's, which
     ``chain().enqueue()`` and ``group().enqueue()`` return), built without a query."""
-    from .models import Job as JobModel  # models need the app registry: not at import
-
     if isinstance(value, TaskResult):
         return value
-    if isinstance(value, JobModel):
+    if _is_job(value):
         return to_task_result(value, load_task(value.task))
     raise TypeError(f"expected a TaskResult or a Job, not {type(value).__name__}")
 
 
 def _results(value: Any) -> tuple[list[TaskResult], bool]:
     """The TaskResults asked for, and whether one was given alone (not a list)."""
-    from .models import Job as JobModel  # models need the app registry: not at import
-
-    if isinstance(value, TaskResult | JobModel):
+    if isinstance(value, TaskResult) or _is_job(value):
         return [_result(value)], True
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise TypeError(

@@ -42,6 +42,7 @@ def soft_failure(job: Job) -> dict:
     return row.errors[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
 def test_soft_limit__a_busy_loop_fails_within_2s_and_the_worker_runs_the_next_job(
     manage, processes
@@ -62,6 +63,7 @@ def test_soft_limit__a_busy_loop_fails_within_2s_and_the_worker_runs_the_next_jo
     assert fresh(after).status == "done"
 
 
+@pytest.mark.slow
 def test_soft_limit__per_enqueue_override_and_cleanup(manage, tmp_path):
     """enqueue(soft_time_limit=) applies to a task without the option; the task may
     catch the exception to clean up, and re-raising it fails the attempt."""
@@ -109,6 +111,7 @@ def test_soft_limit__bad_values_are_named():
         task(soft_time_limit=0)(lambda: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
 def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manage, processes):
     """time.sleep(60) with time_limit=2: recorded failed with TimeLimitExceeded within
@@ -138,6 +141,7 @@ def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manag
     wait_for(lambda: worker.output().count(" starting: database=") == processes + 2, timeout=20)
 
 
+@pytest.mark.slow
 def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, tmp_path):
     """A job running beside the one past its limit is given back unrun-charged (its
     attempt not counted) and then runs to completion in the replacement."""
@@ -154,6 +158,7 @@ def test_hard_limit__the_process_other_jobs_are_released_without_charge(manage, 
     assert (row.status, row.attempts) == ("done", 1), (row.status, row.errors, worker.output())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
 def test_max_memory__a_worker_over_it_is_recycled_and_the_jobs_after_finish(manage, processes):
     """A task keeping 200 MB alive on --max-memory 150: the process stops claiming,
@@ -189,6 +194,7 @@ def test_max_memory__a_worker_over_it_is_recycled_and_the_jobs_after_finish(mana
     assert " MB" in status.output() and "restarts" in status.output()
 
 
+@pytest.mark.slow
 def test_hard_limit__a_sigkill_of_the_replacement_loses_nothing(manage, tmp_path):
     """The re-executed process, SIGKILLed while it runs a job: the job's lease expires,
     the sweeper gives it back, another worker runs it; every job ends."""

@@ -80,6 +80,7 @@ def test_wait_for__a_finished_job_returns_at_once_refreshed():
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
 
 
+@pytest.mark.slow
 def test_wait_for__a_real_worker_completion_wakes_it_within_a_moment(manage):
     """A 0.5 s job run by a pgqueue_worker process: wait_for returns within 0.6 s of the
     completion, in database time (it is woken by the NOTIFY, not a poll)."""
@@ -92,6 +93,7 @@ def test_wait_for__a_real_worker_completion_wakes_it_within_a_moment(manage):
     assert (returned - result.finished_at).total_seconds() < 0.6
 
 
+@pytest.mark.slow
 def test_wait_for__times_out_after_about_the_timeout(manage):
     manage(*WORKER)
     result = slow.enqueue(5)
@@ -104,6 +106,7 @@ def test_wait_for__times_out_after_about_the_timeout(manage):
     assert result.status == TaskResultStatus.READY
 
 
+@pytest.mark.slow
 def test_wait_for__failed_cancelled_and_several_at_once(manage):
     """Dead (FAILED), cancelled (FAILED) and done all count as finished; a list comes
     back as the list, each refreshed."""
@@ -137,6 +140,7 @@ def test_wait_for__first_returns_the_first_to_finish():
     assert slow_one.status == TaskResultStatus.READY
 
 
+@pytest.mark.slow
 def test_wait_for__a_chain_and_a_groups_callback(manage):
     manage(*WORKER)
     last = django_pgqueue.chain(step(add, 1, 2), step(tasks.double)).enqueue()[-1]
@@ -197,6 +201,7 @@ def test_await_for__timeout():
     assert 0.2 <= time.monotonic() - started < 0.5
 
 
+@pytest.mark.slow
 def test_watch__yields_each_progress_then_the_result(manage, tmp_path):
     """Sync and coroutine tasks: the progress stored while running, then the result."""
     manage(*WORKER)
