@@ -379,29 +379,8 @@ class JobRunner(WorkerPart):
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
                 with transaction.atomic(using=self.alias):
-                    value, _ = self._call(job, known, task_result, cancel)
-                    _returned_in_time(known, started)  # late: its effects roll back
-                    # A leak on another database fails the job before its commit.
-                    self._fail_on_leftovers(skip=self.alias)
-                    if cancel.is_set():
-                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
-                    self._mark_recording(job)
-                    try:
-                        status = self.state.jobs.complete_status(job, self.worker_id, result=value)
-                    except DatabaseError as exc:
-                        if refused_data(exc):  # never storable: fail for good, below
-                            raise InvalidResult(
-                                f"PostgreSQL refused the task's return value: {first_line(exc)}"
-                            ) from exc
-                        raise
-                    if status is None:
-                        raise LeaseLost(
-                            f"job {job.id}: lease lost before completion; "
-                            "the task's effects were rolled back"
-                        )
-                    if status == Status.CANCELLED:  # requested since the last lease extension
-                        raise JobCancelled(CANCELLED_BEFORE_COMMIT)
-                    completed_in_tx = True
+                    value = self._complete_in_transaction(job, begun, started)
+                    completed_in_tx = True  # (an on_commit callback may still raise)
                 # Committed; what the task left beyond its transaction (a session
                 # SET, an advisory lock) must still not reach the next job.
                 self._discard_leftovers(job, raw, "done (transactional, committed)")
@@ -412,47 +391,14 @@ class JobRunner(WorkerPart):
                 # transaction, and later jobs must get a clean session.
                 self._fail_on_leftovers()
         except LeaseLost:
-            tracing.outcome(tracing.LOST)
-            self._discard_leftovers(job, raw, "lease lost")
-            self.state.stats.count("lost")
-            logger.warning(
-                "job %s: lease lost while running (transactional: effects rolled back, "
-                "nothing recorded); another worker owns it now",
-                job.id,
-                extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
-            )
+            self._lost(job, raw)
             return False
         except BaseException as exc:
             # BaseException too: a task's SystemExit or KeyboardInterrupt (or an
             # asyncio.CancelledError) is its own failure; signals reach the main thread
             # only. Swallowing nothing here would wedge the slot with the job held.
-            elapsed = time.perf_counter() - started
-            committed = (
-                completed_in_tx
-                and not isinstance(exc, DatabaseError)
-                and not atomic_left(connections[self.alias])
-            )
-            if raw is not None:
-                # A task that leaked a transaction and then raised: its failure must
-                # not be written into that transaction (nor wait behind its locks).
-                # (After a TransactionLeak, what is left unchecked: the jobs database
-                # skipped inside a transactional task's own transaction.)
-                self._discard_leftovers(job, raw, "done" if committed else "failed")
-            if committed:
-                # Committed: only an on_commit callback raised after the commit.
-                tracing.outcome(tracing.SUCCEEDED)
-                self.state.stats.count("done")
-                logger.error(
-                    "job %s %s done (transactional), but an on_commit callback raised",
-                    job.id,
-                    job.task,
-                    exc_info=exc,
-                    extra={"action": "done", "job_id": job.id, "worker_id": self.worker_id},
-                )
+            if self._raised(job, raw, exc, committed=completed_in_tx):
                 return False
-            for wrapper in connections.all(initialized_only=True):
-                if atomic_left(wrapper):  # a task that leaked atomic() and raised
-                    discard_connection(wrapper.alias)
             failure = exc
         if failure is not None:
             # Recorded outside the except block: Django's own task_finished receiver
@@ -467,6 +413,75 @@ class JobRunner(WorkerPart):
             self.reporter.done(job, value, elapsed, task_result, transactional=True)
             return False
         return self.succeeded(job, begun, value, text, elapsed, inline=True)
+
+    def _complete_in_transaction(self, job: Job, begun: Begun, started: float) -> Any:
+        """Inside a transactional task's transaction: run it, then write its fenced
+        completion; its return value. Raises to roll both back."""
+        known, cancel = begun.known, begun.held.cancel
+        value, _ = self._call(job, known, begun.task_result, cancel)
+        _returned_in_time(known, started)  # late: its effects roll back
+        # A leak on another database fails the job before its commit.
+        self._fail_on_leftovers(skip=self.alias)
+        if cancel.is_set():
+            raise JobCancelled(CANCELLED_BEFORE_COMMIT)
+        self._mark_recording(job)
+        try:
+            status = self.state.jobs.complete_status(job, self.worker_id, result=value)
+        except DatabaseError as exc:
+            if refused_data(exc):  # never storable: fail for good, below
+                raise InvalidResult(
+                    f"PostgreSQL refused the task's return value: {first_line(exc)}"
+                ) from exc
+            raise
+        if status is None:
+            raise LeaseLost(
+                f"job {job.id}: lease lost before completion; the task's effects were rolled back"
+            )
+        if status == Status.CANCELLED:  # requested since the last lease extension
+            raise JobCancelled(CANCELLED_BEFORE_COMMIT)
+        return value
+
+    def _lost(self, job: Job, raw: Any) -> None:
+        """A run whose lease was taken back: nothing recorded, the session cleaned."""
+        tracing.outcome(tracing.LOST)
+        self._discard_leftovers(job, raw, "lease lost")
+        self.state.stats.count("lost")
+        logger.warning(
+            "job %s: lease lost while running (transactional: effects rolled back, "
+            "nothing recorded); another worker owns it now",
+            job.id,
+            extra={"action": "lease_lost", "job_id": job.id, "worker_id": self.worker_id},
+        )
+
+    def _raised(self, job: Job, raw: Any, exc: BaseException, *, committed: bool) -> bool:
+        """Clean up after a run that raised ``exc``. True when it is over already: a
+        transactional task committed, and only an on_commit callback raised after."""
+        committed = (
+            committed
+            and not isinstance(exc, DatabaseError)
+            and not atomic_left(connections[self.alias])
+        )
+        if raw is not None:
+            # A task that leaked a transaction and then raised: its failure must not be
+            # written into that transaction (nor wait behind its locks). (After a
+            # TransactionLeak, what is left unchecked: the jobs database skipped inside
+            # a transactional task's own transaction.)
+            self._discard_leftovers(job, raw, "done" if committed else "failed")
+        if committed:
+            tracing.outcome(tracing.SUCCEEDED)
+            self.state.stats.count("done")
+            logger.error(
+                "job %s %s done (transactional), but an on_commit callback raised",
+                job.id,
+                job.task,
+                exc_info=exc,
+                extra={"action": "done", "job_id": job.id, "worker_id": self.worker_id},
+            )
+            return True
+        for wrapper in connections.all(initialized_only=True):
+            if atomic_left(wrapper):  # a task that leaked atomic() and raised
+                discard_connection(wrapper.alias)
+        return False
 
     def failed(self, job: Job, begun: Begun, exc: BaseException, elapsed: float) -> None:
         """Record and report a run of ``job`` that raised ``exc`` (on this thread's
