@@ -211,6 +211,7 @@ def enqueue_key_on(conn: psycopg.Connection, key: str) -> int:
         "args": "[1, 2]",
         "kwargs": "{}",
         "trace_context": None,
+        "tags": [],
     }
     cursor = psycopg.ClientCursor(conn)
     cursor.execute(sql.JOB_ENQUEUE, params)
