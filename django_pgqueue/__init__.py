@@ -23,6 +23,7 @@ if sys.argv[1:2] == ["pgqueue_worker"]:  # pragma: no cover - a worker's start-u
     signals.defer_stop()
 
 if TYPE_CHECKING:
+    from . import schedules as schedules
     from .bulk import BulkResult, enqueue_many
     from .exceptions import (
         InvalidJob,
@@ -73,6 +74,10 @@ _EXPORTS = {
     "step": "workflows",
 }
 
+#: Modules reached as attributes of the package (``django_pgqueue.schedules.create(...)``
+#: after ``import django_pgqueue``), imported on first use like the names above.
+_MODULES = frozenset({"schedules"})
+
 __all__ = [
     "BulkResult",
     "Chain",
@@ -106,6 +111,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """A public name, imported from its module the first time it is asked for; and
     ``__version__``, the installed distribution's (pyproject.toml is its only source)."""
+    value: Any
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -115,6 +121,8 @@ def __getattr__(name: str) -> Any:
             value = "0+unknown"
     elif name in _EXPORTS:
         value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _MODULES:
+        value = import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

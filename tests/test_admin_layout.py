@@ -33,6 +33,7 @@ LEVELS = {
     "filters": 1,
     "read_only_jobs": 1,
     "tags": 1,
+    "timeline": 1,
     "dashboard": 2,
     "database_schedules": 2,
     "dead_letters": 2,

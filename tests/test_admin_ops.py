@@ -395,3 +395,51 @@ def test_admin_fuzz__new_filters_search_actions_and_schedule_form_answer_no_500(
             ScheduleDefinition.objects.all().delete()
     assert fuzz.requests > 1000
     assert not fuzz.failures, "\n".join(fuzz.failures[:40])
+
+
+# --- timeline -----------------------------------------------------------------------------
+
+
+def test_job_page__timeline_lists_enqueue_attempts_snoozes_and_end_in_order(admin_client):
+    job = Job.objects.enqueue(ADD, [1], idempotency_key="order-9", tags=["customer:9"])
+    Job.objects.filter(pk=job.pk).update(
+        status="dead",
+        attempts=2,
+        snoozes=1,
+        lease_owner="host:1:w",
+        last_attempted_at="2030-01-01T00:02:00Z",
+        finished_at="2030-01-01T00:03:00Z",
+        errors=[
+            {
+                "attempt": 1,
+                "worker_id": "host:1:w",
+                "exception_class_path": "builtins.ValueError",
+                "traceback": 'Traceback (most recent call last):\n  File "t.py", line 1\n'
+                "ValueError: <b>first</b>\n",
+                "at": "2030-01-01T00:01:00+00:00",
+            },
+            {
+                "attempt": 2,
+                "worker_id": "host:1:w",
+                "exception_class_path": "builtins.KeyError",
+                "traceback": "KeyError: 'x'\n",
+                "at": "2030-01-01T00:02:30+00:00",
+            },
+        ],
+    )
+    page = admin_client.get(reverse("admin:django_pgqueue_job_change", args=[job.pk]))
+    body = page.content.decode()
+    assert page.status_code == 200
+    timeline = body[body.index('<ol class="pgqueue-timeline">') :]
+    timeline = timeline[: timeline.index("</ol>")]
+    order = [
+        "enqueued to queue default, priority 0, key order-9, tags customer:9",
+        "attempt 1 on host:1:w ended: builtins.ValueError: ValueError: &lt;b&gt;first&lt;/b&gt;",
+        "attempt 2 of",
+        "attempt 2 on host:1:w ended: builtins.KeyError",
+        "ended dead",
+        "snoozed 1 time",
+    ]
+    positions = [timeline.index(text) for text in order]
+    assert positions == sorted(positions), timeline
+    assert "<b>first</b>" not in timeline

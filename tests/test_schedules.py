@@ -285,3 +285,9 @@ def test_admin__run_now_needs_its_permission(django_user_model):
         {"action": "run_now_selected", "_selected_action": ["r"], "index": "0"},
     )
     assert not Job.objects.exists()
+
+
+def test_schedules__reached_from_the_package_after_a_plain_import():
+    import django_pgqueue
+
+    assert django_pgqueue.schedules.create is schedules.create

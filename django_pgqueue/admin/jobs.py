@@ -29,6 +29,7 @@ from .bulk_actions import BulkActions, confirmation, selection
 from .filters import BackendFilter, QueueFilter, TaskFilter
 from .read_only_jobs import ReadOnlyJobAdmin
 from .tags import TagFilter, TagsColumn
+from .timeline import TimelineDisplay
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def why_waiting(job: Job, alias: str) -> list[str]:
 
 
 @admin.register(Job)
-class JobAdmin(BulkActions, TagsColumn, ReadOnlyJobAdmin):
+class JobAdmin(BulkActions, TagsColumn, TimelineDisplay, ReadOnlyJobAdmin):
     """Every job, read-only, with a summary of the queue's health above the list."""
 
     change_list_template = "admin/django_pgqueue/job/change_list.html"
@@ -83,7 +84,7 @@ class JobAdmin(BulkActions, TagsColumn, ReadOnlyJobAdmin):
         ("created_at", admin.DateFieldListFilter),
     )
     actions = ("retry_now_selected", "cancel_selected", "delete_finished_selected")
-    readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display")
+    readonly_fields = (*ReadOnlyJobAdmin.readonly_fields, "status_display", "timeline_display")
     fieldsets = tuple(
         (name, {"fields": tuple("status_display" if f == "status" else f for f in opts["fields"])})
         for name, opts in ReadOnlyJobAdmin.fieldsets
@@ -100,6 +101,13 @@ class JobAdmin(BulkActions, TagsColumn, ReadOnlyJobAdmin):
                 f"cancellation requested at {timestamp(obj.cancel_requested_at)}",
             )
         return obj.get_status_display()
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The job's sections, then its timeline (``timeline.events``)."""
+        return [
+            *super().get_fieldsets(request, obj),
+            ("Timeline", {"fields": ("timeline_display",)}),
+        ]
 
     @admin.display(description="status")
     def status_display(self, obj: Job) -> str:
