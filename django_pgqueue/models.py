@@ -554,7 +554,7 @@ class ScheduleDefinition(models.Model):
         permissions = [("run_scheduledefinition", "Can run a database schedule now")]
 
     def __str__(self) -> str:
-        return f"ScheduleDefinition {self.name} ({self.cron})"
+        return f"{self.name} ({self.cron}, {self.timezone})"
 
 
 class Dashboard(Job):
