@@ -368,27 +368,7 @@ def enqueue_due(
     kept across passes) maps each already logged one to its message, so a sweeper logs
     a bad entry once, and again only if its problem changes. Returns what this call
     enqueued."""
-    valid, errors = entries()
-    # An entry's jobs belong in its backend's database, whose workers read them: each
-    # database's sweepers enqueue the entries of the backends stored there (a sweeper
-    # of another database would put them where no worker of that backend looks).
-    valid = [entry for entry in valid if backend_database(entry.backend) == using]
-    # The schedules kept in this database (django_pgqueue.schedules), ticked alike.
-    stored, stored_errors = database_entries(using)
-    valid.extend(stored)
-    errors = {**errors, **stored_errors}
-    for name, message in errors.items():
-        if reported is not None and reported.get(name) == message:
-            continue
-        logger.error(
-            "periodic entry %r skipped: %s",
-            name,
-            message,
-            extra={"action": "periodic_invalid"},
-        )
-    if reported is not None:
-        reported.clear()
-        reported.update(errors)
+    valid = _valid_entries(using, reported)
     if not valid:
         return []
     clock = db.clock(using, now)
@@ -415,6 +395,41 @@ def enqueue_due(
     due = [(e, tick) for e, tick in ticked if e.enabled]
     if not due:
         return []
+    columns = _tick_columns(due)
+    enqueued, kept = _enqueue_ticks(using, columns, now)
+    _log_ticks(columns, enqueued, kept)
+    return enqueued
+
+
+def _valid_entries(using: str, reported: dict[str, str] | None) -> list[PeriodicEntry]:
+    """The entries this database's sweepers tick: the settings' entries of the backends
+    stored here (a sweeper of another database would put their jobs where no worker of
+    that backend looks) and the schedules kept here (``django_pgqueue.schedules``).
+    Invalid ones are logged, each once while its problem stays the same (``reported``)."""
+    valid, errors = entries()
+    valid = [entry for entry in valid if backend_database(entry.backend) == using]
+    stored, stored_errors = database_entries(using)
+    valid.extend(stored)
+    errors = {**errors, **stored_errors}
+    for name, message in errors.items():
+        if reported is not None and reported.get(name) == message:
+            continue
+        logger.error(
+            "periodic entry %r skipped: %s",
+            name,
+            message,
+            extra={"action": "periodic_invalid"},
+        )
+    if reported is not None:
+        reported.clear()
+        reported.update(errors)
+    return valid
+
+
+def _tick_columns(due: list[tuple[PeriodicEntry, dt.datetime]]) -> dict[str, list[Any]]:
+    """SCHEDULE_ENQUEUE_TICKS's arrays: one job per due tick, prepared as any job is
+    (``defaults.job_payload``). An entry whose task's key callable refuses its arguments
+    is left out and logged: its ticks wait (its row is not advanced), the others run."""
     columns: dict[str, list[Any]] = {
         key: []
         for key in (
@@ -433,8 +448,6 @@ def enqueue_due(
         try:
             args, kwargs, key = defaults.job_payload(resolved, entry.args, entry.kwargs)
         except InvalidJob as exc:
-            # The task's key callable refuses this entry's arguments: its ticks wait
-            # (the row is not advanced), the other entries run.
             logger.error(
                 "periodic %s: %s; skipped",
                 entry.name,
@@ -442,24 +455,36 @@ def enqueue_due(
                 extra={"action": "periodic", "schedule": entry.name},
             )
             continue
-        columns["concurrency_keys"].append(key)
-        columns["names"].append(entry.name)
-        columns["crons"].append(entry.cron)
-        columns["timezones"].append(entry.timezone)
-        columns["ticks"].append(tick)
-        columns["keys"].append(
+        unique_key = (
             f"periodic:{entry.name}:{tick.isoformat()}"
             if entry.unique_for is None
             else entry.unique_key
         )
-        columns["unique_fors"].append(entry.unique_for)
-        columns["backends"].append(resolved.backend)
-        columns["queues"].append(resolved.queue)
-        columns["tasks"].append(resolved.task)
-        columns["args"].append(args)
-        columns["kwargs"].append(kwargs)
-        columns["priorities"].append(resolved.priority)
-        columns["max_attempts"].append(resolved.max_attempts)
+        for name, value in (
+            ("concurrency_keys", key),
+            ("names", entry.name),
+            ("crons", entry.cron),
+            ("timezones", entry.timezone),
+            ("ticks", tick),
+            ("keys", unique_key),
+            ("unique_fors", entry.unique_for),
+            ("backends", resolved.backend),
+            ("queues", resolved.queue),
+            ("tasks", resolved.task),
+            ("args", args),
+            ("kwargs", kwargs),
+            ("priorities", resolved.priority),
+            ("max_attempts", resolved.max_attempts),
+        ):
+            columns[name].append(value)
+    return columns
+
+
+def _enqueue_ticks(
+    using: str, columns: dict[str, list[Any]], now: dt.datetime | None
+) -> tuple[list[EnqueuedTick], list[tuple[str, int | None]]]:
+    """Advance each due row and insert its job: what was enqueued, and the ticks skipped
+    because a live job (or the open window of a ``unique_for`` job) holds their key."""
     tick_of = dict(zip(columns["names"], columns["ticks"], strict=True))
     key_of = dict(zip(columns["names"], columns["keys"], strict=True))
     enqueued: list[EnqueuedTick] = []
@@ -486,6 +511,16 @@ def enqueue_due(
             kept.append((name, window_job))
         if given_back["job_ids"]:
             db.rows(using, sql.SCHEDULE_GIVE_BACK_KEYS, given_back)
+    return enqueued, kept
+
+
+def _log_ticks(
+    columns: dict[str, list[Any]],
+    enqueued: list[EnqueuedTick],
+    kept: list[tuple[str, int | None]],
+) -> None:
+    tick_of = dict(zip(columns["names"], columns["ticks"], strict=True))
+    key_of = dict(zip(columns["names"], columns["keys"], strict=True))
     for made in enqueued:
         logger.info(
             "periodic %s: enqueued tick %s as job %s",
@@ -503,4 +538,3 @@ def enqueue_due(
             key_of[name],
             extra={"action": "periodic", "job_id": window_job, "schedule": name},
         )
-    return enqueued
