@@ -241,3 +241,21 @@ def notify_queues(alias: str, queues: Iterable[str]) -> None:
         sql.JOB_NOTIFY_MANY,
         {"channel": settings.NOTIFY_CHANNEL, "queues": sorted(set(queues))},
     )
+
+
+def check_combination(
+    *, parents: bool, on_parent_failure: str | None, keyed: bool, time_limited: bool
+) -> None:
+    """Refuse the options of ``Job.objects.enqueue`` that do not go together, before
+    anything is written: a dependant has no key period (it is released by its parents,
+    not deduplicated) and no per-job time limits (its row is written by the workflow's
+    statement), and ``on_parent_failure`` means nothing without parents."""
+    if parents and keyed:
+        raise InvalidJob("depends_on cannot be combined with unique_for or debounce")
+    if parents and time_limited:
+        raise InvalidJob(
+            "soft_time_limit and time_limit cannot be given with depends_on: give "
+            "them to the task (@task(time_limit=...)) or set PGQUEUE_TIME_LIMIT"
+        )
+    if on_parent_failure is not None and not parents:
+        raise InvalidJob("on_parent_failure needs depends_on: the jobs it applies to")

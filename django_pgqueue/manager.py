@@ -50,7 +50,6 @@ from . import (
     workflows,
 )
 from .databases import default_database
-from .exceptions import InvalidJob
 
 # Names that lived here before the core was cut by family; the manager's callers may
 # still import them from this module.
@@ -163,15 +162,12 @@ class JobManager(models.Manager["Job"]):
         alias = self.db_alias
         parents = None if depends_on is None else workflows.parent_ids(depends_on, alias=alias)
         failure = workflows.on_parent_failure_option(on_parent_failure)
-        if parents and (unique_for is not None or debounce is not None):
-            raise InvalidJob("depends_on cannot be combined with unique_for or debounce")
-        if parents and (soft_time_limit is not None or time_limit is not None):
-            raise InvalidJob(
-                "soft_time_limit and time_limit cannot be given with depends_on: give "
-                "them to the task (@task(time_limit=...)) or set PGQUEUE_TIME_LIMIT"
-            )
-        if failure is not None and not parents:
-            raise InvalidJob("on_parent_failure needs depends_on: the jobs it applies to")
+        enqueue.check_combination(
+            parents=bool(parents),
+            on_parent_failure=failure,
+            keyed=unique_for is not None or debounce is not None,
+            time_limited=soft_time_limit is not None or time_limit is not None,
+        )
         params = defaults.prepare(
             task,
             args,
