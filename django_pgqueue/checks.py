@@ -124,7 +124,8 @@ def _in_migrate() -> bool:
 @checks.register("pgqueue")
 def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """One error per bad ``PGQUEUE_LIMITS`` entry (pgqueue.E063) and per bad
-    ``PGQUEUE_FAIR_QUEUES`` name (pgqueue.E064). Workers refuse to start until fixed."""
+    ``PGQUEUE_FAIR_QUEUES`` name (pgqueue.E064): workers refuse to start until fixed.
+    A warning (pgqueue.W063) per key that reads like a queue's budget but is not one."""
     messages: list[checks.CheckMessage] = [
         checks.Error(
             f"PGQUEUE_LIMITS: {problem}.",
@@ -144,6 +145,15 @@ def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
             id="pgqueue.E064",
         )
         for problem in flow.fair_problems(settings.FAIR_QUEUES)
+    ]
+    messages += [
+        checks.Warning(
+            f"PGQUEUE_LIMITS: {miss}",
+            hint='A queue\'s budget is keyed "queue:NAME", in lower case.',
+            obj="PGQUEUE_LIMITS",
+            id="pgqueue.W063",
+        )
+        for miss in flow.limit_near_misses(settings.LIMITS)
     ]
     return messages
 

@@ -209,6 +209,24 @@ def limit_problems(value: Any) -> list[str]:
     return problems
 
 
+def limit_near_misses(value: Any) -> list[str]:
+    """``PGQUEUE_LIMITS`` keys that are valid exact keys but read like a queue's budget
+    (``"Queue:emails"``, ``" queue:emails"``): almost surely a typo, since no job's key
+    is written so, and an exact key limits only jobs that carry it."""
+    if not isinstance(value, Mapping):
+        return []
+    misses = []
+    for key in value:
+        if not isinstance(key, str) or key.startswith(QUEUE_PREFIX):
+            continue
+        if key.strip().lower().startswith(QUEUE_PREFIX):
+            misses.append(
+                f"{key!r} is an exact concurrency key, not a queue's budget: did you mean "
+                f"{QUEUE_PREFIX + key.strip()[len(QUEUE_PREFIX) :]!r}?"
+            )
+    return misses
+
+
 def fair_problems(value: Any) -> list[str]:
     """What is wrong with a ``PGQUEUE_FAIR_QUEUES`` value."""
     if value is None:

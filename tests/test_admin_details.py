@@ -120,6 +120,24 @@ def test_queues__add_queue_says_it_pauses(admin_client):
     )
 
 
+def test_queues__add_queue_alone_may_not_pause_a_queue(django_user_model, client):
+    """Adding a queue pauses it: a staff user with add_queue but not change_queue (the
+    permission of the pause action) gets 403 and pauses nothing (issue 28 item 18)."""
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user(username="adder", password="pw", is_staff=True)
+    for codename in ("view_queue", "add_queue"):
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="django_pgqueue", codename=codename)
+        )
+    client.force_login(user)
+    add = reverse("admin:django_pgqueue_queue_add")
+    assert client.get(add).status_code == 403
+    assert client.post(add, {"name": "mail"}).status_code == 403
+    assert not Queue.objects.filter(name="mail").exists()
+    assert Job.objects.paused_queues() == []
+
+
 @override_settings(PGQUEUE_LIMITS={"stripe": {"concurrency": 2}, "mail:*": {"rate": "5/s"}})
 def test_limits__lists_the_settings_limits_in_force(admin_client):
     Job.objects.set_limit("stripe", concurrency=4)

@@ -416,3 +416,17 @@ def test_returned__fast_path_gives_what_the_general_path_gives(value):
 
     normal = normalize_json(value)
     assert validation.returned(value) == (normal, validation.result_json(normal))
+
+
+def test_completer__a_groups_results_past_256_mb_are_named_in_the_error():
+    """The last member of a group whose results together pass jsonb's 256 MB is refused
+    for all of them: its error says so, not only "the task's return value" (issue 28
+    item 18). PostgreSQL's own words are matched (a real 256 MB array is too big for a
+    test)."""
+    from django_pgqueue.worker.state import refusal
+
+    reason = "total size of jsonb array elements exceeds the maximum of 268435455 bytes"
+    message = refusal(reason)
+    assert message.startswith("PostgreSQL refused the task's return value: total size")
+    assert "members' results together" in message and "256 MB" in message
+    assert "group" not in refusal("unsupported Unicode escape sequence")

@@ -67,6 +67,26 @@ def running_by_key() -> Counter[str]:
     return Counter(Job.objects.filter(status="running").values_list("concurrency_key", flat=True))
 
 
+@override_settings(
+    PGQUEUE_LIMITS={
+        "Queue:emails": {"concurrency": 1},
+        " queue:mail": {"concurrency": 1},
+        "queue:search": {"concurrency": 1},
+        "queue_stats": {"concurrency": 1},
+    }
+)
+def test_flow__a_key_that_reads_like_a_queue_budget_is_warned_of():
+    """ "Queue:emails" is a valid exact key that limits no queue: warned (W063), the
+    others (a real queue budget, a plain key) not (issue 28 item 18)."""
+    from django_pgqueue.checks import check_flow
+
+    warned = [m for m in check_flow() if m.id == "pgqueue.W063"]
+    assert [m.level for m in warned] == [checks.WARNING, checks.WARNING]
+    assert "'Queue:emails'" in warned[0].msg and "'queue:emails'" in warned[0].msg
+    assert "' queue:mail'" in warned[1].msg and "'queue:mail'" in warned[1].msg
+    assert flow.declared()["Queue:emails"]  # still an exact key: nothing refused
+
+
 def test_flow__limit_specs_are_parsed_and_bad_ones_named():
     spec = flow.parse_limit("tenant:*", {"concurrency": 2, "rate": "10/m"})
     assert (spec.prefix, spec.concurrency, spec.rate, spec.describe()) == (

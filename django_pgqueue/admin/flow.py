@@ -65,6 +65,11 @@ class QueueAdmin(GuardedAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Adding a queue pauses it: that takes the change permission too (the one the
+        pause and resume actions need), not ``add_queue`` alone."""
+        return super().has_add_permission(request) and self.has_change_permission(request)
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:

@@ -47,7 +47,7 @@ from ..taskapi import Task, TaskResult
 from ..tasks import RunningJob
 from .connections import configure_session, drop_connection
 from .outcomes import Reporter
-from .state import DataRefused, WorkerPart, WorkerState
+from .state import DataRefused, WorkerPart, WorkerState, refusal
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class Completer(WorkerPart):
             self.flush(batch[half:], role=role)
             return
         (c,) = batch
-        error = InvalidResult(f"PostgreSQL refused the task's return value: {refused}")
+        error = InvalidResult(refusal(str(refused)))
         try:
             status = self.record_failure(c.job, error, retry=False)
         finally:

@@ -61,7 +61,7 @@ from .connections import (
 )
 from .limits import SoftLimit, hard_limit, soft_limit
 from .outcomes import Reporter
-from .state import DataRefused, Held, WorkerPart, WorkerState, refused_data
+from .state import DataRefused, Held, WorkerPart, WorkerState, refusal, refused_data
 
 logger = logging.getLogger(__name__)
 
@@ -429,9 +429,7 @@ class JobRunner(WorkerPart):
             status = self.state.jobs.complete_status(job, self.worker_id, result=value)
         except DatabaseError as exc:
             if refused_data(exc):  # never storable: fail for good, below
-                raise InvalidResult(
-                    f"PostgreSQL refused the task's return value: {first_line(exc)}"
-                ) from exc
+                raise InvalidResult(refusal(first_line(exc))) from exc
             raise
         if status is None:
             raise LeaseLost(
@@ -598,7 +596,7 @@ class JobRunner(WorkerPart):
                 outcome="cancel",
             )
         except DataRefused as exc:
-            error = InvalidResult(f"PostgreSQL refused the task's return value: {exc}")
+            error = InvalidResult(refusal(str(exc)))
             failed = self._record_failure(job, error, retry=False)
             if failed is not None:
                 self.reporter.failed(job, task, task_result, error, failed, elapsed)

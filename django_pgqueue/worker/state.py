@@ -47,6 +47,25 @@ def refused_data(exc: BaseException) -> bool:
     return False
 
 
+#: PostgreSQL's words when a jsonb array would pass 256 MB (its limit for one value).
+JSONB_ARRAY_LIMIT = "total size of jsonb array elements exceeds"
+
+
+def refusal(reason: str) -> str:
+    """Why a job's return value could not be stored, for its error. A group member's
+    completion also gathers the group's results into its callback's arguments (one
+    jsonb array): past PostgreSQL's 256 MB for one value, the last member to finish is
+    refused for what all of them returned, which its error says."""
+    message = f"PostgreSQL refused the task's return value: {reason}"
+    if JSONB_ARRAY_LIMIT in reason:
+        message += (
+            " (if this job is a member of a group with a callback: the members' results "
+            "together, gathered into the callback's arguments, pass PostgreSQL's 256 MB "
+            "limit of one jsonb value; return less, e.g. ids, and store the data elsewhere)"
+        )
+    return message
+
+
 class DataRefused(Exception):  # noqa: N818 - names the event
     """An outcome write the database refused for its data (see ``refused_data``): not
     retried, since it would fail the same way; the caller records why instead."""
