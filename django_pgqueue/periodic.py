@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import zoneinfo
 from collections.abc import Mapping
@@ -419,7 +420,7 @@ def enqueue_due(
         key: []
         for key in (
             "names crons timezones ticks keys backends queues tasks args kwargs "
-            "priorities max_attempts concurrency_keys unique_fors"
+            "priorities max_attempts concurrency_keys unique_fors tags"
         ).split()
     }
     for entry, tick in due:
@@ -460,6 +461,7 @@ def enqueue_due(
         columns["kwargs"].append(kwargs)
         columns["priorities"].append(resolved.priority)
         columns["max_attempts"].append(resolved.max_attempts)
+        columns["tags"].append(json.dumps(list(resolved.tags)))  # the task's own
     tick_of = dict(zip(columns["names"], columns["ticks"], strict=True))
     key_of = dict(zip(columns["names"], columns["keys"], strict=True))
     enqueued: list[EnqueuedTick] = []
