@@ -222,3 +222,16 @@ def test_time_limits__shown_on_the_jobs_page(admin_client):
     text = page.content.decode()
     assert "Soft time limit" in text and "7.5" in text
     assert "Time limit" in text and "12.0" in text
+
+
+def test_soft_limit__a_coroutine_run_on_a_thread_slot_is_cancelled_at_it():
+    """A coroutine task run on a thread slot (here testing.run_jobs; also a
+    transactional one, or --async-concurrency 0) has its soft limit too: cancelled at
+    1 s, the attempt fails with SoftTimeLimitExceeded (it ran its 30 s before)."""
+    from django_pgqueue.testing import run_jobs
+
+    job = Job.objects.enqueue(tasks.async_busy_wait, [30])
+    started = time.monotonic()
+    run_jobs()
+    assert time.monotonic() - started < 5
+    assert "soft time limit of 1s" in str(soft_failure(job))
