@@ -787,3 +787,9 @@ async def async_sleeps_in_c(seconds: float = 60.0) -> str:
     """A coroutine blocking its event loop in ``time.sleep``: a hard limit ends it."""
     time.sleep(seconds)  # noqa: ASYNC251 - blocking on purpose
     return "not interrupted"
+
+
+@task()
+def noted(ledger: str, line: str) -> str:
+    """Append ``line`` to ``ledger`` at each run (how many times a job ran)."""
+    return _note(ledger, line)

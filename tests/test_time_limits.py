@@ -235,3 +235,24 @@ def test_soft_limit__a_coroutine_run_on_a_thread_slot_is_cancelled_at_it():
     run_jobs()
     assert time.monotonic() - started < 5
     assert "soft time limit of 1s" in str(soft_failure(job))
+
+
+@pytest.mark.slow
+def test_hard_limit__a_job_done_beside_it_is_recorded_not_run_again(manage, tmp_path):
+    """A job that finished beside the one past its hard limit, its completion still
+    held by the batched completer (a 30 s flush interval here), is recorded done
+    before the process is replaced: it was given back and ran a second time."""
+    ledger = tmp_path / "ledger"
+    worker = manage(
+        *WORKER, "--concurrency", "2", env={"PGQUEUE_COMPLETION_FLUSH_INTERVAL": "30"}
+    )
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: fresh(hung).status == "running", timeout=20)
+    beside = Job.objects.enqueue(tasks.noted, [str(ledger), "ran"])
+    wait_for(ledger.exists, timeout=20)
+    wait_for(lambda: ended(hung), timeout=30)
+    # Given back, it would run again in the replacement (and be held there 30 s).
+    wait_for(lambda: ended(beside), timeout=20)
+    row = fresh(beside)
+    assert (row.status, row.attempts) == ("done", 1), (row.status, worker.output())
+    assert ledger.read_text() == "ran\n"

@@ -46,6 +46,9 @@ REPLACE_MODES = ("exec", "exit", "stop")
 EXIT_TIME_LIMIT = 5
 #: How often the hard limits are checked (seconds).
 CHECK_SECONDS = 0.1
+#: How long a replacement waits for the outcomes of the process's jobs that finished
+#: (seconds) before it gives back the others.
+SETTLE_SECONDS = 5.0
 
 
 def soft_limit(job: Any, task_limit: float | None) -> float | None:
@@ -139,13 +142,23 @@ class SoftLimit:
 class HardLimits(WorkerPart):
     """The thread that enforces the hard time limits of a worker's running jobs."""
 
-    def __init__(self, state: WorkerState, *, replace: str, stop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: WorkerState,
+        *,
+        replace: str,
+        stop: Callable[[], None],
+        flush: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__(state)
         if replace not in REPLACE_MODES:
             raise ValueError(f"replace must be one of {REPLACE_MODES}, not {replace!r}")
         self.replace = replace
         #: Stops the worker's claiming (``Worker.stop``), for ``"stop"``.
         self.stop = stop
+        #: Has the batched completer write what it holds now (``Completer.stop``),
+        #: before the process is replaced.
+        self.flush = flush
 
     def run(self) -> None:
         while not self.state.done.wait(CHECK_SECONDS):
@@ -185,9 +198,7 @@ class HardLimits(WorkerPart):
             os.getpid(),
             extra={"action": "time_limit", "job_id": job.id, "worker_id": self.worker_id},
         )
-        with self.state.lock:
-            others = [h.job for h in self.state.held.values() if h.job.id != job.id]
-        for other in others:
+        for other in self._others(job):
             written, _ = self.write_retrying(
                 functools.partial(self.state.jobs.release, other, self.worker_id),
                 jobs=[other],
@@ -196,6 +207,21 @@ class HardLimits(WorkerPart):
             if written:
                 self.state.stats.count("released")
         self._replace()
+
+    def _others(self, job: Any) -> list[Any]:
+        """The process's other jobs to give back: not those that finished (their
+        outcome being written, or held by the batched completer), which are written
+        first (within :data:`SETTLE_SECONDS`; one still unwritten then is left to its
+        lease): given back, a job done would run again."""
+        if self.replace != "stop":
+            self.flush()  # (a worker run in-process goes on: its completer too)
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            with self.state.lock:
+                others = [h for h in self.state.held.values() if h.job.id != job.id]
+            if not any(h.finishing for h in others) or time.monotonic() >= deadline:
+                return [h.job for h in others if not h.finishing]
+            time.sleep(CHECK_SECONDS)
 
     def _replace(self) -> None:
         """Replace this process (see :data:`REPLACE_MODES`)."""

@@ -172,7 +172,9 @@ class Worker:
         )
         self._heartbeat = Heartbeat(state)
         #: Enforces the hard time limits.
-        self._hard_limits = HardLimits(state, replace=self.on_time_limit, stop=self.stop)
+        self._hard_limits = HardLimits(
+            state, replace=self.on_time_limit, stop=self.stop, flush=self._completer.stop
+        )
         self._coroutines = (
             EventLoop(
                 state,
