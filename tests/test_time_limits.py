@@ -243,9 +243,7 @@ def test_hard_limit__a_job_done_beside_it_is_recorded_not_run_again(manage, tmp_
     held by the batched completer (a 30 s flush interval here), is recorded done
     before the process is replaced: it was given back and ran a second time."""
     ledger = tmp_path / "ledger"
-    worker = manage(
-        *WORKER, "--concurrency", "2", env={"PGQUEUE_COMPLETION_FLUSH_INTERVAL": "30"}
-    )
+    worker = manage(*WORKER, "--concurrency", "2", env={"PGQUEUE_COMPLETION_FLUSH_INTERVAL": "30"})
     hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
     wait_for(lambda: fresh(hung).status == "running", timeout=20)
     beside = Job.objects.enqueue(tasks.noted, [str(ledger), "ran"])
@@ -256,3 +254,28 @@ def test_hard_limit__a_job_done_beside_it_is_recorded_not_run_again(manage, tmp_
     row = fresh(beside)
     assert (row.status, row.attempts) == ("done", 1), (row.status, worker.output())
     assert ledger.read_text() == "ran\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_hard_limit__the_replacement_keeps_its_given_worker_id(manage, processes):
+    """With --worker-id, the process that replaces one past its hard limit (the same
+    pid re-executed, or the supervisor's new child) is not refused its own id as held
+    by a live process: it registers and runs the next job."""
+    args = [*WORKER, "--concurrency", "1", "--worker-id", "fixed"] + (
+        ["--processes", str(processes)] if processes > 1 else []
+    )
+    worker = manage(*args)
+    wait_for(lambda: WorkerProcess.objects.count() == processes, timeout=20)
+    before = sorted(WorkerProcess.objects.values_list("id", flat=True))
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: ended(hung), timeout=30)
+    wait_for(lambda: worker.output().count(" starting: database=") == processes + 1, timeout=20)
+    after = [Job.objects.enqueue(add, [n, n]) for n in range(2 * processes)]
+    wait_for(lambda: all(ended(job) for job in after), timeout=30)
+    assert "is held by" not in worker.output(), worker.output()
+    assert worker.popen.poll() is None
+    ids = wait_for(
+        lambda: sorted(WorkerProcess.objects.values_list("id", flat=True)) == before, timeout=10
+    )
+    assert ids and all(i.startswith("fixed") for i in before), before
