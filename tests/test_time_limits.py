@@ -279,3 +279,20 @@ def test_hard_limit__the_replacement_keeps_its_given_worker_id(manage, processes
         lambda: sorted(WorkerProcess.objects.values_list("id", flat=True)) == before, timeout=10
     )
     assert ids and all(i.startswith("fixed") for i in before), before
+
+
+@pytest.mark.slow
+def test_hard_limit__no_job_is_claimed_while_the_process_is_being_replaced(manage, tmp_path):
+    """Jobs claimed without a pause beside the one past its hard limit: claims close
+    before the held jobs are read and given back, so none is claimed by the process
+    that is going away (it stayed running, leased to it, until its lease expired)."""
+    worker = manage(*WORKER, "--concurrency", "4")
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: fresh(hung).status == "running", timeout=20)
+    from django_pgqueue.bulk import enqueue_many
+
+    assert enqueue_many(tasks.busy_loop, [((0.02,), {})] * 400) == 400
+    wait_for(lambda: ended(hung), timeout=30)
+    quick = Job.objects.exclude(pk=hung.pk)
+    wait_for(lambda: quick.filter(status="done").count() == 400, timeout=40)
+    assert "time limit of 2s" in worker.output()

@@ -156,8 +156,8 @@ class HardLimits(WorkerPart):
         self.replace = replace
         #: Stops the worker's claiming (``Worker.stop``), for ``"stop"``.
         self.stop = stop
-        #: Has the batched completer write what it holds now (``Completer.stop``),
-        #: before the process is replaced.
+        #: Has the batched completer write what it holds now, and what arrives
+        #: (``Completer.hurry``), before the process is replaced.
         self.flush = flush
 
     def run(self) -> None:
@@ -213,15 +213,17 @@ class HardLimits(WorkerPart):
         outcome being written, or held by the batched completer), which are written
         first (within :data:`SETTLE_SECONDS`; one still unwritten then is left to its
         lease): given back, a job done would run again."""
-        if self.replace != "stop":
-            self.flush()  # (a worker run in-process goes on: its completer too)
+        if self.replace != "stop":  # (in-process, Worker.stop ends its claims after)
+            with self.state.claims:  # (a claim in flight is held first)
+                self.state.claims_closed.set()
+        self.flush()
         deadline = time.monotonic() + SETTLE_SECONDS
         while True:
             with self.state.lock:
                 others = [h for h in self.state.held.values() if h.job.id != job.id]
             if not any(h.finishing for h in others) or time.monotonic() >= deadline:
                 return [h.job for h in others if not h.finishing]
-            time.sleep(CHECK_SECONDS)
+            time.sleep(0.01)
 
     def _replace(self) -> None:
         """Replace this process (see :data:`REPLACE_MODES`)."""

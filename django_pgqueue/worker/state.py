@@ -127,6 +127,11 @@ class WorkerState:
     #: keep their older ids): the next claim starts at the head (see position.py).
     released: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    #: Held by the claim loop from a claim to its jobs being held; set under it,
+    #: ``claims_closed`` ends claiming at once (a process about to be replaced for a
+    #: hard time limit: a job claimed after it read the held jobs was lost).
+    claims: threading.Lock = field(default_factory=threading.Lock)
+    claims_closed: threading.Event = field(default_factory=threading.Event)
 
     @cached_property
     def jobs(self) -> Any:  # JobManager (typed Any: a Manager is a descriptor to mypy)
