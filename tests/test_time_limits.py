@@ -296,3 +296,22 @@ def test_hard_limit__no_job_is_claimed_while_the_process_is_being_replaced(manag
     quick = Job.objects.exclude(pk=hung.pk)
     wait_for(lambda: quick.filter(status="done").count() == 400, timeout=40)
     assert "time limit of 2s" in worker.output()
+
+
+@pytest.mark.slow
+def test_hard_limit__a_task_holding_its_job_row_locked_is_still_ended(manage):
+    """A cursor saved inside the task's transaction locks the job's row FOR SHARE until
+    the commit; the task then hangs in C. The runner's session is ended first, so the
+    failure is recorded and the process replaced (the fail write waited for good)."""
+    worker = manage(*WORKER, "--concurrency", "1")
+    hung = Job.objects.enqueue(tasks.saves_then_sleeps_in_a_transaction, [60])
+    wait_for(lambda: ended(hung), timeout=20)
+    row = fresh(hung)
+    assert row.status == "dead"
+    assert row.errors[-1]["exception_class_path"] == (
+        "django_pgqueue.exceptions.TimeLimitExceeded"
+    ), row.errors
+    assert not row.steps.exists()  # the cursor's save rolled back with the transaction
+    after = Job.objects.enqueue(add, [1, 2])
+    wait_for(lambda: ended(after), timeout=30)
+    assert fresh(after).status == "done", worker.output()

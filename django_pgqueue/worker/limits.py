@@ -30,9 +30,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from django.db import DatabaseError
+
 from ..conf import settings
 from ..exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from . import presence
+from .connections import terminate_backend
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -167,7 +170,7 @@ class HardLimits(WorkerPart):
                 self._enforce(*late)
                 return
 
-    def _late(self) -> tuple[Any, float] | None:
+    def _late(self) -> tuple[Any, float, int | None] | None:
         """A held job running past its hard limit, and that limit (None: none is)."""
         now = time.monotonic()
         with self.state.lock:
@@ -181,11 +184,20 @@ class HardLimits(WorkerPart):
                     and not held.finishing
                     and now - held.claimed >= limit
                 ):
-                    return held.job, limit
+                    return held.job, limit, held.backend_pid
         return None
 
-    def _enforce(self, job: Any, limit: float) -> None:
-        """Fail ``job``, release the others, and have the process replaced."""
+    def _enforce(self, job: Any, limit: float, pid: int | None = None) -> None:
+        """Fail ``job``, release the others, and have the process replaced. The
+        session of the runner running it (``pid``) is ended first, when the process
+        is to be replaced: a lock its open transaction holds on the job's row (a
+        cursor saved, a step recorded, inside it) kept the failure from being written,
+        and the process from being replaced, for good."""
+        if pid is not None and self.replace != "stop":
+            try:
+                terminate_backend(self.alias, pid)
+            except DatabaseError as exc:
+                logger.warning("job %s: could not end its runner's session (%s)", job.id, exc)
         error = TimeLimitExceeded(f"still running at its time limit of {limit:g}s")
         status = self.record_failure(job, error)
         logger.error(

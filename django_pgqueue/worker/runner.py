@@ -52,6 +52,7 @@ from .catalog import Catalog, Known
 from .completer import Completer, Completion
 from .connections import (
     atomic_left,
+    backend_pid,
     configure_session,
     discard_connection,
     drop_connection,
@@ -397,6 +398,8 @@ class JobRunner(WorkerPart):
         raw = None
         try:
             raw = self._prepare_session()
+            with self.state.lock:  # (ended if the job passes its hard time limit)
+                begun.held.backend_pid = backend_pid(self.alias)
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.

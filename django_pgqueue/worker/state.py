@@ -71,6 +71,9 @@ class Held:
     claimed: float = field(default_factory=time.monotonic)
     completing: bool = False  # finished; waiting for the completer to record it
     on_loop: bool = False  # a coroutine job, run on the event loop (not a thread slot)
+    #: The server process of the runner thread's connection that runs it (a thread
+    #: slot's job): ended if the job passes its hard limit (its locks go with it).
+    backend_pid: int | None = None
     # Its outcome (fail, release, inline or transactional completion) is being written:
     # a lease extension that misses it is that write's to report, not a loss.
     recording: bool = False
