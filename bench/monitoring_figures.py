@@ -112,7 +112,7 @@ def fill(rows: int, refill: bool) -> None:
                 " AND indexname <> 'pgqueue_job_pkey'"
             )
             indexes = cursor.fetchall()
-            cursor.execute("TRUNCATE pgqueue_job RESTART IDENTITY")
+            cursor.execute("TRUNCATE pgqueue_job, pgqueue_step RESTART IDENTITY")
             for name, _ in indexes:
                 cursor.execute(f'DROP INDEX "{name}"')  # names read from the catalog
             cursor.execute("SELECT clock_timestamp()")

@@ -92,7 +92,7 @@ def fill(count: int, refill: bool) -> None:
     started = time.monotonic()
     indexes = {i.name: i for i in Job._meta.indexes if i.name in SEARCH_INDEXES}
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE pgqueue_job")
+        cursor.execute("TRUNCATE pgqueue_job, pgqueue_step")
         for name in SEARCH_INDEXES:
             cursor.execute(f"DROP INDEX IF EXISTS {name}")
         with cursor.cursor.copy(f"COPY pgqueue_job ({COLUMNS}) FROM STDIN") as copy:

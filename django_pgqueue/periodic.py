@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import logging
 import zoneinfo
 from collections.abc import Mapping
@@ -434,7 +435,7 @@ def _tick_columns(due: list[tuple[PeriodicEntry, dt.datetime]]) -> dict[str, lis
         key: []
         for key in (
             "names crons timezones ticks keys backends queues tasks args kwargs "
-            "priorities max_attempts concurrency_keys unique_fors"
+            "priorities max_attempts concurrency_keys unique_fors tags"
         ).split()
     }
     for entry, tick in due:
@@ -475,6 +476,7 @@ def _tick_columns(due: list[tuple[PeriodicEntry, dt.datetime]]) -> dict[str, lis
             ("kwargs", kwargs),
             ("priorities", resolved.priority),
             ("max_attempts", resolved.max_attempts),
+            ("tags", json.dumps(list(resolved.tags))),  # the task's own
         ):
             columns[name].append(value)
     return columns

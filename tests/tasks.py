@@ -787,3 +787,21 @@ async def async_sleeps_in_c(seconds: float = 60.0) -> str:
     """A coroutine blocking its event loop in ``time.sleep``: a hard limit ends it."""
     time.sleep(seconds)  # noqa: ASYNC251 - blocking on purpose
     return "not interrupted"
+
+
+@task()
+def noted(ledger: str, line: str) -> str:
+    """Append ``line`` to ``ledger`` at each run (how many times a job ran)."""
+    return _note(ledger, line)
+
+
+@task(time_limit=2, max_attempts=1)
+def saves_then_sleeps_in_a_transaction(seconds: float = 60.0) -> str:
+    """A cursor saved inside the task's transaction (the job's row locked FOR SHARE
+    until the commit), then ``time.sleep``: a hard time limit must still end it."""
+    job = current_job()
+    assert job is not None
+    with transaction.atomic():
+        job.cursor("position").save(1)
+        time.sleep(seconds)
+    return "not interrupted"

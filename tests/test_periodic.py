@@ -528,6 +528,7 @@ def test_schedule_enqueue_tick__second_statement_after_a_commit_changes_nothing(
         "max_attempts": [1],
         "concurrency_keys": [""],
         "unique_fors": [None],
+        "tags": ["[]"],
         "channel": "pgqueue_job",
         "now": tick,
     }
@@ -713,3 +714,14 @@ def test_pgqueue_sweep__stale_entries_are_skipped_logged_once_and_the_rest_tick(
     assert set(Job.objects.values_list("idempotency_key", flat=True)) == {
         f"periodic:good:{tick.isoformat()}" for tick in run_ats()
     }
+
+
+@override_settings(
+    PGQUEUE_PERIODIC={"tagged": {"task": "tests.tasks.tagged", "cron": "* * * * *", "args": [1]}}
+)
+def test_enqueue_due__a_tagged_task_job_carries_its_tags(db):
+    """@task(tags=...) on every path: a periodic entry's job (settings or database
+    schedule: the same statement) carries its task's tags, as one enqueued does."""
+    sweep(T0)
+    (ticked,) = sweep(T0 + dt.timedelta(minutes=1, seconds=5))
+    assert Job.objects.get(pk=ticked.job_id).tags == ["billing", "nightly"]

@@ -222,3 +222,96 @@ def test_time_limits__shown_on_the_jobs_page(admin_client):
     text = page.content.decode()
     assert "Soft time limit" in text and "7.5" in text
     assert "Time limit" in text and "12.0" in text
+
+
+def test_soft_limit__a_coroutine_run_on_a_thread_slot_is_cancelled_at_it():
+    """A coroutine task run on a thread slot (here testing.run_jobs; also a
+    transactional one, or --async-concurrency 0) has its soft limit too: cancelled at
+    1 s, the attempt fails with SoftTimeLimitExceeded (it ran its 30 s before)."""
+    from django_pgqueue.testing import run_jobs
+
+    job = Job.objects.enqueue(tasks.async_busy_wait, [30])
+    started = time.monotonic()
+    run_jobs()
+    assert time.monotonic() - started < 5
+    assert "soft time limit of 1s" in str(soft_failure(job))
+
+
+@pytest.mark.slow
+def test_hard_limit__a_job_done_beside_it_is_recorded_not_run_again(manage, tmp_path):
+    """A job that finished beside the one past its hard limit, its completion still
+    held by the batched completer (a 30 s flush interval here), is recorded done
+    before the process is replaced: it was given back and ran a second time."""
+    ledger = tmp_path / "ledger"
+    worker = manage(*WORKER, "--concurrency", "2", env={"PGQUEUE_COMPLETION_FLUSH_INTERVAL": "30"})
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: fresh(hung).status == "running", timeout=20)
+    beside = Job.objects.enqueue(tasks.noted, [str(ledger), "ran"])
+    wait_for(ledger.exists, timeout=20)
+    wait_for(lambda: ended(hung), timeout=30)
+    # Given back, it would run again in the replacement (and be held there 30 s).
+    wait_for(lambda: ended(beside), timeout=20)
+    row = fresh(beside)
+    assert (row.status, row.attempts) == ("done", 1), (row.status, worker.output())
+    assert ledger.read_text() == "ran\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_hard_limit__the_replacement_keeps_its_given_worker_id(manage, processes):
+    """With --worker-id, the process that replaces one past its hard limit (the same
+    pid re-executed, or the supervisor's new child) is not refused its own id as held
+    by a live process: it registers and runs the next job."""
+    args = [*WORKER, "--concurrency", "1", "--worker-id", "fixed"] + (
+        ["--processes", str(processes)] if processes > 1 else []
+    )
+    worker = manage(*args)
+    wait_for(lambda: WorkerProcess.objects.count() == processes, timeout=20)
+    before = sorted(WorkerProcess.objects.values_list("id", flat=True))
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: ended(hung), timeout=30)
+    wait_for(lambda: worker.output().count(" starting: database=") == processes + 1, timeout=20)
+    after = [Job.objects.enqueue(add, [n, n]) for n in range(2 * processes)]
+    wait_for(lambda: all(ended(job) for job in after), timeout=30)
+    assert "is held by" not in worker.output(), worker.output()
+    assert worker.popen.poll() is None
+    ids = wait_for(
+        lambda: sorted(WorkerProcess.objects.values_list("id", flat=True)) == before, timeout=10
+    )
+    assert ids and all(i.startswith("fixed") for i in before), before
+
+
+@pytest.mark.slow
+def test_hard_limit__no_job_is_claimed_while_the_process_is_being_replaced(manage, tmp_path):
+    """Jobs claimed without a pause beside the one past its hard limit: claims close
+    before the held jobs are read and given back, so none is claimed by the process
+    that is going away (it stayed running, leased to it, until its lease expired)."""
+    worker = manage(*WORKER, "--concurrency", "4")
+    hung = Job.objects.enqueue(tasks.sleeps_in_c, [60])
+    wait_for(lambda: fresh(hung).status == "running", timeout=20)
+    from django_pgqueue.bulk import enqueue_many
+
+    assert enqueue_many(tasks.busy_loop, [((0.02,), {})] * 400) == 400
+    wait_for(lambda: ended(hung), timeout=30)
+    quick = Job.objects.exclude(pk=hung.pk)
+    wait_for(lambda: quick.filter(status="done").count() == 400, timeout=40)
+    assert "time limit of 2s" in worker.output()
+
+
+@pytest.mark.slow
+def test_hard_limit__a_task_holding_its_job_row_locked_is_still_ended(manage):
+    """A cursor saved inside the task's transaction locks the job's row FOR SHARE until
+    the commit; the task then hangs in C. The runner's session is ended first, so the
+    failure is recorded and the process replaced (the fail write waited for good)."""
+    worker = manage(*WORKER, "--concurrency", "1")
+    hung = Job.objects.enqueue(tasks.saves_then_sleeps_in_a_transaction, [60])
+    wait_for(lambda: ended(hung), timeout=20)
+    row = fresh(hung)
+    assert row.status == "dead"
+    assert row.errors[-1]["exception_class_path"] == (
+        "django_pgqueue.exceptions.TimeLimitExceeded"
+    ), row.errors
+    assert not row.steps.exists()  # the cursor's save rolled back with the transaction
+    after = Job.objects.enqueue(add, [1, 2])
+    wait_for(lambda: ended(after), timeout=30)
+    assert fresh(after).status == "done", worker.output()

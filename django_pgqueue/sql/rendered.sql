@@ -3611,9 +3611,9 @@ WITH clock AS (
         %(ticks)s::timestamptz[], %(keys)s::text[], %(backends)s::text[],
         %(queues)s::text[], %(tasks)s::text[], %(args)s::text[], %(kwargs)s::text[],
         %(priorities)s::int[], %(max_attempts)s::int[], %(concurrency_keys)s::text[],
-        %(unique_fors)s::float8[]
+        %(unique_fors)s::float8[], %(tags)s::text[]
     ) AS e(name, cron, timezone, tick, key, backend, queue, task, args, kwargs,
-           priority, max_attempts, concurrency_key, unique_for)
+           priority, max_attempts, concurrency_key, unique_for, tags)
 ), due AS (
     SELECT s.name
     FROM pgqueue_schedule AS s
@@ -3653,11 +3653,14 @@ WITH clock AS (
 ), inserted AS (
     INSERT INTO pgqueue_job AS j (
         id, backend, queue, task, args, kwargs, priority, status, attempts, max_attempts,
-        run_at, idempotency_key, errors, created_at, concurrency_key
+        run_at, idempotency_key, errors, created_at, concurrency_key, tags
     )
     SELECT a.last_job_id, e.backend, e.queue, e.task, e.args::jsonb, e.kwargs::jsonb,
            e.priority, 'pending', 0, e.max_attempts, e.tick, e.key, '[]'::jsonb, clock.now,
-           e.concurrency_key
+           e.concurrency_key,
+           -- the task's @task(tags=...), one JSON array per entry (arrays of arrays
+           -- must not be ragged)
+           ARRAY(SELECT jsonb_array_elements_text(e.tags::jsonb))
     FROM advanced AS a
     JOIN entry AS e ON e.name = a.name, clock
     WHERE e.unique_for IS NULL
@@ -4279,6 +4282,12 @@ RESET ALL;
 SELECT (SELECT count(set_config(b.name, b.value, false))
         FROM unnest(%(names)s::text[], %(values)s::text[]) AS b(name, value)) AS restored,
        setseed(('x' || left(gen_random_uuid()::text, 8))::bit(32)::int / 2147483648.0);
+
+-- name: SESSION_TERMINATE
+-- End a runner's session of this very worker whose job passed its hard time limit: its
+-- open transaction (a lock on the job's row among them) is rolled back, so the failure
+-- can be recorded; the process is replaced right after.
+SELECT pg_terminate_backend(%(pid)s);
 
 -- =============================================================================
 -- family deadline: run by django_pgqueue.deadline

@@ -138,3 +138,12 @@ SELECT (SELECT count(set_config(b.name, b.value, false))
         FROM unnest(%(names)s::text[], %(values)s::text[]) AS b(name, value)) AS restored,
        setseed(('x' || left(gen_random_uuid()::text, 8))::bit(32)::int / 2147483648.0)
 """
+
+
+SESSION_TERMINATE = """
+-- name: SESSION_TERMINATE
+-- End a runner's session of this very worker whose job passed its hard time limit: its
+-- open transaction (a lock on the job's row among them) is rolled back, so the failure
+-- can be recorded; the process is replaced right after.
+SELECT pg_terminate_backend(%(pid)s)
+"""

@@ -90,6 +90,8 @@ class Completer(WorkerPart):
         self._pending: list[Completion] = []
         self._cond = threading.Condition()
         self._stopping = False
+        #: Write what arrives at once, no batching (the process is about to be replaced).
+        self._hurry = False
         #: Statements written (flushes that reached the database), for tests and stats.
         self.flushes = 0
 
@@ -115,6 +117,13 @@ class Completer(WorkerPart):
                     self._cond.notify()
         if inline:
             self._flush_guarded([completion], role="runner")
+
+    def hurry(self) -> None:
+        """Write what is pending now, and each completion as it arrives from now on
+        (the process is about to be replaced for a hard time limit)."""
+        with self._cond:
+            self._hurry = True
+            self._cond.notify()
 
     def stop(self) -> None:
         """Flush what is pending now, then let ``run`` return."""
@@ -168,6 +177,7 @@ class Completer(WorkerPart):
             while (
                 len(self._pending) < self.max_batch
                 and not self._stopping
+                and not self._hurry
                 and (self.interval > IDLE_FLUSH_MAX_INTERVAL or self.state.in_flight())
             ):
                 remaining = deadline - time.monotonic()

@@ -30,9 +30,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from django.db import DatabaseError
+
 from ..conf import settings
 from ..exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from . import presence
+from .connections import terminate_backend
 from .state import WorkerPart, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,9 @@ REPLACE_MODES = ("exec", "exit", "stop")
 EXIT_TIME_LIMIT = 5
 #: How often the hard limits are checked (seconds).
 CHECK_SECONDS = 0.1
+#: How long a replacement waits for the outcomes of the process's jobs that finished
+#: (seconds) before it gives back the others.
+SETTLE_SECONDS = 5.0
 
 
 def soft_limit(job: Any, task_limit: float | None) -> float | None:
@@ -139,13 +145,23 @@ class SoftLimit:
 class HardLimits(WorkerPart):
     """The thread that enforces the hard time limits of a worker's running jobs."""
 
-    def __init__(self, state: WorkerState, *, replace: str, stop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: WorkerState,
+        *,
+        replace: str,
+        stop: Callable[[], None],
+        flush: Callable[[], None] = lambda: None,
+    ) -> None:
         super().__init__(state)
         if replace not in REPLACE_MODES:
             raise ValueError(f"replace must be one of {REPLACE_MODES}, not {replace!r}")
         self.replace = replace
         #: Stops the worker's claiming (``Worker.stop``), for ``"stop"``.
         self.stop = stop
+        #: Has the batched completer write what it holds now, and what arrives
+        #: (``Completer.hurry``), before the process is replaced.
+        self.flush = flush
 
     def run(self) -> None:
         while not self.state.done.wait(CHECK_SECONDS):
@@ -154,7 +170,7 @@ class HardLimits(WorkerPart):
                 self._enforce(*late)
                 return
 
-    def _late(self) -> tuple[Any, float] | None:
+    def _late(self) -> tuple[Any, float, int | None] | None:
         """A held job running past its hard limit, and that limit (None: none is)."""
         now = time.monotonic()
         with self.state.lock:
@@ -168,11 +184,20 @@ class HardLimits(WorkerPart):
                     and not held.finishing
                     and now - held.claimed >= limit
                 ):
-                    return held.job, limit
+                    return held.job, limit, held.backend_pid
         return None
 
-    def _enforce(self, job: Any, limit: float) -> None:
-        """Fail ``job``, release the others, and have the process replaced."""
+    def _enforce(self, job: Any, limit: float, pid: int | None = None) -> None:
+        """Fail ``job``, release the others, and have the process replaced. The
+        session of the runner running it (``pid``) is ended first, when the process
+        is to be replaced: a lock its open transaction holds on the job's row (a
+        cursor saved, a step recorded, inside it) kept the failure from being written,
+        and the process from being replaced, for good."""
+        if pid is not None and self.replace != "stop":
+            try:
+                terminate_backend(self.alias, pid)
+            except DatabaseError as exc:
+                logger.warning("job %s: could not end its runner's session (%s)", job.id, exc)
         error = TimeLimitExceeded(f"still running at its time limit of {limit:g}s")
         status = self.record_failure(job, error)
         logger.error(
@@ -185,9 +210,7 @@ class HardLimits(WorkerPart):
             os.getpid(),
             extra={"action": "time_limit", "job_id": job.id, "worker_id": self.worker_id},
         )
-        with self.state.lock:
-            others = [h.job for h in self.state.held.values() if h.job.id != job.id]
-        for other in others:
+        for other in self._others(job):
             written, _ = self.write_retrying(
                 functools.partial(self.state.jobs.release, other, self.worker_id),
                 jobs=[other],
@@ -196,6 +219,23 @@ class HardLimits(WorkerPart):
             if written:
                 self.state.stats.count("released")
         self._replace()
+
+    def _others(self, job: Any) -> list[Any]:
+        """The process's other jobs to give back: not those that finished (their
+        outcome being written, or held by the batched completer), which are written
+        first (within :data:`SETTLE_SECONDS`; one still unwritten then is left to its
+        lease): given back, a job done would run again."""
+        if self.replace != "stop":  # (in-process, Worker.stop ends its claims after)
+            with self.state.claims:  # (a claim in flight is held first)
+                self.state.claims_closed.set()
+        self.flush()
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            with self.state.lock:
+                others = [h for h in self.state.held.values() if h.job.id != job.id]
+            if not any(h.finishing for h in others) or time.monotonic() >= deadline:
+                return [h.job for h in others if not h.finishing]
+            time.sleep(0.01)
 
     def _replace(self) -> None:
         """Replace this process (see :data:`REPLACE_MODES`)."""

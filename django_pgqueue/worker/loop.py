@@ -172,7 +172,9 @@ class Worker:
         )
         self._heartbeat = Heartbeat(state)
         #: Enforces the hard time limits.
-        self._hard_limits = HardLimits(state, replace=self.on_time_limit, stop=self.stop)
+        self._hard_limits = HardLimits(
+            state, replace=self.on_time_limit, stop=self.stop, flush=self._completer.hurry
+        )
         self._coroutines = (
             EventLoop(
                 state,
@@ -456,7 +458,11 @@ class Worker:
                 self._wait(self.poll_interval)
                 continue
             try:
-                jobs, flowed, resumed = self._claim(free)
+                claimed = self._claim_held(free)
+                if claimed is None:  # closed: the process is about to be replaced
+                    self._wait(self.poll_interval)
+                    continue
+                jobs, flowed, resumed = claimed
                 if not jobs and resumed and self.burst:
                     self._position.rescan()  # look from the head before exiting idle
                     self._flow_position.rescan()
@@ -476,7 +482,6 @@ class Worker:
                     break
                 continue
             retry.succeeded()
-            self._route(jobs)
             self.stats.count("claimed", len(jobs))
             if flowed is not None and (jobs or flowed.blocked):
                 # Under flow control a short claim is no sign of an empty queue: keys at
@@ -515,6 +520,16 @@ class Worker:
             if free <= 0 and not self._state.held:
                 return None
         return free
+
+    def _claim_held(self, free: int) -> tuple[list[Job], flow.FlowClaim | None, bool] | None:
+        """:meth:`_claim`, its jobs held and routed before the claims' lock is let go
+        (None: claims are closed, see ``WorkerState.claims_closed``)."""
+        with self._state.claims:
+            if self._state.claims_closed.is_set():
+                return None
+            claimed = self._claim(free)
+            self._route(claimed[0])
+            return claimed
 
     def _claim(self, free: int) -> tuple[list[Job], flow.FlowClaim | None, bool]:
         """Claim up to ``free`` jobs, under flow control if any is in force: the jobs,

@@ -30,6 +30,7 @@ from ..exceptions import (
     JobTimeout,
     LeaseLost,
     Snooze,
+    SoftTimeLimitExceeded,
     TaskNotFound,
     TransactionLeak,
     exception_line,
@@ -51,6 +52,7 @@ from .catalog import Catalog, Known
 from .completer import Completer, Completion
 from .connections import (
     atomic_left,
+    backend_pid,
     configure_session,
     discard_connection,
     drop_connection,
@@ -95,17 +97,38 @@ async def contained(coroutine: Any) -> Any:
 async def cancellable(
     func: Callable[..., Coroutine[Any, Any, Any]],
     cancel: CancelFlag,
+    soft: float | None,
     /,
     *args: Any,
     **kwargs: Any,
 ) -> Any:
     """Await ``func(*args, **kwargs)``; cancel it (``asyncio.CancelledError`` raised at
-    its current ``await``) once ``cancel`` is set by the heartbeat thread."""
+    its current ``await``) once ``cancel`` is set by the heartbeat thread, or once it
+    ran ``soft`` seconds (its soft time limit, None: none): then, as on the event loop,
+    it may clean up, and if the cancellation ends it the attempt fails with
+    ``SoftTimeLimitExceeded`` (a coroutine run on a thread slot: a transactional one,
+    ``--async-concurrency 0``, ``testing.run_jobs``)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if soft is None else loop.time() + soft
     job = asyncio.ensure_future(contained(func(*args, **kwargs)))
     while not job.done():
-        await asyncio.wait({job}, timeout=ASYNC_CANCEL_POLL)
-        if cancel.is_set() and not job.done():
+        wait = ASYNC_CANCEL_POLL
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - loop.time()))
+        await asyncio.wait({job}, timeout=wait)
+        if job.done():
+            break
+        if cancel.is_set():
             job.cancel()
+            break
+        if deadline is not None and loop.time() >= deadline:
+            assert soft is not None
+            job.cancel(f"soft time limit of {soft:g}s")
+            await asyncio.wait({job})
+            if job.cancelled():
+                raise SoftTimeLimitExceeded(
+                    f"the coroutine ran past its soft time limit of {soft:g}s and was cancelled"
+                )
             break
     value = await job
     if isinstance(value, Exited):
@@ -355,10 +378,10 @@ class JobRunner(WorkerPart):
         ``task_result`` is built whenever the task takes a context."""
         task = known.task
         args = arguments(job, task, task_result)
+        limit = soft_limit(job, known.soft_time_limit)
         if known.coroutine:
-            value = async_to_sync(cancellable)(task.func, cancel, *args, **job.kwargs)
+            value = async_to_sync(cancellable)(task.func, cancel, limit, *args, **job.kwargs)
         else:
-            limit = soft_limit(job, known.soft_time_limit)
             if limit is None:
                 value = task.func(*args, **job.kwargs)  # Task.call, minus its coroutine check
             else:
@@ -375,6 +398,8 @@ class JobRunner(WorkerPart):
         raw = None
         try:
             raw = self._prepare_session()
+            with self.state.lock:  # (ended if the job passes its hard time limit)
+                begun.held.backend_pid = backend_pid(self.alias)
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.

@@ -90,6 +90,9 @@ class Held:
     claimed: float = field(default_factory=time.monotonic)
     completing: bool = False  # finished; waiting for the completer to record it
     on_loop: bool = False  # a coroutine job, run on the event loop (not a thread slot)
+    #: The server process of the runner thread's connection that runs it (a thread
+    #: slot's job): ended if the job passes its hard limit (its locks go with it).
+    backend_pid: int | None = None
     # Its outcome (fail, release, inline or transactional completion) is being written:
     # a lease extension that misses it is that write's to report, not a loss.
     recording: bool = False
@@ -146,6 +149,11 @@ class WorkerState:
     #: keep their older ids): the next claim starts at the head (see position.py).
     released: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    #: Held by the claim loop from a claim to its jobs being held; set under it,
+    #: ``claims_closed`` ends claiming at once (a process about to be replaced for a
+    #: hard time limit: a job claimed after it read the held jobs was lost).
+    claims: threading.Lock = field(default_factory=threading.Lock)
+    claims_closed: threading.Event = field(default_factory=threading.Event)
 
     @cached_property
     def jobs(self) -> Any:  # JobManager (typed Any: a Manager is a descriptor to mypy)
