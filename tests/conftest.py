@@ -24,7 +24,9 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection
+from django.test import Client
 
 from django_pgqueue.models import Job
 
@@ -237,3 +239,23 @@ def run_worker(transactional_db: None) -> Callable[..., Any]:
         return worker
 
     return run
+
+
+@pytest.fixture
+def staff(django_user_model: Any) -> Callable[..., Client]:
+    """A logged-in staff client holding exactly the given permissions of the app
+    (``staff("view_job", "cancel_job")``); ``is_staff=False`` for a user who is not."""
+
+    def make(*codenames: str, is_staff: bool = True) -> Client:
+        user = django_user_model.objects.create_user(
+            username=f"op{django_user_model.objects.count()}", password="pw", is_staff=is_staff
+        )
+        for codename in codenames:
+            user.user_permissions.add(
+                Permission.objects.get(content_type__app_label="django_pgqueue", codename=codename)
+            )
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import quote as admin_quote
-from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.db import connection, connections
 from django.db.models import F
@@ -73,25 +72,6 @@ def dead_factory(job_factory: Callable[..., Job]) -> Callable[..., Job]:
             errors=[error()] if errors is None else errors,
         )
         return Job.objects.get(pk=job.pk)
-
-    return make
-
-
-@pytest.fixture
-def staff(django_user_model: Any) -> Callable[..., Client]:
-    """A logged-in staff client holding exactly the given permissions."""
-
-    def make(*codenames: str, is_staff: bool = True) -> Client:
-        user = django_user_model.objects.create_user(
-            username=f"op{django_user_model.objects.count()}", password="pw", is_staff=is_staff
-        )
-        for codename in codenames:
-            user.user_permissions.add(
-                Permission.objects.get(content_type__app_label="django_pgqueue", codename=codename)
-            )
-        client = Client()
-        client.force_login(user)
-        return client
 
     return make
 

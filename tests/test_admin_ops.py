@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
@@ -20,25 +19,6 @@ DEAD_LIST = "admin:django_pgqueue_deadletter_changelist"
 ADD = "testproject.demo.tasks.add"
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff(django_user_model: Any):
-    """A logged-in staff client holding exactly the given permissions."""
-
-    def make(*codenames: str) -> Client:
-        user = django_user_model.objects.create_user(
-            username=f"op{django_user_model.objects.count()}", password="pw", is_staff=True
-        )
-        for codename in codenames:
-            user.user_permissions.add(
-                Permission.objects.get(content_type__app_label="django_pgqueue", codename=codename)
-            )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 def texts(response: Any) -> list[str]:

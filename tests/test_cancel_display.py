@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Permission
-from django.test import Client
 from django.urls import reverse
 
 from django_pgqueue.models import Job
@@ -18,23 +16,6 @@ from .conftest import wait_for
 JOB_LIST = "admin:django_pgqueue_job_changelist"
 JOB_PAGE = "admin:django_pgqueue_job_change"
 WORKER = ("pgqueue_worker", "--poll-interval", "0.1")
-
-
-@pytest.fixture
-def staff(django_user_model):
-    def make(*codenames: str) -> Client:
-        user = django_user_model.objects.create_user(
-            username=f"op{django_user_model.objects.count()}", password="pw", is_staff=True
-        )
-        for codename in codenames:
-            user.user_permissions.add(
-                Permission.objects.get(content_type__app_label="django_pgqueue", codename=codename)
-            )
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
 
 
 @pytest.mark.django_db
