@@ -866,9 +866,12 @@ def test_shutdown__two_signals_at_once_abort_too(manage: Callable[..., ManagedPr
     well: it used to raise in the claim loop, whose clean-up then drained, waiting out
     the running job. (Two kinds of signal, so they cannot merge into one delivery:
     Python runs both handlers back to back, before the claim loop sees the first.)"""
-    running = Job.objects.enqueue("testproject.demo.fault_tasks.slow_plain", [30.0])
+    # A task that says when its body starts: "running" is written at the claim, and a
+    # job leased but not started yet is released at once by the first signal, so the
+    # worker could exit 0 before a loaded machine delivered the second.
+    running = Job.objects.enqueue("tests.tasks.marked_sleep", [30.0])
     worker = manage("pgqueue_worker", *FAST)
-    wait_for(lambda: job(running.id).status == "running")
+    wait_for(lambda: Execution.objects.filter(job_id=running.id, kind="start").exists())
     worker.signal(signal.SIGTERM)
     worker.signal(signal.SIGINT)
     assert worker.wait(10) == 1
