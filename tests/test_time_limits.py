@@ -114,9 +114,10 @@ def test_soft_limit__bad_values_are_named():
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
 def test_hard_limit__a_job_sleeping_in_c_fails_and_the_process_is_replaced(manage, processes):
-    """A 60 s sleep in C (``time.sleep``) with time_limit=2: recorded failed with TimeLimitExceeded within
-    4 s of its claim, the worker process replaced (supervisor's child restarted, or
-    the one process re-executed with the same pid), and a job enqueued after runs."""
+    """A 60 s sleep in C (``time.sleep``) with time_limit=2: recorded failed with
+    TimeLimitExceeded within 4 s of its claim, the worker process replaced (supervisor's
+    child restarted, or the one process re-executed with the same pid), and a job
+    enqueued after runs."""
     args = [*WORKER, "--concurrency", "1"] + (
         ["--processes", str(processes)] if processes > 1 else []
     )
