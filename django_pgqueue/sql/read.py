@@ -7,6 +7,25 @@ from __future__ import annotations
 from .common import CLOCK
 from .flow import FLOW_LIMITS, KEY_MATCHES
 
+# Each queue with pending jobs and its oldest run_at, as the CTE "head": a loose scan of
+# pgqueue_job_pending_age_idx, one seek per queue.
+_PENDING_HEADS = """WITH RECURSIVE head(queue, run_at) AS (
+    (SELECT queue, run_at
+     FROM pgqueue_job
+     WHERE status = 'pending'
+     ORDER BY queue, run_at
+     LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.run_at
+    FROM head AS h
+    CROSS JOIN LATERAL (
+        SELECT queue, run_at
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue > h.queue
+        ORDER BY queue, run_at
+        LIMIT 1) AS n
+)"""
+
 # Each budget of the limits in force, for pgqueue_status, the dashboard and the metrics:
 # a key limit's budgets are its exact key and every matching key that runs now (a scan
 # of pgqueue_job_running_key_idx: as many as run) or started in its rate window (the
@@ -240,26 +259,14 @@ LIMIT %(limit)s
 """
 
 
-JOB_GET_HEALTH = """
+JOB_GET_HEALTH = (
+    """
 -- name: JOB_GET_HEALTH
 -- The longest wait of a pending job (each queue's oldest: a loose scan of
 -- pgqueue_job_pending_age_idx) and the count of expired leases, capped.
-WITH RECURSIVE head(queue, run_at) AS (
-    (SELECT queue, run_at
-     FROM pgqueue_job
-     WHERE status = 'pending'
-     ORDER BY queue, run_at
-     LIMIT 1)
-    UNION ALL
-    SELECT n.queue, n.run_at
-    FROM head AS h
-    CROSS JOIN LATERAL (
-        SELECT queue, run_at
-        FROM pgqueue_job
-        WHERE status = 'pending' AND queue > h.queue
-        ORDER BY queue, run_at
-        LIMIT 1) AS n
-), clock AS (
+"""
+    + _PENDING_HEADS
+    + """, clock AS (
     SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
 )
 SELECT greatest(clock.now - (SELECT min(run_at)
@@ -274,6 +281,7 @@ SELECT greatest(clock.now - (SELECT min(run_at)
               LIMIT %(cap)s) AS expired) AS expired_leases
 FROM clock
 """
+)
 
 
 JOB_GET_HISTORY = """
@@ -377,26 +385,14 @@ FROM live
 """
 
 
-JOB_GET_QUEUE_BACKLOG = """
+JOB_GET_QUEUE_BACKLOG = (
+    """
 -- name: JOB_GET_QUEUE_BACKLOG
 -- Each queue with pending jobs, its oldest run_at and its pending count up to cap: a
 -- loose scan of pgqueue_job_pending_age_idx, one seek and one capped range per queue.
-WITH RECURSIVE head(queue, run_at) AS (
-    (SELECT queue, run_at
-     FROM pgqueue_job
-     WHERE status = 'pending'
-     ORDER BY queue, run_at
-     LIMIT 1)
-    UNION ALL
-    SELECT n.queue, n.run_at
-    FROM head AS h
-    CROSS JOIN LATERAL (
-        SELECT queue, run_at
-        FROM pgqueue_job
-        WHERE status = 'pending' AND queue > h.queue
-        ORDER BY queue, run_at
-        LIMIT 1) AS n
-)
+"""
+    + _PENDING_HEADS
+    + """
 SELECT h.queue, h.run_at,
        (SELECT count(*)
         FROM (SELECT 1
@@ -406,6 +402,7 @@ SELECT h.queue, h.run_at,
 FROM head AS h
 LIMIT %(queues)s
 """
+)
 
 
 JOB_GET_RUNNING = """
