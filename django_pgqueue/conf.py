@@ -1,8 +1,11 @@
 """One typed settings object for django-pgqueue.
 
 Every attribute of :class:`Settings` is a default. Reading ``settings.NAME`` looks up
-``django.conf.settings.PGQUEUE_NAME`` on each access, so ``override_settings`` works in
-tests and nothing is cached at import time.
+``django.conf.settings.PGQUEUE_NAME`` on its first access and keeps the value until a
+``setting_changed`` signal names a ``PGQUEUE_*`` setting, so ``override_settings`` (and
+pytest-django's ``settings`` fixture) work in tests and nothing is read at import time.
+The cache is there because the worker reads several settings for every job: a lookup
+through ``django.conf.settings`` costs about 3 µs, a dictionary hit a tenth of that.
 """
 
 from __future__ import annotations
@@ -10,6 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+
+#: Values read so far, by name without the ``PGQUEUE_`` prefix (see the module docstring).
+_read: dict[str, Any] = {}
 
 
 class Settings:
@@ -189,8 +196,25 @@ class Settings:
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
-            return getattr(django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name))
+            try:
+                return _read[name]
+            except KeyError:
+                value = getattr(
+                    django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name)
+                )
+                _read[name] = value
+                return value
         return object.__getattribute__(self, name)
 
 
 settings = Settings()
+
+
+def _forget(*, setting: str, **kwargs: Any) -> None:
+    """Drop the values read so far when a ``PGQUEUE_*`` setting changes (or all of
+    them when the settings module itself is swapped)."""
+    if setting.startswith("PGQUEUE_") or setting == "SETTINGS_MODULE":
+        _read.clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="django_pgqueue.conf.forget")
