@@ -9,6 +9,7 @@ import pytest
 from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import escape
 
 from django_pgqueue.models import Job, ScheduleDefinition
@@ -106,6 +107,21 @@ def test_search__finds_by_id_task_key_tag_and_argument_values(admin_client, sear
     assert found(admin_client, "tests.tasks.tagged") == [j["other_task"]]  # whole path
     assert found(admin_client, "tests.tasks") == [j["other_task"]]  # its beginning
     assert found(admin_client, "customer_id=78") == []
+
+
+def test_search__finds_running_jobs_which_the_search_indexes_leave_out(
+    admin_client, searchable
+):
+    """The tag, argument and task indexes hold no running job (a claim adds no entry
+    to them); the search asks for running jobs apart, so it still finds them."""
+    j = {name: job.pk for name, job in searchable.items()}
+    Job.objects.filter(pk__in=[j["tagged"], j["arg"], j["kwarg"], j["other_task"]]).update(
+        status="running", lease_owner="w", lease_expires_at=timezone.now()
+    )
+    assert found(admin_client, "customer:42") == [j["tagged"]]
+    assert found(admin_client, "[424242]") == [j["arg"]]
+    assert found(admin_client, "customer_id=77") == [j["kwarg"]]
+    assert found(admin_client, "tests.tasks") == [j["other_task"]]
 
 
 def test_search__part_of_a_path_only_on_a_small_table(admin_client, searchable, monkeypatch):

@@ -10,8 +10,9 @@ import json
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 
-from django_pgqueue import InvalidJob, chain, enqueue_many, group, monitoring, step, validation
+from django_pgqueue import InvalidJob, chain, enqueue_many, group, monitoring, sql, step, validation
 from django_pgqueue.models import Job
 from django_pgqueue.taskapi import InvalidTask, task
 from testproject.demo import tasks as demo
@@ -152,17 +153,35 @@ def test_validation__tags_keep_order_and_sort_a_set():
 
 
 @pytest.mark.django_db
-def test_tags__the_gin_index_serves_every_job_with_tag_x():
+def test_tags__the_gin_index_serves_every_job_with_tag_x_and_the_lease_index_the_running():
+    from django.db.models import Q
+
+    from django_pgqueue.admin.search import searched
+
     Job.objects.bulk_enqueue(
         {"task": ADD, "args": [i], "tags": [f"c:{i % 50}"]} for i in range(2000)
     )
+    # Two of tag c:7 running: the search index leaves them out, the lease index has them.
+    running = list(Job.objects.filter(tags__contains=["c:7"]).order_by("id")[:2])
+    Job.objects.filter(pk__in=[job.pk for job in running]).update(
+        status="running", lease_owner="w", lease_expires_at=timezone.now()
+    )
+    tagged = Job.objects.filter(searched(Q(tags__contains=["c:7"])))
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE pgqueue_job")
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN SELECT id FROM pgqueue_job WHERE tags @> ARRAY['c:7']::text[]")
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "pgqueue_job_tags_idx" in plan
-    assert Job.objects.filter(tags__contains=["c:7"]).count() == 40
+        plan = tagged.explain()
+        cursor.execute(sql.JOB_COUNT_TAG, {"tag": "c:7", "cap": 1000})
+        counted = {row[0]: row[2] for row in cursor.fetchall()}
+        cursor.execute(f"EXPLAIN {sql.JOB_COUNT_TAG}", {"tag": "c:7", "cap": 1000})
+        count_plan = "\n".join(row[0] for row in cursor.fetchall())
+    for shown in (plan, count_plan):
+        assert "pgqueue_job_tags_search_idx" in shown
+        assert "pgqueue_job_lease_idx" in shown
+        assert "Seq Scan" not in shown
+    assert tagged.count() == 40
+    assert tagged.filter(status="running").count() == 2
+    assert counted == {"pending": 38, "running": 2}
 
 
 def status(*args: str) -> tuple[int, str, str]:

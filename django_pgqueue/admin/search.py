@@ -3,17 +3,22 @@
 A term is looked for as
 
 * a job id (ASCII digits, a bigint): the primary key, and nothing else;
-* a task path, whole or its beginning: ``pgqueue_job_task_idx`` (``text_pattern_ops``);
+* a task path, whole or its beginning: ``pgqueue_job_task_search_idx``
+  (``text_pattern_ops``);
 * an idempotency key: ``pgqueue_job_key_search_idx``;
-* a tag: ``pgqueue_job_tags_idx`` (GIN);
-* a value inside the job's arguments, by containment through ``pgqueue_job_args_idx``
-  and ``pgqueue_job_kwargs_idx`` (GIN, ``jsonb_path_ops``): a bare word is a positional
+* a tag: ``pgqueue_job_tags_search_idx`` (GIN);
+* a value inside the job's arguments, by containment through
+  ``pgqueue_job_args_search_idx`` and ``pgqueue_job_kwargs_search_idx`` (GIN,
+  ``jsonb_path_ops``): a bare word is a positional
   string argument (``eu`` finds ``args`` holding "eu"), ``name=value`` a keyword
   argument (``customer_id=42``: 42 or "42"), and JSON text a part of either (``[42]``,
   ``[42, "eu"]`` of args, ``{"customer": {"id": 42}}`` of kwargs).
 
 Every one of these is an index lookup (the planner ORs them in a bitmap), so no count
-and no scan of the table is needed. Part of a task path and error text, which no
+and no scan of the table is needed. The tag, argument and task indexes leave running
+jobs out (``models.SEARCHABLE``, so that a claim adds no entry to them): a search is
+asked as :func:`searched` shapes it, the running jobs (a worker fleet's concurrency
+at most) read through ``pgqueue_job_lease_idx`` and filtered. Part of a task path and error text, which no
 index serves, are searched too while the table is small (``SMALL_TABLE`` rows); on a
 big one they would read every row. The whole page runs under a time limit
 (``deadline.within``): a search cut by it shows no rows and a message saying so.
@@ -28,6 +33,7 @@ from django.db.models import Q
 
 from .. import validation
 from ..exceptions import InvalidJob
+from ..models import SEARCHABLE, Job
 from ..monitoring import column_stats
 
 #: Up to this many rows (the planner's estimate) a search also matches part of a task
@@ -54,6 +60,12 @@ def job_id(text: str) -> int | None:
     return number if 0 < number < 2**63 else None
 
 
+def searched(q: Q) -> Q:
+    """``q`` (the same rows) in the shape the search indexes serve: asked of the jobs
+    they hold, and apart of the running ones, which they leave out."""
+    return (q & SEARCHABLE) | (q & Q(status=Job.Status.RUNNING))
+
+
 def search_q(term: str, *, using: str) -> Q:
     """Where ``term`` (stripped, not empty, storable text) may match a job."""
     q = Q(task=term) | Q(task__startswith=term) | Q(idempotency_key=term)
@@ -65,7 +77,7 @@ def search_q(term: str, *, using: str) -> Q:
     q |= Q(args__contains=[term]) | _json_q(term) | _keyword_q(term)
     if column_stats(using, "task").small(SMALL_TABLE):
         q |= Q(task__icontains=term) | Q(errors__icontains=term)
-    return q
+    return searched(q)
 
 
 def _storable(value: Any) -> bool:

@@ -1,12 +1,12 @@
 """A job's tags in the admin: the column of the job list and dead letters, and the
-filter ("every job with tag X", through ``pgqueue_job_tags_idx``)."""
+filter ("every job with tag X", through ``pgqueue_job_tags_search_idx``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
@@ -14,6 +14,7 @@ from .. import validation
 from ..models import Job
 from ..monitoring import common_tags
 from .base import admin_database
+from .search import searched
 
 
 class TagFilter(admin.SimpleListFilter):
@@ -37,7 +38,7 @@ class TagFilter(admin.SimpleListFilter):
             return queryset
         if not validation.TAG_RE.fullmatch(value) or len(value) > validation.MAX_TAG_LENGTH:
             return queryset.none()
-        return queryset.filter(tags__contains=[value])
+        return queryset.filter(searched(Q(tags__contains=[value])))
 
 
 class TagsColumn:

@@ -3912,11 +3912,16 @@ ORDER BY status, queue;
 
 -- name: JOB_COUNT_TAG
 -- The jobs carrying one tag, by status and queue (pgqueue_status --tag): read through
--- pgqueue_job_tags_idx, at most cap of them, so a tag on millions of jobs is bounded.
+-- pgqueue_job_tags_search_idx, at most cap of them, so a tag on millions of jobs is
+-- bounded.
 SELECT status, queue, count(*) AS jobs
 FROM (SELECT status, queue
       FROM pgqueue_job
-      WHERE tags @> ARRAY[%(tag)s]::text[]
+      -- The tag index leaves running jobs out (a claim adds no entry to it): they are
+      -- asked apart, through pgqueue_job_lease_idx. Each arm of the OR implies one
+      -- index's predicate, and the planner ORs the two in a bitmap.
+      WHERE (tags @> ARRAY[%(tag)s]::text[] AND NOT status = 'running')
+         OR (tags @> ARRAY[%(tag)s]::text[] AND status = 'running')
       LIMIT %(cap)s) AS tagged
 GROUP BY status, queue
 ORDER BY queue, status;
