@@ -12,7 +12,16 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from django_pgqueue import InvalidJob, chain, enqueue_many, group, monitoring, sql, step, validation
+from django_pgqueue import (
+    InvalidJob,
+    chain,
+    enqueue_many,
+    group,
+    monitoring,
+    sql,
+    step,
+    validation,
+)
 from django_pgqueue.models import Job
 from django_pgqueue.taskapi import InvalidTask, task
 from testproject.demo import tasks as demo

@@ -18,9 +18,9 @@ Every one of these is an index lookup (the planner ORs them in a bitmap), so no 
 and no scan of the table is needed. The tag, argument and task indexes leave running
 jobs out (``models.SEARCHABLE``, so that a claim adds no entry to them): a search is
 asked as :func:`searched` shapes it, the running jobs (a worker fleet's concurrency
-at most) read through ``pgqueue_job_lease_idx`` and filtered. Part of a task path and error text, which no
-index serves, are searched too while the table is small (``SMALL_TABLE`` rows); on a
-big one they would read every row. The whole page runs under a time limit
+at most) read through ``pgqueue_job_lease_idx`` and filtered. Part of a task path and
+error text, which no index serves, are searched too while the table is small
+(``SMALL_TABLE`` rows); on a big one they would read every row. The whole page runs under a time limit
 (``deadline.within``): a search cut by it shows no rows and a message saying so.
 """
 
