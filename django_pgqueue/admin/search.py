@@ -20,8 +20,9 @@ jobs out (``models.SEARCHABLE``, so that a claim adds no entry to them): a searc
 asked as :func:`searched` shapes it, the running jobs (a worker fleet's concurrency
 at most) read through ``pgqueue_job_lease_idx`` and filtered. Part of a task path and
 error text, which no index serves, are searched too while the table is small
-(``SMALL_TABLE`` rows); on a big one they would read every row. The whole page runs under a time limit
-(``deadline.within``): a search cut by it shows no rows and a message saying so.
+(``SMALL_TABLE`` rows); on a big one they would read every row. The whole page runs
+under a time limit (``deadline.within``): a search cut by it shows no rows and a
+message saying so.
 """
 
 from __future__ import annotations
