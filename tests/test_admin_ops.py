@@ -109,9 +109,7 @@ def test_search__finds_by_id_task_key_tag_and_argument_values(admin_client, sear
     assert found(admin_client, "customer_id=78") == []
 
 
-def test_search__finds_running_jobs_which_the_search_indexes_leave_out(
-    admin_client, searchable
-):
+def test_search__finds_running_jobs_which_the_search_indexes_leave_out(admin_client, searchable):
     """The tag, argument and task indexes hold no running job (a claim adds no entry
     to them); the search asks for running jobs apart, so it still finds them."""
     j = {name: job.pk for name, job in searchable.items()}
