@@ -65,12 +65,6 @@ def configure_session(
     wrapper.connection._pgqueue_baseline = None
 
 
-def backend_pid(alias: str) -> int | None:
-    """The server process of this thread's connection (None: not connected)."""
-    raw = connections[alias].connection
-    return None if raw is None else int(raw.info.backend_pid)
-
-
 def terminate_backend(alias: str, pid: int) -> None:
     """End the session of server process ``pid`` (a runner's of this worker), its open
     transaction rolled back and its locks let go."""
