@@ -836,6 +836,7 @@ def report_limit(
         drain_key = f"drain{clients}"
         rows = [side for side in ours if side.name in results.get(drain_key, {})] or [None]
         for side in rows:
+            target = ">= 0.6x" if side is not None and side.config == "quiet" else ""
             if side is None:
                 drain = ratio = drain_cpu = ""
                 label = f"{clients} client{'s' * (clients > 1)}"
@@ -850,7 +851,7 @@ def report_limit(
                 label = f"{clients} client{'s' * (clients > 1)} / process{'es' * (clients > 1)}"
             print(
                 f"| {label} | {rate:,.0f} ({spread}) | {ms} | {cpu} | {drain} | {ratio} "
-                f"| {drain_cpu} | >= 0.6x (quiet) |"
+                f"| {drain_cpu} | {target} |"
             )
 
 
