@@ -484,6 +484,8 @@ def pgbench_script(batch: int, lease_seconds: float) -> str:
     """
     claim = pgbench_statement(sql_claim.JOB_CLAIM_AFTER)
     complete = pgbench_statement(sql_finish.JOB_COMPLETE_MANY)
+    if "%" in claim + complete:  # a parameter of another form than %(name)s
+        raise SystemExit("bench.compare: a statement's parameter pgbench cannot take")
     p = PGBENCH_PREFIX
     return f"""\\set {p}limit {batch}
 \\set {p}lease_seconds {lease_seconds}
