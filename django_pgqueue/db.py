@@ -355,6 +355,22 @@ def load_jobs[M: models.Model](
     return made
 
 
+def instance[M: models.Model](model: type[M], alias: str, values: dict[str, Any]) -> M:
+    """An instance of ``model`` as loaded from ``alias``, from ``values``: every concrete
+    field's value by attname, in field order. Made as :func:`load_jobs` makes rows (the
+    ``__dict__`` filled, no ``__init__``) unless something receives the model's
+    ``pre_init``/``post_init`` signals, then by ``Model.from_db`` (what an ``enqueue()``
+    returns: ``from_db`` cost it 8 µs)."""
+    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+        return model.from_db(alias, tuple(values), tuple(values.values()))
+    made = model.__new__(model)
+    made.__dict__.update(values)
+    state = made._state = ModelState()
+    state.adding = False
+    state.db = alias
+    return made
+
+
 #: The C scanner of ``json.loads``'s own decoder (not in the stubs).
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
