@@ -10,6 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.utils.functional import empty
+
+#: ``django.conf.settings``, the ``LazySettings`` proxy (typed as what it stands for).
+_lazy: Any = django_settings
 
 
 class Settings:
@@ -189,7 +193,15 @@ class Settings:
 
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
-            return getattr(django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name))
+            # From the settings object behind django.conf.settings, which always holds
+            # the current values (override_settings swaps it, an assignment writes to
+            # it): through the LazySettings proxy, a setting that is not set (the
+            # default, the common case) cost a Python-level miss, about 2 µs a read.
+            wrapped = _lazy._wrapped
+            if wrapped is empty:
+                _lazy._setup()
+                wrapped = _lazy._wrapped
+            return getattr(wrapped, "PGQUEUE_" + name, object.__getattribute__(self, name))
         return object.__getattribute__(self, name)
 
 
