@@ -223,14 +223,14 @@ def _hot_rows(
 
 def _kept_cursor(alias: str, wrapper: Any, binary_lists: bool) -> PreparingCursor:
     """The psycopg cursor of :func:`_hot_rows` on ``wrapper``'s connection, made by
-    :func:`cursor`'s rules the first time (and again when the connection's time zone
-    changed, or the cursor was closed), then kept on the psycopg connection (one for
-    each ``binary_lists``): a new connection starts without one."""
+    :func:`cursor`'s rules the first time (and again when Django's or the session's
+    time zone changed, or the cursor was closed), then kept on the psycopg connection
+    (one for each ``binary_lists``): a new connection starts without one."""
     raw = wrapper.connection
     kept: dict[Any, PreparingCursor] | None = getattr(raw, "_pgqueue_kept_cursors", None)
     if kept is None:
         kept = raw._pgqueue_kept_cursors = {}
-    key = (binary_lists, wrapper.timezone)
+    key = (binary_lists, wrapper.timezone, raw.info.timezone)
     made = kept.get(key)
     if made is None or made.closed:
         if raw.prepare_threshold is None and prepares(alias):
