@@ -199,7 +199,7 @@ class Settings:
             # default, the common case) cost a Python-level miss, about 2 µs a read.
             wrapped = _lazy._wrapped
             if wrapped is empty:
-                _lazy._setup()
+                _lazy._setup("PGQUEUE_" + name)
                 wrapped = _lazy._wrapped
             return getattr(wrapped, "PGQUEUE_" + name, object.__getattribute__(self, name))
         return object.__getattribute__(self, name)
