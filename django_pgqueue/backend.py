@@ -14,9 +14,10 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 
-from . import schema
+from . import defaults, schema
 from .conf import settings
 from .databases import QueueBackend, listen_target
+from .enqueue import enqueue_one
 from .framework import TaskGone, load_task, to_task_result
 from .taskapi import (
     DEFAULT_TASK_BACKEND_ALIAS,
@@ -58,15 +59,14 @@ class PgQueueBackend(QueueBackend):
         self.queues = set(params["QUEUES"]) if "QUEUES" in params else set()
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        require_installed()
+        model = installed_job_model()
         self.validate_task(task)
         # Queue, priority, run time and attempts come from the task and this backend's
-        # OPTIONS, resolved as for every other way in (defaults.resolve).
-        job = (
-            job_model()
-            .objects.db_manager(self.database)
-            .enqueue(task, args, kwargs, backend=self.alias)
-        )
+        # OPTIONS, resolved as for every other way in (defaults.resolve). What
+        # Job.objects.db_manager(self.database).enqueue(task, args, kwargs,
+        # backend=self.alias) does, without the options this call cannot have.
+        params = defaults.prepare(task, args, kwargs, backend=self.alias)
+        job = enqueue_one(model, self.database, params)
         result = to_task_result(job, task)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -178,6 +178,16 @@ def job_model() -> Any:
     project without ``django_pgqueue`` in INSTALLED_APPS fail on importing the backend,
     before :func:`require_installed` can say what to do."""
     return apps.get_model("django_pgqueue", "Job")
+
+
+def installed_job_model() -> Any:
+    """:func:`job_model`, or the ``ImproperlyConfigured`` of :func:`require_installed`
+    (one registry look-up where the two took two)."""
+    try:
+        return job_model()
+    except LookupError:
+        require_installed()
+        raise
 
 
 def require_installed() -> None:

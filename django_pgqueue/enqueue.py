@@ -72,33 +72,33 @@ def _enqueued(
     rest from what was sent (args and kwargs as jsonb gives them back)."""
     job_id, status, run_at, created_at, _ = row
     trace_context = params.get("trace_context")
-    known: dict[str, Any] = {
-        "id": job_id,
-        "backend": params["backend"],
-        "queue": params["queue"],
-        "task": params["task"],
-        "args": json.loads(params["args"]),
-        "kwargs": json.loads(params["kwargs"]),
-        "priority": params["priority"],
-        "status": status,
-        "attempts": 0,
-        "max_attempts": params["max_attempts"],
-        "run_at": run_at,
-        "idempotency_key": params["idempotency_key"],
-        "errors": [],
-        "snoozes": 0,
-        "concurrency_key": params["concurrency_key"],
-        "soft_time_limit": params.get("soft_time_limit"),
-        "time_limit": params.get("time_limit"),
-        "has_dependants": False,
-        "waited": False,
-        "created_at": created_at,
-        "trace_context": None if trace_context is None else json.loads(trace_context),
-        "tags": list(params.get("tags", ())),
-    }
     # Every other column of a new job is NULL (lease, result, timestamps, flags).
-    names = field_names(model)
-    return model.from_db(alias, names, [known.get(name) for name in names])
+    values = dict.fromkeys(field_names(model))
+    values.update(
+        id=job_id,
+        backend=params["backend"],
+        queue=params["queue"],
+        task=params["task"],
+        args=db.load_json(params["args"]),
+        kwargs=db.load_json(params["kwargs"]),
+        priority=params["priority"],
+        status=status,
+        attempts=0,
+        max_attempts=params["max_attempts"],
+        run_at=run_at,
+        idempotency_key=params["idempotency_key"],
+        errors=[],
+        snoozes=0,
+        concurrency_key=params["concurrency_key"],
+        soft_time_limit=params.get("soft_time_limit"),
+        time_limit=params.get("time_limit"),
+        has_dependants=False,
+        waited=False,
+        created_at=created_at,
+        trace_context=None if trace_context is None else json.loads(trace_context),
+        tags=list(params.get("tags", ())),
+    )
+    return db.instance(model, alias, values)
 
 
 @functools.cache

@@ -122,3 +122,22 @@ def test_defaults__cache_key_tells_true_from_one():
     task = test_tasks.with_queue_and_priority
     assert defaults.cache_key(task, priority=1) != defaults.cache_key(task, priority=True)
     assert defaults.cache_key(task, queue=["unhashable"]) is None
+
+
+@pytest.mark.django_db
+def test_defaults__a_task_resolved_once_still_follows_the_settings(settings, monkeypatch):
+    """Task.enqueue() resolves a task's defaults once (defaults.resolve_task); a change
+    of PGQUEUE_MAX_ATTEMPTS, of TASKS, or of what a dotted path names is seen by the
+    next enqueue all the same."""
+    task = test_tasks.with_queue_and_priority
+    path = task.module_path
+    assert stored(int(task.enqueue(5).id))[4] == 5
+    assert stored(Job.objects.enqueue(path, [5]).id)[4] == 5
+    settings.PGQUEUE_MAX_ATTEMPTS = 8
+    assert stored(int(task.enqueue(5).id))[4] == 8
+    assert stored(Job.objects.enqueue(path, [5]).id)[4] == 8
+    with override_settings(TASKS=tasks_setting(2)):
+        assert stored(int(task.enqueue(5).id))[4] == 2
+    # The path now names another task: its options, not the remembered ones.
+    monkeypatch.setattr(test_tasks, "with_queue_and_priority", test_tasks.with_own_attempts)
+    assert stored(Job.objects.enqueue(path, [5]).id)[3:5] == (-3, 4)

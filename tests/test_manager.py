@@ -1099,6 +1099,18 @@ def test_enqueue__respects_a_prepare_threshold_of_none(monkeypatch):
 
 
 @pytest.mark.django_db
+def test_enqueue__times_keep_django_time_zone_after_the_session_changes_its_own():
+    """The enqueue's psycopg cursor is kept on the connection (db._kept_cursor); one
+    made before a SET TIME ZONE must not read the times after it in the session's zone."""
+    first = Job.objects.enqueue(tasks.add, [1, 2])
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL TIME ZONE 'Europe/Paris'")
+    second = Job.objects.enqueue(tasks.add, [3, 4])
+    assert first.created_at.tzinfo == second.created_at.tzinfo == dt.UTC
+    assert second.created_at == Job.objects.get(pk=second.pk).created_at
+
+
+@pytest.mark.django_db
 def test_claim__after_resumes_behind_the_position_in_claim_order(job_factory):
     low, mid1, mid2, mid3 = (job_factory(priority=p) for p in (-5, 0, 0, 0))
     high = job_factory(priority=9)
