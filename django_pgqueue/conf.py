@@ -15,8 +15,10 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
-#: Values read so far, by name without the ``PGQUEUE_`` prefix (see the module docstring).
+#: Values read so far, by name without the ``PGQUEUE_`` prefix (see the module
+#: docstring); ``_DEFAULT`` for a setting the project does not set.
 _read: dict[str, Any] = {}
+_DEFAULT = object()
 
 
 class Settings:
@@ -197,13 +199,11 @@ class Settings:
     def __getattribute__(self, name: str) -> Any:
         if name.isupper():
             try:
-                return _read[name]
+                value = _read[name]
             except KeyError:
-                value = getattr(
-                    django_settings, f"PGQUEUE_{name}", object.__getattribute__(self, name)
-                )
-                _read[name] = value
-                return value
+                value = _read[name] = getattr(django_settings, f"PGQUEUE_{name}", _DEFAULT)
+            # Not set: the class's default, read each time (it is an attribute here).
+            return object.__getattribute__(self, name) if value is _DEFAULT else value
         return object.__getattribute__(self, name)
 
 
