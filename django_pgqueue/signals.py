@@ -69,6 +69,22 @@ class Abort(BaseException):  # noqa: N818 - like KeyboardInterrupt, not an error
     """Raised in the main thread by the second stop signal."""
 
 
+def replaced_abort(exc: BaseException) -> Abort | None:
+    """The ``Abort`` that ``exc`` was raised while handling, if any. An ``Abort`` that
+    lands inside a query leaves psycopg's connection busy (it cancels the query on
+    ``KeyboardInterrupt`` only); the clean-up on the way out (a rollback, a reset) then
+    fails on it, and that ``DatabaseError`` replaces the ``Abort``, which a handler of
+    database errors would swallow: the worker went on, waiting out its running job."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, Abort):
+            return current
+        seen.add(id(current))
+        current = current.__context__
+    return None
+
+
 @contextmanager
 def on_stop(
     stop: Callable[[], None], *, finishing: str = "finishing current jobs"

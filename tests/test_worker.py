@@ -525,3 +525,43 @@ def test_worker__job_with_args_stored_too_deep_is_dead_at_once(job_factory, run_
     assert (row.status, row.attempts, worker.stats.failed) == ("dead", 1, 1)
     assert row.errors[0]["exception_class_path"] == "django_pgqueue.exceptions.InvalidJob"
     assert "args or kwargs are nested more than 500 levels deep" in row.errors[0]["traceback"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker__an_abort_replaced_by_a_database_error_still_aborts(monkeypatch):
+    """The second stop signal's ``Abort`` can land inside a query; psycopg leaves the
+    connection busy, and the clean-up on the way out fails on it with a database error
+    that replaces the ``Abort``. The claim loop used to take that for a failed claim,
+    retry, and wait out the running job (CI: test_shutdown__second_signal_exits_at_once
+    did not exit in 10 s)."""
+    from django.db import DatabaseError
+
+    from django_pgqueue.signals import Abort
+
+    worker = Worker(poll_interval=0.05, lease_seconds=30)
+
+    def claim_interrupted(free: int) -> None:
+        try:
+            raise Abort("SIGTERM")
+        except Abort:
+            raise DatabaseError("can't change 'autocommit' now") from None
+
+    monkeypatch.setattr(worker, "_claim_held", claim_interrupted)
+    before = set(threading.enumerate())
+    try:
+        with pytest.raises(Abort):
+            worker.run()
+    finally:
+        # An aborted worker leaves its threads as a dying process would: end them here
+        # (the usual way out, with nothing held), and the sessions they hold, so that
+        # the test database can be dropped.
+        worker._finish()
+        for thread in set(threading.enumerate()) - before:
+            thread.join(10)
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )

@@ -47,7 +47,7 @@ from ..databases import backend_database, listen_target
 from ..exceptions import NotMigrated, first_line
 from ..models import Job
 from ..reconnect import Retry, close_connection
-from ..signals import Abort
+from ..signals import Abort, replaced_abort
 from ..taskapi import DEFAULT_TASK_BACKEND_ALIAS, task_backends
 from . import presence
 from .catalog import Catalog, Known
@@ -478,6 +478,9 @@ class Worker:
                     ):
                         promoted = sweeper.promote_due(self.alias, batch_size=100)
             except DatabaseError as exc:
+                abort = replaced_abort(exc)
+                if abort is not None:
+                    raise abort from exc  # the second signal's, not a claim failure
                 if self._claim_failed(exc, retry):
                     break
                 continue
