@@ -118,3 +118,14 @@ def test_sizer__short_jobs_are_claimed_ahead_unless_a_batch_size_was_given():
     wide = ClaimSizer(concurrency=200, batch_size=200, async_concurrency=0, prefetch_short=True)
     wide.ran(0.001)
     assert wide.batch_size == SHORT_BATCH_MAX  # never below the concurrency, capped
+
+
+def test_sizer__no_short_job_prefetch_while_flow_control_deals_by_claim():
+    """Fair turns and rate limits count claims: a worker under them claims for its
+    free threads, however short its jobs."""
+    s = ClaimSizer(concurrency=4, batch_size=4, async_concurrency=0, prefetch_short=True)
+    s.ran(0.001)
+    s.prefetch_allowed = False
+    assert (s.batch_size, s.ahead) == (4, 0)
+    s.prefetch_allowed = True
+    assert s.batch_size == SHORT_PREFETCH * 4

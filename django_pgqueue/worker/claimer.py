@@ -30,7 +30,9 @@ the threads work through the current one, as long as its plain jobs run in under
 ``SHORT_JOB_SECONDS`` on average: a job held ahead then waits for a thread at most
 about ``2 * SHORT_PREFETCH`` job times (tens of milliseconds), while another worker
 could hardly have run it sooner. Above that mean (or with ``--batch-size`` given) it
-claims for its free threads only, so that slow jobs are never hoarded.
+claims for its free threads only, so that slow jobs are never hoarded. Nor does it
+prefetch while a fair queue or a rate limit applies to its claims: fair turns are
+dealt per claim, and a rate counts claims, not task starts.
 """
 
 from __future__ import annotations
@@ -59,8 +61,6 @@ class ClaimSizer:
         prefetch_short: bool = False,
     ) -> None:
         self.concurrency = concurrency
-        #: Most jobs a claim takes now (the short-job prefetch raises it).
-        self.batch_size = batch_size
         self.async_concurrency = async_concurrency
         #: Whether short jobs are claimed ahead (``--batch-size`` not given).
         self.prefetch_short = prefetch_short
@@ -68,9 +68,24 @@ class ClaimSizer:
         self._short_batch = max(batch_size, min(SHORT_BATCH_MAX, SHORT_PREFETCH * concurrency))
         #: Running mean of the plain jobs' run time (None: none ran yet).
         self.run_time: float | None = None
+        #: False while flow control deals by claim (a fair queue, a rate limit).
+        self.prefetch_allowed = True
         #: Jobs claimed since the last one of each kind (None: none of it ever).
         self._since_plain: int | None = None
         self._since_coroutine: int | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """Most jobs a claim takes now: ``--batch-size``, or for short jobs more."""
+        run_time = self.run_time
+        if (
+            run_time is not None
+            and run_time < SHORT_JOB_SECONDS
+            and self.prefetch_short
+            and self.prefetch_allowed
+        ):
+            return self._short_batch
+        return self._given_batch
 
     @property
     def ahead(self) -> int:
@@ -79,15 +94,13 @@ class ClaimSizer:
         return self.batch_size if self.batch_size > self.concurrency else 0
 
     def ran(self, seconds: float) -> None:
-        """Count one plain job's run time; with ``prefetch_short``, claim ahead while
-        the mean is under ``SHORT_JOB_SECONDS``. Called by every runner thread without
-        a lock: an update lost to a race only delays the mean a little."""
+        """Count one plain job's run time (with ``prefetch_short``: claims are larger
+        while the mean is under ``SHORT_JOB_SECONDS``). Called by every runner thread
+        without a lock: an update lost to a race only delays the mean a little."""
         if not self.prefetch_short:
             return
         mean = self.run_time
-        mean = seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT
-        self.run_time = mean
-        self.batch_size = self._short_batch if mean < SHORT_JOB_SECONDS else self._given_batch
+        self.run_time = seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT
 
     def thread_claim(self, free: int, waiting: int) -> int:
         """How many to claim for ``free`` thread slots (including a prefetch window)

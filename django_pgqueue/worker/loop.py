@@ -544,6 +544,9 @@ class Worker:
         # LOCKED, so this is a backstop).
         with bounded(self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)):
             view = self._flow.current()
+            self._sizer.prefetch_allowed = not view.fair_among(self.queues) and view.keys_only(
+                self.queues
+            )
             if self._state.released.is_set():
                 self._state.released.clear()
                 self._position.rescan()  # released dependants are behind it
