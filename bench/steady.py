@@ -70,14 +70,17 @@ ASYNC_TASK = "testproject.demo.tasks.await_work"
 #: The producer's tick: it tops the backlog up this often.
 TICK = 0.010
 
-#: The pending head and the newest id: the backlog's depth in two index probes (jobs
-#: are claimed nearly in id order here, all of one priority), cheap enough to run
-#: every tick where a count(*) of the pending index would cost PostgreSQL more than
-#: the claims it measures.
+#: The newest id and the pending head: the backlog's depth in two index probes (jobs
+#: are claimed nearly in id order here, all of priority 0), cheap enough to run every
+#: tick where a count(*) of the pending index would cost PostgreSQL more than the
+#: claims it measures. The head is looked for from the last one seen (it never moves
+#: back: no job here goes back to pending), so that the probe does not walk the dead
+#: entries of the jobs claimed since vacuum last ran (an empty queue's whole index).
 DEPTH = """
-SELECT coalesce((SELECT max(id) FROM pgqueue_job) + 1 - (
-    SELECT id FROM pgqueue_job WHERE status = 'pending' ORDER BY priority DESC, id LIMIT 1
-), 0)
+SELECT (SELECT coalesce(max(id), 0) FROM pgqueue_job),
+       (SELECT id FROM pgqueue_job
+        WHERE status = 'pending' AND priority = 0 AND id >= %(head)s
+        ORDER BY priority DESC, id LIMIT 1)
 """
 #: Once a second: the database clock, the pending count, and the pending head.
 SAMPLE = """
@@ -111,12 +114,14 @@ def produce(config: dict[str, Any]) -> None:
     print(json.dumps({"backend": sql_one("SELECT pg_backend_pid()")}), flush=True)
     args = [config["work_ms"] / 1000]
     kwargs = {"payload": "x" * config["payload"]}
-    keys, sequence = config["keys"], 0
+    keys, sequence, head = config["keys"], 0, 0
     next_tick = time.monotonic()
     while not stopping:
         with connection.cursor() as cursor:
-            cursor.execute(DEPTH)
-            depth = cursor.fetchone()[0]
+            cursor.execute(DEPTH, {"head": head})
+            newest, first = cursor.fetchone()
+        head = newest + 1 if first is None else first
+        depth = newest + 1 - head
         missing = min(config["batch"], config["depth"] - depth)
         if missing > 0:
             if keys:
