@@ -144,14 +144,9 @@ class Fleet:
     def worker_argv(self) -> list[str]:
         a = self.args
         # -v 1: each job's "done" line, which the oracle reads (cancelled_as_done).
-        # --batch-size at the concurrency, as it defaulted to before the short-job
-        # prefetch (worker/claimer.py): the oracle's "hoarded" bound is that of claims
-        # for the free threads (issue 28), which a prefetch of short jobs passes by design.
         return [
             "pgqueue_worker",
             "--concurrency",
-            str(a.concurrency),
-            "--batch-size",
             str(a.concurrency),
             "--lease-seconds",
             str(a.lease_seconds),
