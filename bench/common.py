@@ -62,3 +62,47 @@ def wait_until(
         if time.monotonic() > deadline:
             raise SystemExit(f"benchmark timed out waiting for {what}")
         time.sleep(poll)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far, in seconds;
+    0 for a process that is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rpartition(")")[2].split()  # from field 3 (state) on
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants alive now (a worker's ``--processes`` children)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rpartition(")")[2].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, ()))
+    return tree
+
+
+def backend_pids(exclude: Any = ()) -> list[int]:
+    """The PostgreSQL client backends of the bench's database but the bench's own
+    connection's and those of ``exclude``."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+        return [row[0] for row in cursor.fetchall() if row[0] not in set(exclude)]

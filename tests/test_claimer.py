@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.worker.claimer import LATELY, ClaimSizer
+from django_pgqueue.worker.claimer import (
+    LATELY,
+    SHORT_BATCH_MAX,
+    SHORT_JOB_SECONDS,
+    SHORT_PREFETCH,
+    ClaimSizer,
+)
 
 
 def sizer(concurrency: int = 4, batch_size: int | None = None, loop: int = 100) -> ClaimSizer:
@@ -91,3 +97,35 @@ def test_sizer__no_history_and_no_mix_breaks_the_bound(concurrency, batch_size, 
                     1 if plain_held <= window + ahead else 0
                 ), (history, plain_held, loop_held, n)
                 assert loop_held + n <= max(loop, loop_held) + (1 if loop_held <= loop else 0)
+
+
+def test_sizer__short_jobs_are_claimed_ahead_unless_a_batch_size_was_given():
+    """Jobs of a few ms: claims of SHORT_PREFETCH times the concurrency, the next one
+    ahead; slow jobs (the mean over SHORT_JOB_SECONDS) back to the free threads only;
+    a --batch-size given is kept whatever the jobs take."""
+    s = ClaimSizer(concurrency=4, batch_size=4, async_concurrency=0, prefetch_short=True)
+    assert (s.batch_size, s.ahead) == (4, 0)  # nothing ran yet: no prefetch
+    s.ran(0.001)
+    assert (s.batch_size, s.ahead) == (SHORT_PREFETCH * 4, SHORT_PREFETCH * 4)
+    assert s.size(4 + s.ahead, 0, waiting=0) == SHORT_PREFETCH * 4
+    for _ in range(200):
+        s.ran(1.0)
+    assert s.run_time > SHORT_JOB_SECONDS
+    assert (s.batch_size, s.ahead) == (4, 0)
+    given = ClaimSizer(concurrency=4, batch_size=4, async_concurrency=0)
+    given.ran(0.001)
+    assert (given.batch_size, given.ahead) == (4, 0)
+    wide = ClaimSizer(concurrency=200, batch_size=200, async_concurrency=0, prefetch_short=True)
+    wide.ran(0.001)
+    assert wide.batch_size == SHORT_BATCH_MAX  # never below the concurrency, capped
+
+
+def test_sizer__no_short_job_prefetch_while_flow_control_deals_by_claim():
+    """Fair turns and rate limits count claims: a worker under them claims for its
+    free threads, however short its jobs."""
+    s = ClaimSizer(concurrency=4, batch_size=4, async_concurrency=0, prefetch_short=True)
+    s.ran(0.001)
+    s.prefetch_allowed = False
+    assert (s.batch_size, s.ahead) == (4, 0)
+    s.prefetch_allowed = True
+    assert s.batch_size == SHORT_PREFETCH * 4

@@ -112,6 +112,7 @@ class Worker:
             concurrency=concurrency,
             batch_size=self.batch_size,
             async_concurrency=self.async_concurrency,
+            prefetch_short=batch_size is None,
         )
         self.lease_seconds = float(lease_seconds or settings.LEASE_SECONDS)
         self.burst = burst
@@ -136,10 +137,6 @@ class Worker:
         served = task_backends[backend or DEFAULT_TASK_BACKEND_ALIAS]
         options = served.options
         self.listen = listen_target(self.alias, options)
-        #: With prefetching (a batch size above the concurrency), the next batch is
-        #: claimed while the runners work through the current one, so that they never
-        #: wait for a claim's round trip: up to two batches are held at once.
-        self._ahead = self.batch_size if self.batch_size > self.concurrency else 0
         state = WorkerState(
             alias=self.alias, worker_id=self.worker_id, lease_seconds=self.lease_seconds
         )
@@ -350,9 +347,17 @@ class Worker:
                     threads += 1
         behind = max(0, completing - self._completer.max_batch)
         return (
-            max(self.concurrency, self.batch_size) - threads - behind,
+            max(self.concurrency, self._sizer.batch_size) - threads - behind,
             self.async_concurrency - looping - behind,
         )
+
+    @property
+    def _ahead(self) -> int:
+        """With prefetching (a batch size above the concurrency, given or raised for
+        short jobs: claimer.py), the next batch is claimed while the runners work
+        through the current one, so that they never wait for a claim's round trip: up
+        to two batches are held at once."""
+        return self._sizer.ahead
 
     def _claim_size(self, free: int) -> int:
         """How many to claim now for ``free`` thread slots (0: wait); see
@@ -542,6 +547,9 @@ class Worker:
         # LOCKED, so this is a backstop).
         with bounded(self.alias, "claim", self.worker_id, max(1.0, self.lease_seconds / 2)):
             view = self._flow.current()
+            self._sizer.prefetch_allowed = not view.fair_among(self.queues) and view.keys_only(
+                self.queues
+            )
             if self._state.released.is_set():
                 self._state.released.clear()
                 self._position.rescan()  # released dependants are behind it
@@ -637,7 +645,9 @@ class Worker:
                     if self._stopping.is_set():
                         self._runner.release(job)
                     else:
+                        began = time.monotonic()
                         handed_off = self._runner.execute(job)
+                        self._sizer.ran(time.monotonic() - began)
                 except BaseException:
                     # A bug or an unexpected error of ours (even a SystemExit) must not
                     # cost the slot: the job is dropped from the heartbeat, so its lease

@@ -59,3 +59,16 @@ async def nap(seconds: float = 0.1) -> None:
     """A coroutine that waits, as one waiting on a remote service would: many of them
     share a worker's event loop (``bench.async_jobs``)."""
     await asyncio.sleep(seconds)
+
+
+@task()
+def work(seconds: float = 0.001, payload: str = "") -> None:
+    """Sleeps ``seconds``: an I/O-bound job of ``bench.steady`` (``payload``: the size of
+    the job's arguments)."""
+    time.sleep(seconds)
+
+
+@task()
+async def await_work(seconds: float = 0.001, payload: str = "") -> None:
+    """``work`` as a coroutine (``bench.steady --async-concurrency``)."""
+    await asyncio.sleep(seconds)

@@ -72,7 +72,8 @@ class Command(PgQueueCommand):
             help="Most jobs claimed per statement: "
             f"{bounds.BATCH_SIZE.describe()}; above the concurrency it prefetches for the "
             "threads, and lets a worker of coroutine tasks claim that many at once "
-            "(default: the concurrency)",
+            "(default: the concurrency; 4 x the concurrency, prefetched, while jobs take "
+            "under 10 ms on average)",
         )
         parser.add_argument(
             "--lease-seconds",
