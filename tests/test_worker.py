@@ -548,13 +548,30 @@ def test_worker__an_abort_replaced_by_a_database_error_still_aborts(monkeypatch)
 
     monkeypatch.setattr(worker, "_claim_held", claim_interrupted)
     before = set(threading.enumerate())
-    try:
-        with pytest.raises(Abort):
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        from django.db import connections
+
+        try:
             worker.run()
+        except BaseException as exc:  # noqa: BLE001 - what the test looks at
+            raised.append(exc)
+        finally:
+            connections.close_all()  # this thread's
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        thread.join(15)  # (without the fix it claims again every 0.5 s, for ever)
+        assert not thread.is_alive(), "the claim loop went on after the Abort"
+        assert len(raised) == 1 and isinstance(raised[0], Abort), raised
     finally:
         # An aborted worker leaves its threads as a dying process would: end them here
         # (the usual way out, with nothing held), and the sessions they hold, so that
         # the test database can be dropped.
+        worker.stop()
+        thread.join(15)
         worker._finish()
         for thread in set(threading.enumerate()) - before:
             thread.join(10)
