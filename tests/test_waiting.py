@@ -282,7 +282,7 @@ def test_wait_for__survives_the_listening_connection_dying():
         with connect_test_db(autocommit=True) as conn:
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'pgqueue wait %%'"
+                "WHERE datname = current_database() AND application_name LIKE 'pgqueue wait %%'"
             )
         finish(result)
 
