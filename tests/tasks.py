@@ -376,6 +376,16 @@ async def async_nap(seconds: float, query: bool = False) -> int:
 
 
 @task()
+async def marked_in_thread(seconds: float) -> float:
+    """A coroutine job that says when its body starts (a ``demo_execution`` row of kind
+    ``start``, written on its lane), then waits on a blocking call in the event loop's
+    thread pool, as ``fault_tasks.slow_in_thread`` does: a test can tell it started."""
+    await sync_to_async(_mark)("start")
+    await asyncio.to_thread(time.sleep, seconds)
+    return seconds
+
+
+@task()
 async def async_stuck_on_lane(seconds: float) -> None:
     """A coroutine whose sync call holds its lane thread (a query that hangs, say)."""
     await sync_to_async(time.sleep)(seconds)

@@ -842,7 +842,7 @@ def test_shutdown__grace_expiry_leaves_job_to_its_lease(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["slow_plain", "slow_in_thread"])
+@pytest.mark.parametrize("task", ["marked_sleep", "marked_in_thread"])
 def test_shutdown__second_signal_exits_at_once(
     manage: Callable[..., ManagedProcess], task: str
 ) -> None:
@@ -850,9 +850,12 @@ def test_shutdown__second_signal_exits_at_once(
     coroutine job in a blocking call on the event loop's thread pool: that pool is
     joined when the interpreter exits, so a worker that exited the ordinary way waited
     for the call."""
-    running = Job.objects.enqueue(f"testproject.demo.fault_tasks.{task}", [30.0])
+    # Tasks that say when their body starts: "running" is written at the claim, and a
+    # job leased but not started is released at once by the first signal (the worker
+    # could then exit 0 before the second came).
+    running = Job.objects.enqueue(f"tests.tasks.{task}", [30.0])
     worker = manage("pgqueue_worker", *FAST)
-    wait_for(lambda: job(running.id).status == "running")
+    wait_for(lambda: Execution.objects.filter(job_id=running.id, kind="start").exists())
     worker.signal(signal.SIGTERM)
     wait_for(lambda: in_log(worker, "SIGTERM received"))
     worker.signal(signal.SIGTERM)
