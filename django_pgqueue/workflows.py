@@ -47,8 +47,6 @@ from typing import Any, overload
 
 from django.apps import apps
 from django.db import DatabaseError, connections, models, transaction
-from django.db.models import signals
-from django.db.models.base import ModelState
 
 from . import bulk, db, defaults, enqueue, schema, validation
 from .conf import settings
@@ -550,27 +548,7 @@ def _job(alias: str, row: tuple[Any, ...]) -> Job:
         snoozes=0,
         waited=False,
     )
-    return _instance(model, alias, values)
-
-
-def _bare(model: type[models.Model], alias: str, values: dict[str, Any]) -> Job:
-    """A model instance from every field's value, as ``Model.from_db`` makes it minus
-    ``__init__`` (as ``db.jobs`` builds claimed jobs): for a model whose init signals
-    have no receivers."""
-    instance = model.__new__(model)
-    instance.__dict__.update(values)
-    state = instance._state = ModelState()
-    state.adding = False
-    state.db = alias
-    return instance
-
-
-def _instance(model: type[models.Model], alias: str, values: dict[str, Any]) -> Job:
-    """A model instance from every field's value (see :func:`_bare`)."""
-    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
-        names = _field_names(model)
-        return model.from_db(alias, names, [values[name] for name in names])
-    return _bare(model, alias, values)
+    return db.instance(model, alias, values)  # (values in field order)
 
 
 @functools.cache
@@ -708,7 +686,7 @@ def _dependant(
         has_dependants=False,
         tags=list(params.get("tags", ())),
     )
-    return _instance(model, alias, values)
+    return db.instance(model, alias, values)  # (values in field order)
 
 
 def resolve_late(alias: str, ids: list[int], *, now: dt.datetime | None = None) -> int:
