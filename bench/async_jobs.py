@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import setup_django, sql_one, wait_until
+from bench.common import cpu_seconds, setup_django, sql_one, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = REPO / "testproject" / "manage.py"
@@ -111,12 +111,6 @@ def enqueue(rows: Iterator[dict[str, Any]]) -> Any:
         Job.objects.bulk_enqueue(rows)
         sql_one("ANALYZE pgqueue_job")
     return sql_one("SELECT clock_timestamp()")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def drain_rate(jobs: int, committed: Any, pid: int, cpu: float) -> tuple[float, float, float]:

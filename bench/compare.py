@@ -78,7 +78,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.common import ensure_databases, setup_django, sql_one, wait_until
+from bench.common import (
+    backend_pids,
+    cpu_seconds,
+    ensure_databases,
+    setup_django,
+    sql_one,
+    wait_until,
+)
 from django_pgqueue.sql import claim as sql_claim
 from django_pgqueue.sql import finish as sql_finish
 from django_pgqueue.sql.bulk import BULK_COLUMNS
@@ -113,30 +120,6 @@ def ensure_pgqueuer_venv() -> None:
 
 
 # --- the two sides ----------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` (all its threads) so far, in seconds;
-    0 for a process that is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rpartition(")")[2].split()  # from field 3 (state) on
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def backend_pids() -> list[int]:
-    """The bench database's client backends but the bench's own connection's: those of
-    the workers (sampled while they idle, before a drain's enqueue connects)."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-        )
-        return [row[0] for row in cursor.fetchall()]
 
 
 class Side:

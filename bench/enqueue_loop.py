@@ -25,19 +25,13 @@ import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import ensure_databases, setup_django, sql_one
+from bench.common import cpu_seconds, ensure_databases, setup_django, sql_one
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench_enqueue_loop"
 TASK = "testproject.demo.tasks.add"
 MODES = ("manager", "task", "task_atomic", "task_each_atomic")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def calls(mode: str) -> Any:
