@@ -27,13 +27,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def prepare_database(truncate_existing: bool) -> None:
+def prepare_database(truncate_existing: bool, name: str = "pgqueue_bench_progress") -> None:
+    """Django on the bench's database, migrated, ``pgqueue_job`` emptied: ``name`` on the
+    embedded server with no ``DATABASE_URL``, else ``DATABASE_URL``'s database, created
+    if missing (the README's commands name one of their own)."""
     sys.path.insert(0, str(REPO))
     own = not os.environ.get("DATABASE_URL")
     if own:
         from testproject.pgserver import embedded_server, ensure_database
 
-        os.environ["DATABASE_URL"] = ensure_database(embedded_server(), "pgqueue_bench_progress")
+        os.environ["DATABASE_URL"] = ensure_database(embedded_server(), name)
+    else:
+        from bench.common import ensure_databases
+
+        ensure_databases(os.environ["DATABASE_URL"])
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     import django
 

@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--waits", type=int, default=100)
     parser.add_argument("--truncate-existing", action="store_true")
     options = parser.parse_args()
-    prepare_database(options.truncate_existing)
+    prepare_database(options.truncate_existing, "pgqueue_bench_wait")
 
     import psycopg
     from django.db import connection
