@@ -60,6 +60,59 @@ def claim(
             lease_seconds=lease_seconds,
             now=now,
         ).jobs
+    name, params = _statement(worker_id, limit, queues, lease_seconds, after, now)
+    jobs: list[Any] = db.jobs(model, alias, getattr(sql, name), params)
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return jobs
+
+
+def claim_kinds(
+    model: type[models.Model],
+    alias: str,
+    worker_id: str,
+    *,
+    loop_tasks: Iterable[str],
+    loop_limit: int,
+    thread_limit: int,
+    queues: Iterable[str] | None = None,
+    lease_seconds: float | None = None,
+    after: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[list[Any], int]:
+    """Lease jobs for both sides of a worker with an event loop, as :func:`claim`
+    (never under flow control: the caller checks): of its next ``loop_limit +
+    thread_limit`` candidates, at most ``loop_limit`` jobs of ``loop_tasks`` (the
+    coroutine tasks it runs on its loop) and ``thread_limit`` others. The jobs, and how
+    many candidates were locked (more than the jobs: some were passed over and are
+    behind its position; fewer than the two limits: the line is drained for now)."""
+    for name, value in (("loop_limit", loop_limit), ("thread_limit", thread_limit)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"claim {name} must be an int >= 0, not {value!r}")
+    limit = check_limit(loop_limit + thread_limit)
+    name, params = _statement(worker_id, limit, queues, lease_seconds, after, now)
+    params.update(
+        loop_tasks=sorted(set(loop_tasks)), loop_limit=loop_limit, thread_limit=thread_limit
+    )
+    # (read at the call, as claim() reads its statement: a test may replace one)
+    jobs: list[Any] = db.jobs(model, alias, getattr(sql, f"{name}_KINDS"), params)
+    scanned = 0
+    for job in jobs:
+        scanned = job.__dict__.pop("scanned")
+    jobs.sort(key=lambda job: (-job.priority, job.id))
+    return jobs, scanned
+
+
+def _statement(
+    worker_id: str,
+    limit: int,
+    queues: Iterable[str] | None,
+    lease_seconds: float | None,
+    after: tuple[int, int] | Mapping[str, tuple[int, int]] | None,
+    now: dt.datetime | None,
+) -> tuple[str, dict[str, Any]]:
+    """The name of the claim statement without flow control for these arguments (in
+    ``sql/claim.py``), and its parameters: from the head or resumed ``after``, of all
+    queues or some."""
     params: dict[str, Any] = {
         "worker_id": worker_id,
         "limit": limit,
@@ -69,9 +122,9 @@ def claim(
     if queues is not None:
         params["queues"] = list(queues)
         if after is None:
-            query = sql.JOB_CLAIM_QUEUES
+            query = "JOB_CLAIM_QUEUES"
         elif isinstance(after, Mapping):
-            query = sql.JOB_CLAIM_QUEUES_AFTER
+            query = "JOB_CLAIM_QUEUES_AFTER"
             ends = [after.get(name, QUEUE_HEAD) for name in params["queues"]]
             params["after_priorities"] = [priority for priority, _ in ends]
             params["after_ids"] = [job_id for _, job_id in ends]
@@ -80,10 +133,8 @@ def claim(
     elif after is not None:
         if isinstance(after, Mapping):
             raise ValueError("claim(after=...) of all queues takes one position")
-        query = sql.JOB_CLAIM_AFTER
+        query = "JOB_CLAIM_AFTER"
         params["after_priority"], params["after_id"] = after
     else:
-        query = sql.JOB_CLAIM
-    jobs: list[Any] = db.jobs(model, alias, query, params)
-    jobs.sort(key=lambda job: (-job.priority, job.id))
-    return jobs
+        query = "JOB_CLAIM"
+    return query, params

@@ -427,12 +427,16 @@ def test_sql__the_fence_the_lease_and_the_cancelled_entry_are_written_once():
     assert leased == {
         "JOB_CLAIM",
         "JOB_CLAIM_AFTER",
+        "JOB_CLAIM_AFTER_KINDS",
         "JOB_CLAIM_FLOW",
+        "JOB_CLAIM_KINDS",
         "JOB_CLAIM_LIMITED",
         "JOB_CLAIM_LIMITED_HEAD",
         "JOB_CLAIM_LIMITED_HEAD_KEYS",
         "JOB_CLAIM_QUEUES",
         "JOB_CLAIM_QUEUES_AFTER",
+        "JOB_CLAIM_QUEUES_AFTER_KINDS",
+        "JOB_CLAIM_QUEUES_KINDS",
         "JOB_EXTEND_LEASES",
     }
     assert all(LEASE in texts[name] for name in leased)

@@ -11,6 +11,50 @@ from .common import CLOCK, LEASE_CANDIDATES, resume_ranges
 _CLAIM_LEASE = ", " + CLOCK + LEASE_CANDIDATES
 
 
+# A claim that takes each kind of job for its own side of the worker (the jobs of the
+# tasks that run on its event loop, and the others, which need a thread): of the
+# candidates, in claim order, the first loop_limit of those tasks and the first
+# thread_limit of any other; the rest stay pending (unlocked at the commit). So a worker
+# whose loop has room for 100 coroutine jobs and its threads for 5 plain ones claims
+# 100 + 5 candidates, and never leases more plain jobs than its threads have room for
+# whatever the queue holds (issue 28). The kind is read from the locked rows by
+# primary key, as LEASE_CANDIDATES leases them. RETURNING adds how many candidates
+# were locked: more than were leased, some were passed over (the worker then reads the
+# line from its head next, since its position is past them); fewer than the limit, the
+# line is drained for now.
+_KEPT = """, kept AS (
+    SELECT c.id
+    FROM (
+        SELECT j.id,
+               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
+                                  ORDER BY j.priority DESC, j.id) AS nth
+        FROM pgqueue_job AS j
+        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    ) AS c
+    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+)"""
+_KIND_LEASE = _KEPT + _CLAIM_LEASE.replace("FROM candidate", "FROM kept").replace(
+    "RETURNING j.*", "RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned"
+)
+
+
+def _by_kind(statement: str, name: str, why: str) -> str:
+    """``statement`` (a claim of one limit) as a claim by kind named ``name``, whose
+    header says ``why`` (the same candidates, leased by kind)."""
+    body = statement[statement.index("-- moves: pending -> running\n") :]
+    body = body[: body.index(_CLAIM_LEASE)].removeprefix("-- moves: pending -> running\n")
+    return (
+        f"""
+-- name: {name}
+-- {why}
+-- moves: pending -> running
+"""
+        + body
+        + _KIND_LEASE
+    )
+
+
 # One range of a resumed claim of all queues (pgqueue_job_claim_idx).
 _RESUME_RANGE = """{name} AS (
     SELECT id
@@ -76,6 +120,22 @@ WITH """
 )
 
 
+JOB_CLAIM_AFTER_KINDS = _by_kind(
+    JOB_CLAIM_AFTER,
+    "JOB_CLAIM_AFTER_KINDS",
+    "JOB_CLAIM_AFTER by kind: of its candidates, loop_limit of loop_tasks, thread_limit\n"
+    "-- of any other task (the rest passed over); RETURNING adds the candidates scanned.",
+)
+
+
+JOB_CLAIM_KINDS = _by_kind(
+    JOB_CLAIM,
+    "JOB_CLAIM_KINDS",
+    "JOB_CLAIM by kind: of its candidates, loop_limit of loop_tasks, thread_limit of\n"
+    "-- any other task (the rest passed over); RETURNING adds the candidates scanned.",
+)
+
+
 JOB_CLAIM_QUEUES = (
     """
 -- name: JOB_CLAIM_QUEUES
@@ -125,4 +185,20 @@ WITH queue_position AS (
     LIMIT %(limit)s
 )"""
     + _CLAIM_LEASE
+)
+
+
+JOB_CLAIM_QUEUES_AFTER_KINDS = _by_kind(
+    JOB_CLAIM_QUEUES_AFTER,
+    "JOB_CLAIM_QUEUES_AFTER_KINDS",
+    "JOB_CLAIM_QUEUES_AFTER by kind: of its candidates, loop_limit of loop_tasks,\n"
+    "-- thread_limit of any other task; RETURNING adds the candidates scanned.",
+)
+
+
+JOB_CLAIM_QUEUES_KINDS = _by_kind(
+    JOB_CLAIM_QUEUES,
+    "JOB_CLAIM_QUEUES_KINDS",
+    "JOB_CLAIM_QUEUES by kind: of its candidates, loop_limit of loop_tasks,\n"
+    "-- thread_limit of any other task; RETURNING adds the candidates scanned.",
 )

@@ -293,6 +293,93 @@ FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
 RETURNING j.*;
 
+-- name: JOB_CLAIM_AFTER_KINDS
+-- JOB_CLAIM_AFTER by kind: of its candidates, loop_limit of loop_tasks, thread_limit
+-- of any other task (the rest passed over); RETURNING adds the candidates scanned.
+-- moves: pending -> running
+WITH above AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND priority > %(after_priority)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), level AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND priority = %(after_priority)s AND id > %(after_id)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), below AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending' AND priority < %(after_priority)s
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), candidate AS (
+    SELECT id
+    FROM (SELECT id FROM above UNION ALL SELECT id FROM level
+          UNION ALL SELECT id FROM below) AS branches
+    LIMIT %(limit)s
+), kept AS (
+    SELECT c.id
+    FROM (
+        SELECT j.id,
+               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
+                                  ORDER BY j.priority DESC, j.id) AS nth
+        FROM pgqueue_job AS j
+        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    ) AS c
+    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM clock
+WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
+RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+
+-- name: JOB_CLAIM_KINDS
+-- JOB_CLAIM by kind: of its candidates, loop_limit of loop_tasks, thread_limit of
+-- any other task (the rest passed over); RETURNING adds the candidates scanned.
+-- moves: pending -> running
+WITH candidate AS (
+    SELECT id
+    FROM pgqueue_job
+    WHERE status = 'pending'
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), kept AS (
+    SELECT c.id
+    FROM (
+        SELECT j.id,
+               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
+                                  ORDER BY j.priority DESC, j.id) AS nth
+        FROM pgqueue_job AS j
+        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    ) AS c
+    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM clock
+WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
+RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+
 -- name: JOB_CLAIM_QUEUES
 -- JOB_CLAIM for a worker of some queues: the head of each queue's range of
 -- pgqueue_job_queue_claim_idx, so a small queue behind a huge one is reached at once.
@@ -380,6 +467,116 @@ SET status = 'running',
 FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
 RETURNING j.*;
+
+-- name: JOB_CLAIM_QUEUES_AFTER_KINDS
+-- JOB_CLAIM_QUEUES_AFTER by kind: of its candidates, loop_limit of loop_tasks,
+-- thread_limit of any other task; RETURNING adds the candidates scanned.
+-- moves: pending -> running
+WITH queue_position AS (
+    SELECT *
+    FROM unnest(%(queues)s::text[], %(after_priorities)s::int[], %(after_ids)s::bigint[])
+         AS q(name, after_priority, after_id)
+), above AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name AND priority > q.after_priority
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), level AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name AND priority = q.after_priority AND id > q.after_id
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), below AS (
+    SELECT c.id, c.priority
+    FROM queue_position AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name AND priority < q.after_priority
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), candidate AS (
+    SELECT id
+    FROM (SELECT id, priority FROM above UNION ALL SELECT id, priority FROM level
+          UNION ALL SELECT id, priority FROM below) AS branches
+    ORDER BY priority DESC, id
+    LIMIT %(limit)s
+), kept AS (
+    SELECT c.id
+    FROM (
+        SELECT j.id,
+               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
+                                  ORDER BY j.priority DESC, j.id) AS nth
+        FROM pgqueue_job AS j
+        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    ) AS c
+    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM clock
+WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
+RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+
+-- name: JOB_CLAIM_QUEUES_KINDS
+-- JOB_CLAIM_QUEUES by kind: of its candidates, loop_limit of loop_tasks,
+-- thread_limit of any other task; RETURNING adds the candidates scanned.
+-- moves: pending -> running
+WITH candidate AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority
+        FROM pgqueue_job
+        WHERE status = 'pending' AND queue = q.name
+        ORDER BY priority DESC, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.id
+    LIMIT %(limit)s
+), kept AS (
+    SELECT c.id
+    FROM (
+        SELECT j.id,
+               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
+                                  ORDER BY j.priority DESC, j.id) AS nth
+        FROM pgqueue_job AS j
+        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    ) AS c
+    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+UPDATE pgqueue_job AS j
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_expires_at = clock.now + make_interval(secs => %(lease_seconds)s),
+    attempts = j.attempts + 1,
+    started_at = coalesce(j.started_at, clock.now),
+    last_attempted_at = clock.now
+FROM clock
+WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
+RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
 
 -- =============================================================================
 -- family flow: run by django_pgqueue.flow
