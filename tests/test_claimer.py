@@ -129,3 +129,60 @@ def test_sizer__no_short_job_prefetch_while_flow_control_deals_by_claim():
     assert (s.batch_size, s.ahead) == (4, 0)
     s.prefetch_allowed = True
     assert s.batch_size == SHORT_PREFETCH * 4
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "batch_size", "loop"), [(1, 1, 100), (4, 4, 3), (2, 8, 5)]
+)
+def test_sizer__a_claim_by_kind_keeps_each_side_to_its_room(concurrency, batch_size, loop):
+    """:meth:`ClaimSizer.split` (a claim by kind leases at most each number of its
+    kind), exhaustively over small states and histories: plain jobs at most one over
+    the thread window, coroutine jobs at most one over the loop's slots, as the bound
+    of a claim of one limit."""
+    window = max(concurrency, batch_size)
+    ahead = batch_size if batch_size > concurrency else 0
+    for history in (None, "plain", "coroutine", "both"):
+        s = sizer(concurrency, batch_size, loop)
+        if history in ("plain", "both"):
+            s.claimed(plain=1, coroutine=0)
+        if history in ("coroutine", "both"):
+            s.claimed(plain=0, coroutine=1)
+        for plain_held in range(window + 2):
+            for loop_held in range(loop + 2):
+                waiting = max(0, plain_held - concurrency)
+                threads, coroutines = s.split(
+                    window - plain_held + ahead, loop - loop_held, waiting=waiting
+                )
+                assert plain_held + threads <= max(window + ahead, plain_held) + (
+                    1 if plain_held <= window + ahead else 0
+                ), (history, plain_held, loop_held, threads)
+                assert loop_held + coroutines <= max(loop, loop_held) + (
+                    1 if loop_held <= loop else 0
+                ), (history, plain_held, loop_held, coroutines)
+                assert s.size(
+                    window - plain_held + ahead, loop - loop_held, waiting=waiting
+                ) == min(threads, coroutines)
+
+
+def test_sizer__short_coroutine_jobs_are_held_ahead_for_the_loop():
+    """Coroutine jobs of a few ms: the loop's window doubles (its capacity held
+    waiting for a slot), and while jobs wait its side of a claim waits for half a
+    loop's room; slow ones, a --batch-size given, or flow control dealing by claim:
+    no window ahead."""
+    s = ClaimSizer(concurrency=4, batch_size=4, async_concurrency=100, prefetch_short=True)
+    assert s.loop_ahead == 0  # nothing ran yet
+    s.ran_coroutine(0.001)
+    assert s.loop_ahead == 100
+    s.claimed(plain=0, coroutine=1)
+    assert s.split(4, 30, waiting=0, loop_waiting=0)[1] == 30  # none waits: what fits
+    assert s.split(4, 30, waiting=0, loop_waiting=5)[1] == 0  # some wait: half a loop
+    assert s.split(4, 50, waiting=0, loop_waiting=5)[1] == 50
+    s.prefetch_allowed = False
+    assert s.loop_ahead == 0
+    s.prefetch_allowed = True
+    for _ in range(200):
+        s.ran_coroutine(1.0)
+    assert s.loop_run_time > SHORT_JOB_SECONDS and s.loop_ahead == 0
+    given = ClaimSizer(concurrency=4, batch_size=4, async_concurrency=100)
+    given.ran_coroutine(0.001)
+    assert given.loop_run_time is None and given.loop_ahead == 0

@@ -335,3 +335,20 @@ def test_worker__claim_is_sized_for_both_sides():
     worker._jobs.put(Job(id=1))
     assert worker._claim_total(0, 100) == 0  # one does
     assert Worker(concurrency=2, async_concurrency=0)._claim_total(2, 0) == 2
+
+
+def test_loop__a_coroutine_backlog_fills_the_loop_a_claim_at_a_time(job_factory, run_worker):
+    """Once the worker knows its coroutine task, it claims by kind: the loop's room of
+    those jobs per claim, not its free threads plus one (2 here). Jobs leased by one
+    statement share its ``last_attempted_at`` (the database's now), so the distinct
+    values count the claims: 90 jobs for a loop of 30 take a handful, not 45."""
+    jobs = [job_factory(task=tasks.async_nap, args=[0.05]) for _ in range(90)]
+    worker = run_worker(concurrency=1, async_concurrency=30, timeout=60)
+    assert worker.stats.done == 90
+    claims = (
+        Job.objects.filter(pk__in=[j.pk for j in jobs])
+        .values("last_attempted_at")
+        .distinct()
+        .count()
+    )
+    assert claims <= 12, claims

@@ -178,6 +178,7 @@ class Worker:
                 runner=self._runner,
                 capacity=self.async_concurrency,
                 threads=int(settings.ASYNC_THREADS),
+                ran=self._sizer.ran_coroutine,
             )
             if self.async_concurrency
             else None
@@ -211,6 +212,18 @@ class Worker:
         self._flow_position = ClaimPosition(float(settings.CLAIM_RESCAN_SECONDS))
         #: Whether the last claim under limits walked the keys (the next starts so).
         self._flow_walk = False
+        #: The paths of the coroutine tasks this worker runs on its loop, as met in its
+        #: claims: what a claim by kind counts as the loop's (claimer.py).
+        self._loop_paths: set[str] = set()
+        #: The next claim's most plain and coroutine jobs, when it is a claim by kind
+        #: (None: one limit, whatever the kinds); set by _wanted.
+        self._kinds: tuple[int, int] | None = None
+        #: Whether the flow control in force applied to the last claim (a claim by kind
+        #: is made only without it).
+        self._flowing = False
+        #: Whether the last claim took fewer jobs than there was room for because the
+        #: line held no more (then wait for new work, not for freed slots).
+        self._drained = False
 
     def _build_threads(self) -> None:
         """The threads of the parts, held by handle (started by run())."""
@@ -348,7 +361,7 @@ class Worker:
         behind = max(0, completing - self._completer.max_batch)
         return (
             max(self.concurrency, self._sizer.batch_size) - threads - behind,
-            self.async_concurrency - looping - behind,
+            self.async_concurrency + self._sizer.loop_ahead - looping - behind,
         )
 
     @property
@@ -382,6 +395,7 @@ class Worker:
             else:
                 self._state.hold(job, on_loop=True)
                 to_loop.append((job, known))
+                self._loop_paths.add(job.task)
         if self._coroutines is None or not jobs:
             return
         self._coroutines.submit(to_loop)
@@ -499,7 +513,7 @@ class Worker:
                 if not jobs:
                     self._wait(self.poll_interval)
                 continue
-            if jobs and len(jobs) < free and not always_wake:
+            if jobs and self._drained and not always_wake:
                 # Fewer than asked for: the queue is drained for now. Claim again on a
                 # NOTIFY (or the poll), not as soon as these jobs end: an empty claim
                 # then would only compete with them for the GIL and the cores.
@@ -520,9 +534,31 @@ class Worker:
 
     def _wanted(self) -> int | None:
         """How many jobs to claim now (0: wait); None: ``max_jobs`` reached and every
-        job finished (the worker exits)."""
+        job finished (the worker exits). Decides whether the claim is by kind
+        (``_kinds``): with coroutine jobs claimed lately, their tasks known, no flow
+        control on the last claim, no ``max_jobs``, and more room on the loop than a
+        claim of one limit would take."""
         thread_free, loop_free = self._free()
-        free = self._claim_total(thread_free + self._ahead, loop_free)
+        threads, loop = self._sizer.split(
+            thread_free + self._ahead,
+            loop_free,
+            waiting=self._jobs.qsize(),
+            loop_waiting=0 if self._coroutines is None else self._coroutines.waiting,
+        )
+        self._kinds = None
+        if self._coroutines is None:
+            free = threads
+        elif (
+            loop > threads
+            and self._loop_paths
+            and not self._flowing
+            and self.max_jobs is None
+            and self._sizer.lately(coroutine=True)
+        ):
+            self._kinds = (threads, loop)
+            free = threads + loop
+        else:
+            free = min(threads, loop)
         if self.max_jobs is not None:
             free = min(free, self.max_jobs - self.stats.claimed)
             if free <= 0 and not self._state.held:
@@ -554,18 +590,46 @@ class Worker:
                 self._state.released.clear()
                 self._position.rescan()  # released dependants are behind it
                 self._flow_position.rescan()
-            if not view.in_force(self.queues):
+            self._flowing = view.in_force(self.queues)
+            kinds, self._kinds = self._kinds, None
+            if not self._flowing:
                 after = self._position.start()
-                jobs = self._state.jobs.claim(
-                    self.worker_id,
-                    limit=free,
-                    queues=self.queues,
-                    lease_seconds=self.lease_seconds,
-                    after=after,
-                    flow_view=view,
-                )
+                if kinds is None:
+                    jobs = self._state.jobs.claim(
+                        self.worker_id,
+                        limit=free,
+                        queues=self.queues,
+                        lease_seconds=self.lease_seconds,
+                        after=after,
+                        flow_view=view,
+                    )
+                    self._drained = len(jobs) < free
+                else:
+                    jobs, scanned = self._state.jobs.claim_kinds(
+                        self.worker_id,
+                        loop_tasks=self._loop_paths,
+                        thread_limit=kinds[0],
+                        loop_limit=kinds[1],
+                        queues=self.queues,
+                        lease_seconds=self.lease_seconds,
+                        after=after,
+                    )
+                    self._drained = scanned < free
+                    if scanned > len(jobs):
+                        # Jobs passed over are behind the position now: the next claim
+                        # reads the line from its head.
+                        self._position.claimed(after, jobs)
+                        self._position.rescan()
+                        return jobs, None, after is not None
                 self._position.claimed(after, jobs)
                 return jobs, None, after is not None
+            if kinds is not None:
+                # Flow control came into force since the claim was sized by kind: one
+                # limit, as the flow claim cannot tell the kinds apart.
+                free = min(kinds)
+                if free <= 0:
+                    self._drained = False
+                    return [], None, False
             # (--queue workers read each queue from its head)
             flow_after = None if self.queues is not None else self._flow_position.start()
             flowed = self._state.jobs.claim_flow(
