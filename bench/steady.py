@@ -10,13 +10,15 @@
 What a site in production looks like, unlike ``bench.compare``'s drain of a backlog
 enqueued beforehand: a **producer** process holds ``--depth`` jobs pending (every
 ~10 ms it reads the depth and enqueues what is missing, at most ``--producer-batch``
-(128) jobs, with ``enqueue_many``: one transaction, one NOTIFY), each job carrying a
-``--payload``-byte string; one ``manage.py pgqueue_worker -v 0`` (``--processes``,
-``--concurrency`` threads, ``--batch-size``) runs them: ``testproject.demo.tasks.work``
-(``time.sleep(--work-ms)``), or with ``--async-concurrency N`` the coroutine
-``testproject.demo.tasks.await_work`` (``await asyncio.sleep(--work-ms)``) on the
-worker's event loop of N in flight. After ``--warmup`` seconds, for ``--duration``
-seconds:
+(128) jobs, with ``enqueue_many``: one transaction, one NOTIFY; so at most 12,800 jobs
+a second, fewer as its ticks run late, and the bench warns when the depth it held
+fell under half the target: the pace was the producer's, raise ``--producer-batch``),
+each job carrying a ``--payload``-byte string; one ``manage.py pgqueue_worker -v 0``
+(``--processes``, ``--concurrency`` threads, ``--batch-size``) runs them:
+``testproject.demo.tasks.work`` (``time.sleep(--work-ms)``), or with
+``--async-concurrency N`` the coroutine ``testproject.demo.tasks.await_work`` (``await
+asyncio.sleep(--work-ms)``) on the worker's event loop of N in flight. After
+``--warmup`` seconds, for ``--duration`` seconds:
 
 * completed jobs/s: jobs whose ``finished_at`` falls in the window, by the database
   clock; enqueued jobs/s: the ids the producer used in the window;
@@ -365,6 +367,16 @@ def main() -> None:
                 format(statistics.median(values), fmt) + (f" ({spread})" if spread else "")
             )
         print(f"| {name} | " + " | ".join(cells) + " |")
+    for kind in kinds:
+        depth = statistics.median(f["depth"] for f in results[kind])
+        if depth < args.depth / 2:
+            # The producer, not the worker, set the pace: its --producer-batch per tick
+            # (at most 100 ticks a second) fell behind the worker.
+            print(
+                f"warning: the depth held was {depth:,.0f} of {args.depth:,}: the producer "
+                "did not keep up, so completed/s is its pace, not the worker's; raise "
+                "--producer-batch"
+            )
     if len(kinds) == 2:
         ratio = statistics.median(f["completed/s"] for f in results[True]) / statistics.median(
             f["completed/s"] for f in results[False]
