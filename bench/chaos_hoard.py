@@ -50,6 +50,15 @@ def hoarding_size(self: ClaimSizer, thread_free: int, loop_free: int, *, waiting
     return max(0, min(wanted, limit))
 
 
+def hoarding_split(
+    self: ClaimSizer, thread_free: int, loop_free: int, *, waiting: int, loop_waiting: int = 0
+) -> tuple[int, int]:
+    """The old size as both sides' numbers: one claim of that many, of any kind (the
+    worker claims by kind only when the loop's number is the larger)."""
+    size = hoarding_size(self, thread_free, loop_free, waiting=waiting)
+    return size, size
+
+
 def hoarding_claimed(self: ClaimSizer, plain: int, coroutine: int) -> None:
     """The old share update: set outright by the first claim, then decaying."""
     total = plain + coroutine
@@ -69,6 +78,7 @@ def plant() -> None:
 
     if os.environ.get(ENV):
         ClaimSizer.size = hoarding_size  # type: ignore[method-assign]
+        ClaimSizer.split = hoarding_split  # type: ignore[method-assign]
         ClaimSizer.claimed = hoarding_claimed  # type: ignore[method-assign]
 
 
