@@ -16,14 +16,16 @@ worst case of both kinds, whatever ran before:
   plain job waits already), at most one coroutine job waits for a loop slot (only when
   a plain job was claimed lately and the loop is exactly full).
 
-A worker that claims only plain jobs claims as a worker without a loop. One that claimed
-coroutine jobs lately claims *by kind* once it knows its coroutine tasks
-(``Job.objects.claim_kinds``, one statement): of its next candidates, at most the loop's
-room of those tasks' jobs and the threads' room (plus one) of any other; the rest stay
-pending. So a loop of 100 slots is filled 100 jobs a claim while its 4 threads never
-lease more than 5 plain jobs, whatever the queue holds. (Before it knows them, or under
-flow control, whose claims cannot tell the kinds apart, a claim takes at most the
-smaller of the two sides' room, its free threads plus one.)
+A worker that claims only plain jobs claims as a worker without a loop. One whose
+recent claims held coroutine jobs and no plain one claims *by kind* once it knows its
+coroutine tasks (``Job.objects.claim_kinds``, one statement): of its next candidates,
+at most the loop's room of those tasks' jobs and the threads' room (plus one) of any
+other; the rest stay pending. So a loop of 100 slots is filled 100 jobs a claim while
+its 4 threads never lease more than 5 plain jobs, whatever the queue holds. Otherwise
+(a mixed line, whose head is often plain jobs the threads have no room for and which a
+claim by kind would pass over again and again; flow control, whose claims cannot tell
+the kinds apart; tasks not met yet) a claim takes at most the smaller of the two sides'
+room, its free threads plus one.
 
 Short jobs are claimed ahead. A claim costs a round trip and a commit, during which
 a thread without a claimed job waits: with jobs of a millisecond, 16 threads claiming
