@@ -180,8 +180,12 @@ class WorkerState:
         """``in_flight()``, with ``lock`` already held. Newest entries first: those are
         the jobs claimed last, still waiting to run, so the answer is usually the first
         entry looked at (the runners ask after every job; the oldest entries are the
-        ones waiting for the completer)."""
-        return any(not h.completing for h in reversed(self.held.values()))
+        ones waiting for the completer). A plain loop: ``any()`` over a generator cost
+        four times as much, on every job."""
+        for held in reversed(self.held.values()):
+            if not held.completing:
+                return True
+        return False
 
     def hold(self, job: Job, *, on_loop: bool = False) -> None:
         """Add a claimed job's entry (``on_loop``: a coroutine job, for the event loop).
