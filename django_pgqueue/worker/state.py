@@ -75,7 +75,7 @@ class DataRefused(Exception):  # noqa: N818 - names the event
         self.error = error
 
 
-@dataclass
+@dataclass(slots=True)
 class Held:
     """A job this worker holds, and when its task started (None: not started yet)."""
 
@@ -192,8 +192,17 @@ class WorkerState:
         It replaces the entry of an older attempt this worker still runs (its lease was
         taken back): only the newest is extended, and the old run, once over, finds it
         is no longer its claim (``entry``)."""
+        self.hold_many([(job, on_loop)])
+
+    def hold_many(self, jobs: Iterable[tuple[Job, bool]]) -> None:
+        """:meth:`hold` each (job, on_loop) of one claim: under one taking of the lock,
+        and with one claim time (the claim loop holds every claimed job before it hands
+        any of them out)."""
+        claimed = time.monotonic()
         with self.lock:
-            self.held[job.id] = Held(job, on_loop=on_loop)
+            held = self.held
+            for job, on_loop in jobs:
+                held[job.id] = Held(job, claimed=claimed, on_loop=on_loop)
 
     def mark_completing(self, job: Job) -> bool:
         """Mark ``job``'s entry as waiting for its batched completion; return whether
