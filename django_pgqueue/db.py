@@ -274,12 +274,28 @@ def returned(alias: str, query: str, params: dict[str, Any]) -> tuple[tuple[str,
         generic = getattr(connection.connection, "_pgqueue_claims_prepared", False)
         with cursor(alias, prepare=generic) as cur:
             cur.execute(query, params)
-            return tuple(column.name for column in cur.description), cur.fetchall()
+            return _column_names(cur, connection.connection), cur.fetchall()
     except DatabaseError as exc:
         error = _translated(alias, exc)
         if error is exc:
             raise
         raise error from exc
+
+
+def _column_names(cur: Any, raw: Any) -> tuple[str, ...]:
+    """The names of the columns of ``cur``'s result (on psycopg connection ``raw``), as
+    its ``description`` names them, read off the result itself: ``description`` makes a
+    ``Column`` for each (its type looked up, its sizes read), a tenth of a claim's
+    client time for the 34 columns of a job row."""
+    result = cur.pgresult
+    if result is None or result.status != _TUPLES_OK:
+        return tuple(column.name for column in cur.description)
+    encoding = raw.info.encoding
+    names = []
+    for i in range(result.nfields):
+        name = result.fname(i)
+        names.append(name.decode(encoding) if name else f"column_{i + 1}")
+    return tuple(names)
 
 
 def jobs[M: models.Model](
