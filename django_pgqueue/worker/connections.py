@@ -46,13 +46,13 @@ def configure_session(
     connection is also set up for claiming (``sql.SESSION_CONFIGURE_CLAIM``). Behind a
     transaction pooler neither the bound nor the claim set-up is a session setting
     here: :func:`bounded` sets them per transaction."""
-    pooled = is_pooled(alias)
-    if statement_timeout is not None and pooled:
-        statement_timeout = None
     wrapper = connections[alias]
     raw = wrapper.connection
     if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
-        return wrapper
+        return wrapper  # the common case (every job): set up already
+    pooled = is_pooled(alias)
+    if statement_timeout is not None and pooled:
+        statement_timeout = None
     wrapper.ensure_connection()
     label_session(
         alias,
