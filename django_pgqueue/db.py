@@ -334,10 +334,10 @@ class _RowPlan:
 
 #: Plans by (model, alias, columns), kept when no field has a converter beyond the
 #: JSON decoding (a converter may be a method of one thread's connection).
-_ROW_PLANS: dict[tuple[type, str, tuple[str, ...]], _RowPlan] = {}
+_ROW_PLANS: dict[tuple[type[models.Model], str, tuple[str, ...]], _RowPlan] = {}
 
 
-def _row_plan(model: type, alias: str, columns: tuple[str, ...]) -> _RowPlan | None:
+def _row_plan(model: type[models.Model], alias: str, columns: tuple[str, ...]) -> _RowPlan | None:
     """The plan of ``model``'s rows with ``columns`` on ``alias`` (None: not every
     column of the model is there). Made once per statement: asking every field for
     its converters cost about as much as loading ten rows."""
