@@ -37,21 +37,22 @@ from ..sql import session as sql
 
 def configure_session(
     alias: str, role: str, worker_id: str, statement_timeout: float | None = None
-) -> None:
-    """Label (and bound) this thread's connection once per physical connection.
+) -> Any:
+    """Label (and bound) this thread's connection once per physical connection; return
+    its Django connection (``connections[alias]``, looked up here anyway).
 
     The label is ``pgqueue <role> <worker id>`` in ``pg_stat_activity.application_name``;
     ``statement_timeout`` is in seconds (None: keep the connection's own). The claim
     connection is also set up for claiming (``sql.SESSION_CONFIGURE_CLAIM``). Behind a
     transaction pooler neither the bound nor the claim set-up is a session setting
     here: :func:`bounded` sets them per transaction."""
-    pooled = is_pooled(alias)
-    if statement_timeout is not None and pooled:
-        statement_timeout = None
     wrapper = connections[alias]
     raw = wrapper.connection
     if raw is not None and getattr(wrapper, "_pgqueue_session", None) is raw:
-        return
+        return wrapper  # the common case (every job): set up already
+    pooled = is_pooled(alias)
+    if statement_timeout is not None and pooled:
+        statement_timeout = None
     wrapper.ensure_connection()
     label_session(
         alias,
@@ -63,6 +64,7 @@ def configure_session(
     wrapper._pgqueue_session = wrapper.connection  # type: ignore[attr-defined]
     # The label is part of a clean session now: a baseline read before it is stale.
     wrapper.connection._pgqueue_baseline = None
+    return wrapper
 
 
 def terminate_backend(alias: str, pid: int) -> None:
@@ -396,13 +398,15 @@ def watch_lane(worker_id: str) -> None:
 connection_created.connect(_on_connection_created, dispatch_uid="django_pgqueue.watch")
 
 
-def watch_session(alias: str) -> Any:
+def watch_session(alias: str, own: Any = None) -> Any:
     """Before a task runs on this (runner) thread: start counting cursors on every
     connection the thread has open, reading each one's clean-session baseline once, and
     have the connections the task opens get theirs as they open. Return the psycopg
-    connection of ``alias`` (connected and labelled by the caller), whose failing
-    baseline read raises ``DatabaseError``; another database's connection that fails
-    it is dropped (the task reconnects if it needs it)."""
+    connection of ``alias`` (connected and labelled by the caller, which may pass its
+    Django connection as ``own``: what :func:`configure_session` returned, spared a
+    second lookup in Django's per-thread handler), whose failing baseline read raises
+    ``DatabaseError``; another database's connection that fails it is dropped (the task
+    reconnects if it needs it)."""
     for wrapper in thread_connections():
         raw = wrapper.connection
         if raw is None or raw.closed:
@@ -417,7 +421,7 @@ def watch_session(alias: str) -> Any:
             if wrapper.alias == alias:
                 raise
             discard_connection(wrapper.alias)
-    return connections[alias].connection
+    return (connections[alias] if own is None else own).connection
 
 
 def thread_connections() -> list[Any]:
@@ -471,9 +475,11 @@ def leftovers(wrapper: Any) -> list[str]:
         found.append("autocommit off (Django)")
     if current is None or current.closed or current.broken:
         return found  # closed or lost: nothing of its session survives
-    status = current.info.transaction_status
+    # Off libpq's connection, as an int: ``info`` makes an object and an enum member on
+    # every call, and this runs after every job.
+    status = current.pgconn.transaction_status
     if status != pq.TransactionStatus.IDLE:
-        found.append(f"a transaction open ({status.name})")
+        found.append(f"a transaction open ({pq.TransactionStatus(status).name})")
     if not current.autocommit:
         found.append("autocommit off (driver)")
     if found:

@@ -387,18 +387,23 @@ class Worker:
     def _route(self, jobs: list[Job]) -> None:
         """Hold claimed jobs and hand each to its side: a coroutine task's (not
         transactional) to the event loop, any other to the runner threads (which also
-        record a task that fails to import). Count the kinds for the claim sizer."""
+        record a task that fails to import). Count the kinds for the claim sizer. Every
+        job is held (under one taking of the lock) before any is handed out."""
+        if self._coroutines is None:
+            self._state.hold_many([(job, False) for job in jobs])
+            for job in jobs:
+                self._jobs.put(job)
+            return
+        routed = [(job, self._loop_task(job)) for job in jobs]
+        self._state.hold_many([(job, known is not None) for job, known in routed])
         to_loop: list[tuple[Job, Known]] = []
-        for job in jobs:
-            known = self._loop_task(job)
+        for job, known in routed:
             if known is None:
-                self._state.hold(job)
                 self._jobs.put(job)
             else:
-                self._state.hold(job, on_loop=True)
                 to_loop.append((job, known))
                 self._loop_paths.add(job.task)
-        if self._coroutines is None or not jobs:
+        if not jobs:
             return
         self._coroutines.submit(to_loop)
         self._sizer.claimed(plain=len(jobs) - len(to_loop), coroutine=len(to_loop))

@@ -400,9 +400,9 @@ class JobRunner(WorkerPart):
             # (Its session is ended if the job passes its hard time limit.) Read off the
             # connection _prepare_session returns: looking it up again
             # in Django's per-thread connection handler costs a few µs on every job.
-            pid = None if raw is None else int(raw.info.backend_pid)
-            with self.state.lock:
-                begun.held.backend_pid = pid
+            # One attribute written, which a reader (the time limits' thread, under the
+            # lock) sees whole or not at all: no lock taken for it.
+            begun.held.backend_pid = None if raw is None else int(raw.pgconn.backend_pid)
             if transactional:
                 # The task's effects and the fenced completion commit together or not
                 # at all: a lost lease raises inside the block and rolls them back.
@@ -655,12 +655,12 @@ class JobRunner(WorkerPart):
         terminated backend, a restarted server) is replaced once: the worker's own set-up
         failing is no failure of the task, and must not charge it an attempt."""
         try:
-            configure_session(self.alias, "runner", self.worker_id)
-            return watch_session(self.alias)
+            wrapper = configure_session(self.alias, "runner", self.worker_id)
+            return watch_session(self.alias, wrapper)
         except DatabaseError:
             drop_connection(self.alias)
-            configure_session(self.alias, "runner", self.worker_id)
-            return watch_session(self.alias)
+            wrapper = configure_session(self.alias, "runner", self.worker_id)
+            return watch_session(self.alias, wrapper)
 
     def _record_failure(self, job: Job, error: BaseException, *, retry: bool = True) -> str | None:
         return self.record_failure(job, error, retry=retry)  # see WorkerPart.record_failure

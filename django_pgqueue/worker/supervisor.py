@@ -34,6 +34,7 @@ The supervisor holds no database connection and no thread: it forks with nothing
 from __future__ import annotations
 
 import enum
+import gc
 import logging
 import math
 import os
@@ -461,6 +462,23 @@ def watch_parent(stop: Callable[[], None], parent: ParentLink) -> threading.Thre
     return thread
 
 
+#: The worker process's threshold of the collector's youngest generation (Python's
+#: default: 700). Each job allocates a few dozen objects that live until its completion
+#: is written, so the jobs in flight cross 700 again and again: with 700, a drain of
+#: 20,000 no-op jobs ran about 200 young collections (and 20 of the middle generation),
+#: with 7,000 about 6, for about 2 us less CPU per job. The objects are freed by their
+#: reference counts either way; only reference cycles wait longer to be collected.
+YOUNG_GC_THRESHOLD = 7000
+
+
+def young_collections() -> None:
+    """Raise the collector's youngest threshold to ``YOUNG_GC_THRESHOLD`` (never lower
+    one the project set higher, nor turn on a collector turned off with 0)."""
+    young, *older = gc.get_threshold()
+    if young and young < YOUNG_GC_THRESHOLD:
+        gc.set_threshold(YOUNG_GC_THRESHOLD, *older)
+
+
 def run_worker_process(
     worker_options: dict[str, Any], index: int | None, parent: ParentLink | None = None
 ) -> int:
@@ -478,6 +496,11 @@ def run_worker_process(
     worker = Worker(**options)
     if parent is not None:
         watch_parent(worker.stop, parent)
+    # What start-up made (Django, the apps, the worker) lives as long as the process:
+    # out of the collector's generations, the full collections that a drain's
+    # allocations set off no longer walk all of it, every time (see gc.freeze).
+    gc.freeze()
+    young_collections()
     try:
         with on_stop(worker.stop):
             worker.run()
