@@ -94,10 +94,13 @@ def claim_kinds(
         loop_tasks=sorted(set(loop_tasks)), loop_limit=loop_limit, thread_limit=thread_limit
     )
     # (read at the call, as claim() reads its statement: a test may replace one)
-    jobs: list[Any] = db.jobs(model, alias, getattr(sql, f"{name}_KINDS"), params)
-    scanned = 0
-    for job in jobs:
-        scanned = job.__dict__.pop("scanned")
+    query = getattr(sql, f"{name}_KINDS")
+    columns, found = db.returned(alias, query, params)
+    # One row at least: the count, with NULLs for the job when none was leased.
+    scanned = found[0][-1] if found else 0
+    key = columns.index("id")
+    rows = [row[:-1] for row in found if row[key] is not None]
+    jobs: list[Any] = db.load_jobs(model, alias, columns[:-1], rows, (query, params))
     jobs.sort(key=lambda job: (-job.priority, job.id))
     return jobs, scanned
 

@@ -60,6 +60,20 @@ def test_claim_kinds__plain_jobs_never_beyond_the_threads_room(job_factory):
     assert Job.objects.filter(status="running").count() == 2
 
 
+def test_claim_kinds__none_leased_still_says_how_many_were_scanned(job_factory):
+    """A claim by kind whose candidates are all of the full side leases nothing, yet
+    says it scanned them (the worker then waits for room, not for new work); an empty
+    line scans none."""
+    jobs = mixed(job_factory, "ppp")
+    assert Job.objects.claim_kinds("w", loop_tasks=LOOP, loop_limit=2, thread_limit=0) == (
+        [],
+        2,
+    )
+    assert status(jobs) == "..."
+    Job.objects.all().delete()
+    assert Job.objects.claim_kinds("w", loop_tasks=LOOP, loop_limit=2, thread_limit=1) == ([], 0)
+
+
 def test_claim_kinds__resumed_and_by_queue(job_factory):
     """The other three statements: resumed after a position, of some queues (each from
     its own position), and of some queues from their heads."""

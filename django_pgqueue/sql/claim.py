@@ -18,10 +18,12 @@ _CLAIM_LEASE = ", " + CLOCK + LEASE_CANDIDATES
 # whose loop has room for 100 coroutine jobs and its threads for 5 plain ones claims
 # 100 + 5 candidates, and never leases more plain jobs than its threads have room for
 # whatever the queue holds (issue 28). The kind is read from the locked rows by
-# primary key, as LEASE_CANDIDATES leases them. RETURNING adds how many candidates
-# were locked: more than were leased, some were passed over (the worker then reads the
-# line from its head next, since its position is past them); fewer than the limit, the
-# line is drained for now.
+# primary key, as LEASE_CANDIDATES leases them. Each row leased comes with how many
+# candidates were locked, and a claim that leased none returns one row of NULLs with it
+# (the lease is a CTE, joined to the count): more candidates than jobs, some were passed
+# over (the worker then reads the line from its head next, since its position is past
+# them, and waits for room rather than new work); fewer than the limit, the line is
+# drained for now.
 _KEPT = """, kept AS (
     SELECT c.id
     FROM (
@@ -34,8 +36,16 @@ _KEPT = """, kept AS (
     ) AS c
     WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
 )"""
-_KIND_LEASE = _KEPT + _CLAIM_LEASE.replace("FROM candidate", "FROM kept").replace(
-    "RETURNING j.*", "RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned"
+_KIND_LEASE = (
+    _KEPT
+    + ", "
+    + CLOCK
+    + ", leased AS ("
+    + LEASE_CANDIDATES.replace("FROM candidate", "FROM kept")
+    + """)
+SELECT leased.*, s.scanned
+FROM (SELECT count(*) AS scanned FROM candidate) AS s
+LEFT JOIN leased ON true"""
 )
 
 
@@ -124,7 +134,7 @@ JOB_CLAIM_AFTER_KINDS = _by_kind(
     JOB_CLAIM_AFTER,
     "JOB_CLAIM_AFTER_KINDS",
     "JOB_CLAIM_AFTER by kind: of its candidates, loop_limit of loop_tasks, thread_limit\n"
-    "-- of any other task (the rest passed over); RETURNING adds the candidates scanned.",
+    "-- of any other task (the rest passed over); each row says how many were scanned.",
 )
 
 
@@ -132,7 +142,7 @@ JOB_CLAIM_KINDS = _by_kind(
     JOB_CLAIM,
     "JOB_CLAIM_KINDS",
     "JOB_CLAIM by kind: of its candidates, loop_limit of loop_tasks, thread_limit of\n"
-    "-- any other task (the rest passed over); RETURNING adds the candidates scanned.",
+    "-- any other task (the rest passed over); each row says how many were scanned.",
 )
 
 
@@ -192,7 +202,7 @@ JOB_CLAIM_QUEUES_AFTER_KINDS = _by_kind(
     JOB_CLAIM_QUEUES_AFTER,
     "JOB_CLAIM_QUEUES_AFTER_KINDS",
     "JOB_CLAIM_QUEUES_AFTER by kind: of its candidates, loop_limit of loop_tasks,\n"
-    "-- thread_limit of any other task; RETURNING adds the candidates scanned.",
+    "-- thread_limit of any other task; each row says how many were scanned.",
 )
 
 
@@ -200,5 +210,5 @@ JOB_CLAIM_QUEUES_KINDS = _by_kind(
     JOB_CLAIM_QUEUES,
     "JOB_CLAIM_QUEUES_KINDS",
     "JOB_CLAIM_QUEUES by kind: of its candidates, loop_limit of loop_tasks,\n"
-    "-- thread_limit of any other task; RETURNING adds the candidates scanned.",
+    "-- thread_limit of any other task; each row says how many were scanned.",
 )

@@ -295,7 +295,7 @@ RETURNING j.*;
 
 -- name: JOB_CLAIM_AFTER_KINDS
 -- JOB_CLAIM_AFTER by kind: of its candidates, loop_limit of loop_tasks, thread_limit
--- of any other task (the rest passed over); RETURNING adds the candidates scanned.
+-- of any other task (the rest passed over); each row says how many were scanned.
 -- moves: pending -> running
 WITH above AS (
     SELECT id
@@ -334,7 +334,7 @@ WITH above AS (
         WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
     ) AS c
     WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
-), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
     lease_owner = %(worker_id)s,
@@ -344,11 +344,15 @@ SET status = 'running',
     last_attempted_at = clock.now
 FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
-RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+RETURNING j.*
+)
+SELECT leased.*, s.scanned
+FROM (SELECT count(*) AS scanned FROM candidate) AS s
+LEFT JOIN leased ON true;
 
 -- name: JOB_CLAIM_KINDS
 -- JOB_CLAIM by kind: of its candidates, loop_limit of loop_tasks, thread_limit of
--- any other task (the rest passed over); RETURNING adds the candidates scanned.
+-- any other task (the rest passed over); each row says how many were scanned.
 -- moves: pending -> running
 WITH candidate AS (
     SELECT id
@@ -368,7 +372,7 @@ WITH candidate AS (
         WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
     ) AS c
     WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
-), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
     lease_owner = %(worker_id)s,
@@ -378,7 +382,11 @@ SET status = 'running',
     last_attempted_at = clock.now
 FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
-RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+RETURNING j.*
+)
+SELECT leased.*, s.scanned
+FROM (SELECT count(*) AS scanned FROM candidate) AS s
+LEFT JOIN leased ON true;
 
 -- name: JOB_CLAIM_QUEUES
 -- JOB_CLAIM for a worker of some queues: the head of each queue's range of
@@ -470,7 +478,7 @@ RETURNING j.*;
 
 -- name: JOB_CLAIM_QUEUES_AFTER_KINDS
 -- JOB_CLAIM_QUEUES_AFTER by kind: of its candidates, loop_limit of loop_tasks,
--- thread_limit of any other task; RETURNING adds the candidates scanned.
+-- thread_limit of any other task; each row says how many were scanned.
 -- moves: pending -> running
 WITH queue_position AS (
     SELECT *
@@ -526,7 +534,7 @@ WITH queue_position AS (
         WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
     ) AS c
     WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
-), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
     lease_owner = %(worker_id)s,
@@ -536,11 +544,15 @@ SET status = 'running',
     last_attempted_at = clock.now
 FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
-RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+RETURNING j.*
+)
+SELECT leased.*, s.scanned
+FROM (SELECT count(*) AS scanned FROM candidate) AS s
+LEFT JOIN leased ON true;
 
 -- name: JOB_CLAIM_QUEUES_KINDS
 -- JOB_CLAIM_QUEUES by kind: of its candidates, loop_limit of loop_tasks,
--- thread_limit of any other task; RETURNING adds the candidates scanned.
+-- thread_limit of any other task; each row says how many were scanned.
 -- moves: pending -> running
 WITH candidate AS (
     SELECT c.id
@@ -566,7 +578,7 @@ WITH candidate AS (
         WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
     ) AS c
     WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
-), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now)
+), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
     lease_owner = %(worker_id)s,
@@ -576,7 +588,11 @@ SET status = 'running',
     last_attempted_at = clock.now
 FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
-RETURNING j.*, (SELECT count(*) FROM candidate) AS scanned;
+RETURNING j.*
+)
+SELECT leased.*, s.scanned
+FROM (SELECT count(*) AS scanned FROM candidate) AS s
+LEFT JOIN leased ON true;
 
 -- =============================================================================
 -- family flow: run by django_pgqueue.flow
