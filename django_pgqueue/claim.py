@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import models
 
@@ -66,43 +66,59 @@ def claim(
     return jobs
 
 
+class KindClaim(NamedTuple):
+    """What a claim by kind (:func:`claim_kinds`) leased, and what it saw."""
+
+    #: The jobs leased, in claim order.
+    jobs: list[Any]
+    #: How many candidates it locked: fewer than its two limits, the line is drained.
+    scanned: int
+    #: Whether a candidate it passed over comes before a job it leased, in claim order
+    #: (a worker's position after that job would skip it: read from the head next).
+    passed_behind: bool
+
+
 def claim_kinds(
     model: type[models.Model],
     alias: str,
     worker_id: str,
     *,
     loop_tasks: Iterable[str],
+    thread_tasks: Iterable[str] = (),
     loop_limit: int,
     thread_limit: int,
     queues: Iterable[str] | None = None,
     lease_seconds: float | None = None,
     after: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
     now: dt.datetime | None = None,
-) -> tuple[list[Any], int]:
+) -> KindClaim:
     """Lease jobs for both sides of a worker with an event loop, as :func:`claim`
-    (never under flow control: the caller checks): of its next ``loop_limit +
-    thread_limit`` candidates, at most ``loop_limit`` jobs of ``loop_tasks`` (the
-    coroutine tasks it runs on its loop) and ``thread_limit`` others. The jobs, and how
-    many candidates were locked (more than the jobs: some were passed over and are
-    behind its position; fewer than the two limits: the line is drained for now)."""
+    but by kind, whatever flow control says (the caller checks that none applies): of
+    its next ``loop_limit + thread_limit`` candidates, at most ``loop_limit`` jobs of
+    ``loop_tasks`` (the coroutine tasks it runs on its loop) and ``thread_limit`` of
+    ``thread_tasks`` (those it runs on threads); a job of any other task counts against
+    both limits, and is leased only while both have room."""
     for name, value in (("loop_limit", loop_limit), ("thread_limit", thread_limit)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"claim {name} must be an int >= 0, not {value!r}")
     limit = check_limit(loop_limit + thread_limit)
     name, params = _statement(worker_id, limit, queues, lease_seconds, after, now)
     params.update(
-        loop_tasks=sorted(set(loop_tasks)), loop_limit=loop_limit, thread_limit=thread_limit
+        loop_tasks=sorted(set(loop_tasks)),
+        thread_tasks=sorted(set(thread_tasks)),
+        loop_limit=loop_limit,
+        thread_limit=thread_limit,
     )
     # (read at the call, as claim() reads its statement: a test may replace one)
     query = getattr(sql, f"{name}_KINDS")
     columns, found = db.returned(alias, query, params)
-    # One row at least: the count, with NULLs for the job when none was leased.
-    scanned = found[0][-1] if found else 0
+    # One row at least: what was seen, with NULLs for the job when none was leased.
+    scanned, passed_behind = found[0][-2:] if found else (0, False)
     key = columns.index("id")
-    rows = [row[:-1] for row in found if row[key] is not None]
-    jobs: list[Any] = db.load_jobs(model, alias, columns[:-1], rows, (query, params))
+    rows = [row[:-2] for row in found if row[key] is not None]
+    jobs: list[Any] = db.load_jobs(model, alias, columns[:-2], rows, (query, params))
     jobs.sort(key=lambda job: (-job.priority, job.id))
-    return jobs, scanned
+    return KindClaim(jobs, scanned, passed_behind)
 
 
 def _statement(

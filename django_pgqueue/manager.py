@@ -258,22 +258,26 @@ class JobManager(models.Manager["Job"]):
         worker_id: str,
         *,
         loop_tasks: Iterable[str],
+        thread_tasks: Iterable[str] = (),
         loop_limit: int,
         thread_limit: int,
         queues: Iterable[str] | None = None,
         lease_seconds: float | None = None,
         after: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
         now: dt.datetime | None = None,
-    ) -> tuple[list[Job], int]:
-        """:meth:`claim` for a worker with an event loop, by kind: of its next
-        ``loop_limit + thread_limit`` candidates, at most ``loop_limit`` jobs of
-        ``loop_tasks`` and ``thread_limit`` of any other task; the jobs, and how many
-        candidates were locked (see ``claim.claim_kinds``). Never under flow control."""
+    ) -> claim.KindClaim:
+        """:meth:`claim` for a worker with an event loop, by kind, whatever flow control
+        says (the caller checks that none applies): of its next ``loop_limit +
+        thread_limit`` candidates, at most ``loop_limit`` jobs of ``loop_tasks`` and
+        ``thread_limit`` of ``thread_tasks``, a job of any other task counted against
+        both; the jobs, how many candidates were scanned, and whether one passed over
+        comes before a job leased (see ``claim.claim_kinds``)."""
         return claim.claim_kinds(
             self.model,
             self.db_alias,
             worker_id,
             loop_tasks=loop_tasks,
+            thread_tasks=thread_tasks,
             loop_limit=loop_limit,
             thread_limit=thread_limit,
             queues=queues,

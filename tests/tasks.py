@@ -815,3 +815,25 @@ def saves_then_sleeps_in_a_transaction(seconds: float = 60.0) -> str:
         job.cursor("position").save(1)
         time.sleep(seconds)
     return "not interrupted"
+
+
+@task()
+async def async_shrugs_off_cancel(marker: str, seconds: float = 30.0, how: str = "swallow") -> str:
+    """A coroutine that writes ``marker`` once started, then waits; cancelled, it returns
+    (``how="swallow"``) or raises another error (``"translate"``): what a job may make of
+    the shutdown's cancellation past the grace period, which must record nothing."""
+    Path(marker).write_text("started")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        if how == "swallow":
+            return "swallowed"
+        raise RuntimeError("its clean-up failed") from None
+    return "slept"
+
+
+@task()
+async def async_other_nap(seconds: float) -> int:
+    """``async_nap``'s twin under another path: a coroutine task a worker meets later."""
+    await asyncio.sleep(seconds)
+    return 2

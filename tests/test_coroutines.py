@@ -352,3 +352,81 @@ def test_loop__a_coroutine_backlog_fills_the_loop_a_claim_at_a_time(job_factory,
         .count()
     )
     assert claims <= 12, claims
+
+
+@pytest.mark.parametrize("how", ["swallow", "translate"])
+def test_loop__past_the_grace_period_nothing_is_recorded_whatever_the_job_does(
+    job_factory, tmp_path, how
+):
+    """Shutdown cancels the coroutine jobs still running after the grace period and
+    records nothing (their leases expire): also for a job that catches that
+    cancellation and returns, or raises another error, though its coroutine now runs
+    inside the job's own asyncio task (``EventLoop._call_here``)."""
+    from django_pgqueue.worker import Worker
+
+    marker = tmp_path / "started"
+    job = job_factory(
+        task=tasks.async_shrugs_off_cancel, args=[str(marker), 30.0], kwargs={"how": how}
+    )
+    worker = Worker(concurrency=1, async_concurrency=4, grace_seconds=0.3, poll_interval=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(marker.exists, timeout=20)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    row = fresh(job)
+    assert (row.status, row.attempts, row.errors, row.result) == ("running", 1, [], None)
+
+
+def test_loop__a_coroutine_task_met_late_never_overfills_the_loop(job_factory, run_worker):
+    """A claim by kind counts the jobs of a task the worker has not met yet against both
+    sides' room: here 50 jobs of a second coroutine task come after 50 of the first, on
+    a loop of 50 beside 4 threads, and the loop never holds more than its room plus one
+    (it held 55 when they were counted as plain jobs)."""
+    from django_pgqueue.worker import loop as loop_module
+
+    held: list[tuple[int, int]] = []
+    route = loop_module.Worker._route
+
+    def counted(self: Any, jobs: list[Job]) -> None:
+        route(self, jobs)
+        with self._state.lock:
+            on_loop = sum(1 for h in self._state.held.values() if h.on_loop and not h.completing)
+        held.append((on_loop, self.async_concurrency + self._sizer.loop_ahead))
+
+    jobs = [job_factory(task=tasks.async_nap, args=[1.0]) for _ in range(50)]
+    jobs += [job_factory(task=tasks.async_other_nap, args=[1.0]) for _ in range(50)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop_module.Worker, "_route", counted)
+        worker = run_worker(concurrency=4, async_concurrency=50, timeout=60)
+    assert worker.stats.done == 100
+    assert held and all(on_loop <= room + 1 for on_loop, room in held), held
+
+
+def test_loop__a_coroutine_only_line_is_claimed_from_the_position(job_factory, run_worker):
+    """On a line of coroutine jobs alone, the candidates a claim by kind passes over are
+    its tail, after the last job it leased: its position still sees them, so claims go
+    on resuming rather than reading the line from its head (whose dead entries the
+    position exists to skip); 26 of 32 claims started at the head when every pass-over
+    rescanned."""
+    from django_pgqueue.worker import position
+
+    starts: list[object] = []
+    start = position.ClaimPosition.start
+
+    def counted(self: Any) -> object:
+        found = start(self)
+        starts.append(found)
+        return found
+
+    for _ in range(300):
+        job_factory(task=tasks.async_nap, args=[0.0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(position.ClaimPosition, "start", counted)
+        worker = run_worker(concurrency=2, async_concurrency=20, timeout=60)
+    assert worker.stats.done == 300
+    from_head = sum(1 for found in starts if found is None)
+    assert len(starts) >= 10 and from_head <= 3, (from_head, len(starts))

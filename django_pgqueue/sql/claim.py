@@ -11,30 +11,41 @@ from .common import CLOCK, LEASE_CANDIDATES, resume_ranges
 _CLAIM_LEASE = ", " + CLOCK + LEASE_CANDIDATES
 
 
-# A claim that takes each kind of job for its own side of the worker (the jobs of the
-# tasks that run on its event loop, and the others, which need a thread): of the
-# candidates, in claim order, the first loop_limit of those tasks and the first
-# thread_limit of any other; the rest stay pending (unlocked at the commit). So a worker
-# whose loop has room for 100 coroutine jobs and its threads for 5 plain ones claims
-# 100 + 5 candidates, and never leases more plain jobs than its threads have room for
-# whatever the queue holds (issue 28). The kind is read from the locked rows by
-# primary key, as LEASE_CANDIDATES leases them. Each row leased comes with how many
-# candidates were locked, and a claim that leased none returns one row of NULLs with it
-# (the lease is a CTE, joined to the count): more candidates than jobs, some were passed
-# over (the worker then reads the line from its head next, since its position is past
-# them, and waits for room rather than new work); fewer than the limit, the line is
-# drained for now.
-_KEPT = """, kept AS (
-    SELECT c.id
-    FROM (
-        SELECT j.id,
-               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
-               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
-                                  ORDER BY j.priority DESC, j.id) AS nth
-        FROM pgqueue_job AS j
-        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-    ) AS c
-    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+# A claim that takes each kind of job for its own side of the worker (jobs of the tasks
+# that run on its event loop, and jobs of the tasks that need a thread): of the
+# candidates, in claim order, only as many jobs of the loop's tasks as loop_limit and of
+# the threads' tasks as thread_limit; the rest stay pending (unlocked at the commit). A
+# task the worker has not met yet (in neither list) may turn out to be either, so its
+# jobs count against both limits and are kept only while both have room. So a worker
+# whose loop has room for 100 coroutine jobs and its threads for 5 plain ones locks up to
+# 105 candidates, and never leases more jobs of either kind than that side has room for,
+# whatever the queue holds (issue 28). The kind is read from the locked rows by primary
+# key, as LEASE_CANDIDATES leases them. The lease is a CTE joined to one row about the
+# candidates, so a claim that leased nothing still returns it (with NULLs for the job):
+# how many were scanned (fewer than the limit: the line is drained for now) and whether
+# one passed over comes before a job leased in claim order (then it is behind the
+# worker's position, which must read the line from its head next).
+_KEPT = """, ranked AS (
+    SELECT j.id,
+           j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+           j.task = ANY (%(thread_tasks)s::text[]) AS on_thread,
+           row_number() OVER claim_order AS nth,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(thread_tasks)s::text[]))
+               OVER claim_order AS nth_loop,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(loop_tasks)s::text[]))
+               OVER claim_order AS nth_thread
+    FROM pgqueue_job AS j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    WINDOW claim_order AS (ORDER BY j.priority DESC, j.id)
+), judged AS (
+    SELECT id, nth,
+           CASE WHEN on_loop THEN nth_loop <= %(loop_limit)s::int
+                WHEN on_thread THEN nth_thread <= %(thread_limit)s::int
+                ELSE nth_loop <= %(loop_limit)s::int AND nth_thread <= %(thread_limit)s::int
+           END AS kept
+    FROM ranked
+), kept AS (
+    SELECT id FROM judged WHERE kept
 )"""
 _KIND_LEASE = (
     _KEPT
@@ -43,8 +54,11 @@ _KIND_LEASE = (
     + ", leased AS ("
     + LEASE_CANDIDATES.replace("FROM candidate", "FROM kept")
     + """)
-SELECT leased.*, s.scanned
-FROM (SELECT count(*) AS scanned FROM candidate) AS s
+SELECT leased.*, s.scanned, s.passed_behind
+FROM (SELECT count(*) AS scanned,
+             coalesce(min(nth) FILTER (WHERE NOT kept) < max(nth) FILTER (WHERE kept),
+                      false) AS passed_behind
+      FROM judged) AS s
 LEFT JOIN leased ON true"""
 )
 
@@ -134,7 +148,7 @@ JOB_CLAIM_AFTER_KINDS = _by_kind(
     JOB_CLAIM_AFTER,
     "JOB_CLAIM_AFTER_KINDS",
     "JOB_CLAIM_AFTER by kind: of its candidates, loop_limit of loop_tasks, thread_limit\n"
-    "-- of any other task (the rest passed over); each row says how many were scanned.",
+    "-- of thread_tasks (unknown ones count against both); the rest passed over.",
 )
 
 
@@ -142,7 +156,7 @@ JOB_CLAIM_KINDS = _by_kind(
     JOB_CLAIM,
     "JOB_CLAIM_KINDS",
     "JOB_CLAIM by kind: of its candidates, loop_limit of loop_tasks, thread_limit of\n"
-    "-- any other task (the rest passed over); each row says how many were scanned.",
+    "-- thread_tasks (unknown ones count against both); the rest passed over.",
 )
 
 
@@ -202,7 +216,7 @@ JOB_CLAIM_QUEUES_AFTER_KINDS = _by_kind(
     JOB_CLAIM_QUEUES_AFTER,
     "JOB_CLAIM_QUEUES_AFTER_KINDS",
     "JOB_CLAIM_QUEUES_AFTER by kind: of its candidates, loop_limit of loop_tasks,\n"
-    "-- thread_limit of any other task; each row says how many were scanned.",
+    "-- thread_limit of thread_tasks (unknown ones against both); the rest passed over.",
 )
 
 
@@ -210,5 +224,5 @@ JOB_CLAIM_QUEUES_KINDS = _by_kind(
     JOB_CLAIM_QUEUES,
     "JOB_CLAIM_QUEUES_KINDS",
     "JOB_CLAIM_QUEUES by kind: of its candidates, loop_limit of loop_tasks,\n"
-    "-- thread_limit of any other task; each row says how many were scanned.",
+    "-- thread_limit of thread_tasks (unknown ones against both); the rest passed over.",
 )

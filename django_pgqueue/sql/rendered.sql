@@ -295,7 +295,7 @@ RETURNING j.*;
 
 -- name: JOB_CLAIM_AFTER_KINDS
 -- JOB_CLAIM_AFTER by kind: of its candidates, loop_limit of loop_tasks, thread_limit
--- of any other task (the rest passed over); each row says how many were scanned.
+-- of thread_tasks (unknown ones count against both); the rest passed over.
 -- moves: pending -> running
 WITH above AS (
     SELECT id
@@ -323,17 +323,27 @@ WITH above AS (
     FROM (SELECT id FROM above UNION ALL SELECT id FROM level
           UNION ALL SELECT id FROM below) AS branches
     LIMIT %(limit)s
+), ranked AS (
+    SELECT j.id,
+           j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+           j.task = ANY (%(thread_tasks)s::text[]) AS on_thread,
+           row_number() OVER claim_order AS nth,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(thread_tasks)s::text[]))
+               OVER claim_order AS nth_loop,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(loop_tasks)s::text[]))
+               OVER claim_order AS nth_thread
+    FROM pgqueue_job AS j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    WINDOW claim_order AS (ORDER BY j.priority DESC, j.id)
+), judged AS (
+    SELECT id, nth,
+           CASE WHEN on_loop THEN nth_loop <= %(loop_limit)s::int
+                WHEN on_thread THEN nth_thread <= %(thread_limit)s::int
+                ELSE nth_loop <= %(loop_limit)s::int AND nth_thread <= %(thread_limit)s::int
+           END AS kept
+    FROM ranked
 ), kept AS (
-    SELECT c.id
-    FROM (
-        SELECT j.id,
-               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
-               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
-                                  ORDER BY j.priority DESC, j.id) AS nth
-        FROM pgqueue_job AS j
-        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-    ) AS c
-    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+    SELECT id FROM judged WHERE kept
 ), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
@@ -346,13 +356,16 @@ FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING j.*
 )
-SELECT leased.*, s.scanned
-FROM (SELECT count(*) AS scanned FROM candidate) AS s
+SELECT leased.*, s.scanned, s.passed_behind
+FROM (SELECT count(*) AS scanned,
+             coalesce(min(nth) FILTER (WHERE NOT kept) < max(nth) FILTER (WHERE kept),
+                      false) AS passed_behind
+      FROM judged) AS s
 LEFT JOIN leased ON true;
 
 -- name: JOB_CLAIM_KINDS
 -- JOB_CLAIM by kind: of its candidates, loop_limit of loop_tasks, thread_limit of
--- any other task (the rest passed over); each row says how many were scanned.
+-- thread_tasks (unknown ones count against both); the rest passed over.
 -- moves: pending -> running
 WITH candidate AS (
     SELECT id
@@ -361,17 +374,27 @@ WITH candidate AS (
     ORDER BY priority DESC, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT j.id,
+           j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+           j.task = ANY (%(thread_tasks)s::text[]) AS on_thread,
+           row_number() OVER claim_order AS nth,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(thread_tasks)s::text[]))
+               OVER claim_order AS nth_loop,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(loop_tasks)s::text[]))
+               OVER claim_order AS nth_thread
+    FROM pgqueue_job AS j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    WINDOW claim_order AS (ORDER BY j.priority DESC, j.id)
+), judged AS (
+    SELECT id, nth,
+           CASE WHEN on_loop THEN nth_loop <= %(loop_limit)s::int
+                WHEN on_thread THEN nth_thread <= %(thread_limit)s::int
+                ELSE nth_loop <= %(loop_limit)s::int AND nth_thread <= %(thread_limit)s::int
+           END AS kept
+    FROM ranked
 ), kept AS (
-    SELECT c.id
-    FROM (
-        SELECT j.id,
-               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
-               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
-                                  ORDER BY j.priority DESC, j.id) AS nth
-        FROM pgqueue_job AS j
-        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-    ) AS c
-    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+    SELECT id FROM judged WHERE kept
 ), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
@@ -384,8 +407,11 @@ FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING j.*
 )
-SELECT leased.*, s.scanned
-FROM (SELECT count(*) AS scanned FROM candidate) AS s
+SELECT leased.*, s.scanned, s.passed_behind
+FROM (SELECT count(*) AS scanned,
+             coalesce(min(nth) FILTER (WHERE NOT kept) < max(nth) FILTER (WHERE kept),
+                      false) AS passed_behind
+      FROM judged) AS s
 LEFT JOIN leased ON true;
 
 -- name: JOB_CLAIM_QUEUES
@@ -478,7 +504,7 @@ RETURNING j.*;
 
 -- name: JOB_CLAIM_QUEUES_AFTER_KINDS
 -- JOB_CLAIM_QUEUES_AFTER by kind: of its candidates, loop_limit of loop_tasks,
--- thread_limit of any other task; each row says how many were scanned.
+-- thread_limit of thread_tasks (unknown ones against both); the rest passed over.
 -- moves: pending -> running
 WITH queue_position AS (
     SELECT *
@@ -523,17 +549,27 @@ WITH queue_position AS (
           UNION ALL SELECT id, priority FROM below) AS branches
     ORDER BY priority DESC, id
     LIMIT %(limit)s
+), ranked AS (
+    SELECT j.id,
+           j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+           j.task = ANY (%(thread_tasks)s::text[]) AS on_thread,
+           row_number() OVER claim_order AS nth,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(thread_tasks)s::text[]))
+               OVER claim_order AS nth_loop,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(loop_tasks)s::text[]))
+               OVER claim_order AS nth_thread
+    FROM pgqueue_job AS j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    WINDOW claim_order AS (ORDER BY j.priority DESC, j.id)
+), judged AS (
+    SELECT id, nth,
+           CASE WHEN on_loop THEN nth_loop <= %(loop_limit)s::int
+                WHEN on_thread THEN nth_thread <= %(thread_limit)s::int
+                ELSE nth_loop <= %(loop_limit)s::int AND nth_thread <= %(thread_limit)s::int
+           END AS kept
+    FROM ranked
 ), kept AS (
-    SELECT c.id
-    FROM (
-        SELECT j.id,
-               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
-               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
-                                  ORDER BY j.priority DESC, j.id) AS nth
-        FROM pgqueue_job AS j
-        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-    ) AS c
-    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+    SELECT id FROM judged WHERE kept
 ), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
@@ -546,13 +582,16 @@ FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING j.*
 )
-SELECT leased.*, s.scanned
-FROM (SELECT count(*) AS scanned FROM candidate) AS s
+SELECT leased.*, s.scanned, s.passed_behind
+FROM (SELECT count(*) AS scanned,
+             coalesce(min(nth) FILTER (WHERE NOT kept) < max(nth) FILTER (WHERE kept),
+                      false) AS passed_behind
+      FROM judged) AS s
 LEFT JOIN leased ON true;
 
 -- name: JOB_CLAIM_QUEUES_KINDS
 -- JOB_CLAIM_QUEUES by kind: of its candidates, loop_limit of loop_tasks,
--- thread_limit of any other task; each row says how many were scanned.
+-- thread_limit of thread_tasks (unknown ones against both); the rest passed over.
 -- moves: pending -> running
 WITH candidate AS (
     SELECT c.id
@@ -567,17 +606,27 @@ WITH candidate AS (
     ) AS c
     ORDER BY c.priority DESC, c.id
     LIMIT %(limit)s
+), ranked AS (
+    SELECT j.id,
+           j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
+           j.task = ANY (%(thread_tasks)s::text[]) AS on_thread,
+           row_number() OVER claim_order AS nth,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(thread_tasks)s::text[]))
+               OVER claim_order AS nth_loop,
+           count(*) FILTER (WHERE NOT j.task = ANY (%(loop_tasks)s::text[]))
+               OVER claim_order AS nth_thread
+    FROM pgqueue_job AS j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
+    WINDOW claim_order AS (ORDER BY j.priority DESC, j.id)
+), judged AS (
+    SELECT id, nth,
+           CASE WHEN on_loop THEN nth_loop <= %(loop_limit)s::int
+                WHEN on_thread THEN nth_thread <= %(thread_limit)s::int
+                ELSE nth_loop <= %(loop_limit)s::int AND nth_thread <= %(thread_limit)s::int
+           END AS kept
+    FROM ranked
 ), kept AS (
-    SELECT c.id
-    FROM (
-        SELECT j.id,
-               j.task = ANY (%(loop_tasks)s::text[]) AS on_loop,
-               row_number() OVER (PARTITION BY j.task = ANY (%(loop_tasks)s::text[])
-                                  ORDER BY j.priority DESC, j.id) AS nth
-        FROM pgqueue_job AS j
-        WHERE j.id = ANY (ARRAY(SELECT id FROM candidate))
-    ) AS c
-    WHERE c.nth <= CASE WHEN c.on_loop THEN %(loop_limit)s::int ELSE %(thread_limit)s::int END
+    SELECT id FROM judged WHERE kept
 ), clock AS (SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now), leased AS (
 UPDATE pgqueue_job AS j
 SET status = 'running',
@@ -590,8 +639,11 @@ FROM clock
 WHERE j.id = ANY (ARRAY(SELECT id FROM kept))
 RETURNING j.*
 )
-SELECT leased.*, s.scanned
-FROM (SELECT count(*) AS scanned FROM candidate) AS s
+SELECT leased.*, s.scanned, s.passed_behind
+FROM (SELECT count(*) AS scanned,
+             coalesce(min(nth) FILTER (WHERE NOT kept) < max(nth) FILTER (WHERE kept),
+                      false) AS passed_behind
+      FROM judged) AS s
 LEFT JOIN leased ON true;
 
 -- =============================================================================

@@ -13,14 +13,16 @@ worst case of both kinds, whatever ran before:
   than the loop has room for (were all of them coroutine jobs);
 * one over, so that the other side's work is still found when a side is full: at most
   one plain job waits for a thread (only when a coroutine job was claimed lately and no
-  plain job waits already), at most one coroutine job waits for a loop slot (only when
-  a plain job was claimed lately and the loop is exactly full).
+  plain job waits already), at most one coroutine job waits for a loop slot beyond its
+  window (only when a plain job was claimed lately and the loop is exactly full).
 
 A worker that claims only plain jobs claims as a worker without a loop. One whose
-recent claims held coroutine jobs and no plain one claims *by kind* once it knows its
-coroutine tasks (``Job.objects.claim_kinds``, one statement): of its next candidates,
-at most the loop's room of those tasks' jobs and the threads' room (plus one) of any
-other; the rest stay pending. So a loop of 100 slots is filled 100 jobs a claim while
+recent claims held coroutine jobs and no plain one claims *by kind*
+(``Job.objects.claim_kinds``, one statement): of its next candidates, at most the
+loop's room of the jobs of the tasks it has met running on its loop, and the threads'
+room (plus one) of those of the tasks it has met running on threads; a job of a task it
+has not met counts against both, and is taken only while both have room. The rest stay
+pending. So a loop of 100 slots is filled 100 jobs a claim while
 its 4 threads never lease more than 5 plain jobs, whatever the queue holds. Otherwise
 (a mixed line, whose head is often plain jobs the threads have no room for and which a
 claim by kind would pass over again and again; flow control, whose claims cannot tell

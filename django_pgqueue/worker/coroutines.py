@@ -539,11 +539,11 @@ class EventLoop(WorkerPart):
         here = asyncio.current_task()
         assert here is not None
         running = [True]  # (read and cleared on the loop thread only)
-        cancelled = [False]
+        cancelled = [0]  # the job's own cancellations of this task
 
         def cancel_here() -> None:  # on the loop thread
             if running[0]:
-                cancelled[0] = True
+                cancelled[0] += 1
                 here.cancel()
 
         def cancel() -> None:  # on the thread that sets the flag
@@ -560,8 +560,14 @@ class EventLoop(WorkerPart):
             )
         finally:
             running[0] = False
-            if cancelled[0] and not self._abandon:
+            for _ in range(cancelled[0]):
                 here.uncancel()
+            if self._abandon or here.cancelling():
+                # Cancelled by the shutdown past its grace period (or by anything but
+                # the job's own cancellation): nothing is recorded, whatever the
+                # coroutine made of it (its lease expires), as when it ran in a task of
+                # its own that was left behind.
+                raise asyncio.CancelledError
         if isinstance(value, Exited):
             raise value.exc  # the job's failure (here, within this task: caught)
         return validation.returned(value)

@@ -212,9 +212,11 @@ class Worker:
         self._flow_position = ClaimPosition(float(settings.CLAIM_RESCAN_SECONDS))
         #: Whether the last claim under limits walked the keys (the next starts so).
         self._flow_walk = False
-        #: The paths of the coroutine tasks this worker runs on its loop, as met in its
-        #: claims: what a claim by kind counts as the loop's (claimer.py).
+        #: The paths of the tasks this worker runs on its loop, and on its threads, as
+        #: met in its claims: a claim by kind counts their jobs against each side's room
+        #: (a task met in neither against both; claimer.py).
         self._loop_paths: set[str] = set()
+        self._thread_paths: set[str] = set()
         #: The next claim's most plain and coroutine jobs, when it is a claim by kind
         #: (None: one limit, whatever the kinds); set by _wanted.
         self._kinds: tuple[int, int] | None = None
@@ -400,6 +402,7 @@ class Worker:
         for job, known in routed:
             if known is None:
                 self._jobs.put(job)
+                self._thread_paths.add(job.task)
             else:
                 to_loop.append((job, known))
                 self._loop_paths.add(job.task)
@@ -526,7 +529,7 @@ class Worker:
                 # new work alone as after an empty line.
                 self._wait(self.poll_interval)
                 continue
-            if jobs and self._drained and not always_wake:
+            if jobs and self._drained and not self._passed_over and not always_wake:
                 # Fewer than asked for: the queue is drained for now. Claim again on a
                 # NOTIFY (or the poll), not as soon as these jobs end: an empty claim
                 # then would only compete with them for the GIL and the cores.
@@ -624,9 +627,10 @@ class Worker:
                     )
                     self._drained = len(jobs) < free
                 else:
-                    jobs, scanned = self._state.jobs.claim_kinds(
+                    jobs, scanned, behind = self._state.jobs.claim_kinds(
                         self.worker_id,
                         loop_tasks=self._loop_paths,
+                        thread_tasks=self._thread_paths,
                         thread_limit=kinds[0],
                         loop_limit=kinds[1],
                         queues=self.queues,
@@ -635,9 +639,10 @@ class Worker:
                     )
                     self._drained = scanned < free
                     self._passed_over = scanned > len(jobs)
-                    if self._passed_over:
-                        # Jobs passed over are behind the position now: the next claim
-                        # reads the line from its head.
+                    if behind:
+                        # A job passed over is behind the position now: the next claim
+                        # reads the line from its head. (Jobs passed over after the
+                        # last one leased, a coroutine-only line's tail, are not.)
                         self._position.claimed(after, jobs)
                         self._position.rescan()
                         return jobs, None, after is not None
