@@ -733,10 +733,12 @@ class Worker:
                 try:
                     if self._stopping.is_set():
                         self._runner.release(job)
-                    else:
+                    elif self._sizer.prefetch_short:  # (else its run time goes unused)
                         began = time.monotonic()
                         handed_off = self._runner.execute(job)
                         self._sizer.ran(time.monotonic() - began)
+                    else:
+                        handed_off = self._runner.execute(job)
                 except BaseException:
                     # A bug or an unexpected error of ours (even a SystemExit) must not
                     # cost the slot: the job is dropped from the heartbeat, so its lease

@@ -274,13 +274,15 @@ class Reporter:
         """Report a success that was recorded: the "done" line, then ``task_finished``
         (with ``current_job()`` set to ``current`` while the receivers run, as it was
         while the task ran, when the report comes from another thread)."""
-        self.line(
-            logging.INFO,
-            "job %s %s done in %.3fs (attempt %d%s)",
-            (job.id, job.task, elapsed, job.attempts, ", transactional" if transactional else ""),
-            "done",
-            job.id,
-        )
+        if logger.isEnabledFor(logging.INFO):  # (else not even the line's arguments)
+            how = ", transactional" if transactional else ""
+            self.line(
+                logging.INFO,
+                "job %s %s done in %.3fs (attempt %d%s)",
+                (job.id, job.task, elapsed, job.attempts, how),
+                "done",
+                job.id,
+            )
         if task_result is None:
             return
         object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)

@@ -217,9 +217,11 @@ class WorkerState:
         """Drop the entries of these claims (never a newer claim of the same job), and
         wake the claim loop: their slots are free."""
         with self.lock:
+            held = self.held
             for job in jobs:
-                if self.entry(job) is not None:
-                    del self.held[job.id]
+                entry = held.get(job.id)  # (entry(), inline: a batch's worth per flush)
+                if entry is not None and entry.job is job:
+                    del held[job.id]
         self.slot_freed()
 
     def slot_freed(self) -> None:
