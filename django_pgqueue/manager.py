@@ -49,6 +49,7 @@ from . import (
     sweeper,
     workflows,
 )
+from .claim import KindClaim
 from .databases import default_database
 
 # Names that lived here before the core was cut by family; the manager's callers may
@@ -265,7 +266,7 @@ class JobManager(models.Manager["Job"]):
         lease_seconds: float | None = None,
         after: tuple[int, int] | Mapping[str, tuple[int, int]] | None = None,
         now: dt.datetime | None = None,
-    ) -> claim.KindClaim:
+    ) -> KindClaim:
         """:meth:`claim` for a worker with an event loop, by kind, whatever flow control
         says (the caller checks that none applies): of its next ``loop_limit +
         thread_limit`` candidates, at most ``loop_limit`` jobs of ``loop_tasks`` and
