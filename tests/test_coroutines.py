@@ -351,7 +351,7 @@ def test_loop__a_coroutine_backlog_fills_the_loop_a_claim_at_a_time(job_factory,
         .distinct()
         .count()
     )
-    assert claims <= 12, claims
+    assert claims <= 20, claims  # (48 when claims were bounded by the threads)
 
 
 @pytest.mark.parametrize("how", ["swallow", "translate"])
@@ -408,25 +408,25 @@ def test_loop__a_coroutine_task_met_late_never_overfills_the_loop(job_factory, r
 
 def test_loop__a_coroutine_only_line_is_claimed_from_the_position(job_factory, run_worker):
     """On a line of coroutine jobs alone, the candidates a claim by kind passes over are
-    its tail, after the last job it leased: its position still sees them, so claims go
-    on resuming rather than reading the line from its head (whose dead entries the
-    position exists to skip); 26 of 32 claims started at the head when every pass-over
-    rescanned."""
+    its tail, after the last job it leased: its position still sees them, so claims that
+    take jobs go on resuming rather than reading the line from its head (whose dead
+    entries the position exists to skip); 10 of 11 started at the head when every
+    pass-over rescanned. (Once the line is empty, a burst worker looks from the head
+    before it exits: those claims take nothing and are not counted.)"""
     from django_pgqueue.worker import position
 
-    starts: list[object] = []
-    start = position.ClaimPosition.start
+    claims: list[tuple[bool, int]] = []
+    claimed = position.ClaimPosition.claimed
 
-    def counted(self: Any) -> object:
-        found = start(self)
-        starts.append(found)
-        return found
+    def counted(self: Any, after: object, jobs: list[Job]) -> None:
+        claims.append((after is None, len(jobs)))
+        claimed(self, after, jobs)
 
     for _ in range(300):
         job_factory(task=tasks.async_nap, args=[0.0])
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(position.ClaimPosition, "start", counted)
+        patch.setattr(position.ClaimPosition, "claimed", counted)
         worker = run_worker(concurrency=2, async_concurrency=20, timeout=60)
     assert worker.stats.done == 300
-    from_head = sum(1 for found in starts if found is None)
-    assert len(starts) >= 10 and from_head <= 3, (from_head, len(starts))
+    taking = [from_head for from_head, n in claims if n]
+    assert len(taking) >= 10 and sum(taking) <= 2, claims
