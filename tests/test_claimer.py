@@ -79,7 +79,9 @@ def test_sizer__whole_batches_while_prefetched_jobs_wait():
 def test_sizer__no_history_and_no_mix_breaks_the_bound(concurrency, batch_size, loop):
     """Exhaustively over small states and histories: a claim of the size asked for,
     whatever its mix, leaves at most one plain job over the thread window and at most
-    one coroutine job over the loop's slots."""
+    one coroutine job over the loop's slots; and so does a claim by kind, which leases
+    at most each of :meth:`ClaimSizer.split`'s numbers of its kind (whose smaller is
+    the size)."""
     window = max(concurrency, batch_size)
     ahead = batch_size if batch_size > concurrency else 0
     for history in (None, "plain", "coroutine", "both"):
@@ -97,6 +99,16 @@ def test_sizer__no_history_and_no_mix_breaks_the_bound(concurrency, batch_size, 
                     1 if plain_held <= window + ahead else 0
                 ), (history, plain_held, loop_held, n)
                 assert loop_held + n <= max(loop, loop_held) + (1 if loop_held <= loop else 0)
+                threads, coroutines = s.split(
+                    window - plain_held + ahead, loop - loop_held, waiting=waiting
+                )
+                assert plain_held + threads <= max(window + ahead, plain_held) + (
+                    1 if plain_held <= window + ahead else 0
+                ), (history, plain_held, loop_held, threads)
+                assert loop_held + coroutines <= max(loop, loop_held) + (
+                    1 if loop_held <= loop else 0
+                ), (history, plain_held, loop_held, coroutines)
+                assert n == min(threads, coroutines)
 
 
 def test_sizer__short_jobs_are_claimed_ahead_unless_a_batch_size_was_given():
@@ -129,39 +141,6 @@ def test_sizer__no_short_job_prefetch_while_flow_control_deals_by_claim():
     assert (s.batch_size, s.ahead) == (4, 0)
     s.prefetch_allowed = True
     assert s.batch_size == SHORT_PREFETCH * 4
-
-
-@pytest.mark.parametrize(
-    ("concurrency", "batch_size", "loop"), [(1, 1, 100), (4, 4, 3), (2, 8, 5)]
-)
-def test_sizer__a_claim_by_kind_keeps_each_side_to_its_room(concurrency, batch_size, loop):
-    """:meth:`ClaimSizer.split` (a claim by kind leases at most each number of its
-    kind), exhaustively over small states and histories: plain jobs at most one over
-    the thread window, coroutine jobs at most one over the loop's slots, as the bound
-    of a claim of one limit."""
-    window = max(concurrency, batch_size)
-    ahead = batch_size if batch_size > concurrency else 0
-    for history in (None, "plain", "coroutine", "both"):
-        s = sizer(concurrency, batch_size, loop)
-        if history in ("plain", "both"):
-            s.claimed(plain=1, coroutine=0)
-        if history in ("coroutine", "both"):
-            s.claimed(plain=0, coroutine=1)
-        for plain_held in range(window + 2):
-            for loop_held in range(loop + 2):
-                waiting = max(0, plain_held - concurrency)
-                threads, coroutines = s.split(
-                    window - plain_held + ahead, loop - loop_held, waiting=waiting
-                )
-                assert plain_held + threads <= max(window + ahead, plain_held) + (
-                    1 if plain_held <= window + ahead else 0
-                ), (history, plain_held, loop_held, threads)
-                assert loop_held + coroutines <= max(loop, loop_held) + (
-                    1 if loop_held <= loop else 0
-                ), (history, plain_held, loop_held, coroutines)
-                assert s.size(
-                    window - plain_held + ahead, loop - loop_held, waiting=waiting
-                ) == min(threads, coroutines)
 
 
 def test_sizer__short_coroutine_jobs_are_held_ahead_for_the_loop():

@@ -94,15 +94,7 @@ class ClaimSizer:
     @property
     def batch_size(self) -> int:
         """Most jobs a claim takes now: ``--batch-size``, or for short jobs more."""
-        run_time = self.run_time
-        if (
-            run_time is not None
-            and run_time < SHORT_JOB_SECONDS
-            and self.prefetch_short
-            and self.prefetch_allowed
-        ):
-            return self._short_batch
-        return self._given_batch
+        return self._short_batch if self._short(self.run_time) else self._given_batch
 
     @property
     def ahead(self) -> int:
@@ -114,31 +106,28 @@ class ClaimSizer:
     def loop_ahead(self) -> int:
         """Coroutine jobs held beyond the loop's slots, waiting for one (0: none): its
         capacity again while its jobs are short (see the module's docstring)."""
-        run_time = self.loop_run_time
-        if (
+        return self.async_concurrency if self._short(self.loop_run_time) else 0
+
+    def _short(self, run_time: float | None) -> bool:
+        """Whether jobs of this mean run time are claimed ahead (see the docstring)."""
+        return (
             run_time is not None
             and run_time < SHORT_JOB_SECONDS
             and self.prefetch_short
             and self.prefetch_allowed
-        ):
-            return self.async_concurrency
-        return 0
+        )
 
     def ran_coroutine(self, seconds: float) -> None:
         """Count one coroutine job's run time (on the loop thread), as :meth:`ran`."""
-        if not self.prefetch_short:
-            return
-        mean = self.loop_run_time
-        self.loop_run_time = seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT
+        if self.prefetch_short:
+            self.loop_run_time = _mean(self.loop_run_time, seconds)
 
     def ran(self, seconds: float) -> None:
         """Count one plain job's run time (with ``prefetch_short``: claims are larger
         while the mean is under ``SHORT_JOB_SECONDS``). Called by every runner thread
         without a lock: an update lost to a race only delays the mean a little."""
-        if not self.prefetch_short:
-            return
-        mean = self.run_time
-        self.run_time = seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT
+        if self.prefetch_short:
+            self.run_time = _mean(self.run_time, seconds)
 
     def thread_claim(self, free: int, waiting: int) -> int:
         """How many to claim for ``free`` thread slots (including a prefetch window)
@@ -196,3 +185,8 @@ class ClaimSizer:
             self._since_coroutine = 0
         elif self._since_coroutine is not None:
             self._since_coroutine += plain
+
+
+def _mean(mean: float | None, seconds: float) -> float:
+    """The running mean of run times after one more of ``seconds``."""
+    return seconds if mean is None else mean + (seconds - mean) * RUN_TIME_WEIGHT

@@ -626,6 +626,7 @@ class Worker:
                         flow_view=view,
                     )
                     self._drained = len(jobs) < free
+                    behind = False
                 else:
                     jobs, scanned, behind = self._state.jobs.claim_kinds(
                         self.worker_id,
@@ -639,14 +640,12 @@ class Worker:
                     )
                     self._drained = scanned < free
                     self._passed_over = scanned > len(jobs)
-                    if behind:
-                        # A job passed over is behind the position now: the next claim
-                        # reads the line from its head. (Jobs passed over after the
-                        # last one leased, a coroutine-only line's tail, are not.)
-                        self._position.claimed(after, jobs)
-                        self._position.rescan()
-                        return jobs, None, after is not None
                 self._position.claimed(after, jobs)
+                if behind:
+                    # A job passed over is behind the position now: the next claim
+                    # reads the line from its head. (Jobs passed over after the last
+                    # one leased, a coroutine-only line's tail, are not.)
+                    self._position.rescan()
                 return jobs, None, after is not None
             if kinds is not None:
                 # Flow control came into force since the claim was sized by kind: one
